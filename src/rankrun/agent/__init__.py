@@ -1,0 +1,1 @@
+"""The agent: rendezvous (single node for now) → ranks → env → worker group → decide → report."""

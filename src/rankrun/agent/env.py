@@ -1,0 +1,83 @@
+"""The worker environment: the only place worker variable names are spelled.
+
+``worker_env`` is a pure function: the same inputs give the same mapping, pinned by a
+golden test. The rules follow torchrun 2.13 exactly (the launcher's environment, then the
+identity variables); see ``docs/torchrun-compat.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Where one worker sits in the job."""
+
+    local_rank: int
+    rank: int
+    group_rank: int
+    role_rank: int
+    local_world_size: int
+    world_size: int
+    group_world_size: int
+    role_world_size: int
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    """What every worker of one attempt shares."""
+
+    role: str
+    master_addr: str
+    master_port: int
+    restart_count: int
+    max_restarts: int
+    run_id: str
+    signals_to_handle: str
+    use_agent_store: bool = True
+    virtual_local_rank: bool = False
+
+
+def worker_env(base: Mapping[str, str], who: WorkerIdentity, ctx: AttemptContext, error_file: str) -> dict[str, str]:
+    """The complete environment of one worker process."""
+    env = dict(base)
+    # A launcher started by another launcher must not hand its own error file down.
+    env.pop("TORCHELASTIC_ERROR_FILE", None)
+    env.update(
+        {
+            "LOCAL_RANK": "0" if ctx.virtual_local_rank else str(who.local_rank),
+            "RANK": str(who.rank),
+            "GROUP_RANK": str(who.group_rank),
+            "ROLE_RANK": str(who.role_rank),
+            "ROLE_NAME": ctx.role,
+            "LOCAL_WORLD_SIZE": str(who.local_world_size),
+            "WORLD_SIZE": str(who.world_size),
+            "GROUP_WORLD_SIZE": str(who.group_world_size),
+            "ROLE_WORLD_SIZE": str(who.role_world_size),
+            "MASTER_ADDR": ctx.master_addr,
+            "MASTER_PORT": str(ctx.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
+            "TORCHELASTIC_RUN_ID": ctx.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(ctx.use_agent_store),
+            "TORCHELASTIC_ERROR_FILE": error_file,
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ctx.signals_to_handle,
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        }
+    )
+    if "OMP_NUM_THREADS" not in base and who.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    if ctx.virtual_local_rank:
+        env["CUDA_VISIBLE_DEVICES"] = _visible_device(base.get("CUDA_VISIBLE_DEVICES"), who.local_rank)
+    return env
+
+
+def _visible_device(parent: str | None, local_rank: int) -> str:
+    """torchrun's --virtual-local-rank rule: the local_rank-th entry of the parent's list, else the rank."""
+    if parent:
+        entries = [e.strip() for e in parent.split(",") if e.strip()]
+        if local_rank < len(entries):
+            return entries[local_rank]
+    return str(local_rank)

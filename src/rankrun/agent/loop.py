@@ -1,0 +1,152 @@
+"""The restart loop: store → attempt → decide → restart / finish / give up / shut down → report.
+
+``launch`` owns the process-wide setup that must happen in order: fork the lifetime
+watchdog before any thread exists, become a child subreaper, start the console thread,
+then run the async agent. ``run_agent`` is one screen of sequencing over injected
+dependencies so scenarios can run on a fake spawner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rankrun.agent.attempt import AttemptResult, run_attempt
+from rankrun.agent.env import AttemptContext
+from rankrun.agent.policy import Action, decide
+from rankrun.errors import RankrunError
+from rankrun.logs.console import Console
+from rankrun.logs.layout import RunLogs
+from rankrun.proc.signals import EarlyCatcher, SignalStream
+from rankrun.proc.spawn import OsSpawner, Spawner, WorkerHandle
+from rankrun.proc.watchdog import Watchdog, become_subreaper, reap_orphans
+from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.report.errorfile import write_error_file
+from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
+from rankrun.spec import LaunchSpec
+
+
+@dataclass
+class AgentDeps:
+    spawner: Spawner
+    console: Console
+    host: str
+    watchdog: Watchdog | None = None
+
+
+def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
+    """Run the job to completion in this process; returns the exit code."""
+    watchdog = Watchdog.start()
+    become_subreaper()
+    console = Console()
+    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog)
+    try:
+        return asyncio.run(run_agent(spec, deps, catcher))
+    except RankrunError as exc:
+        console.say(f"error: {exc}")
+        return exc.exit_code
+    finally:
+        reap_orphans(exclude={watchdog.pid})
+        console.close()
+        watchdog.close()
+
+
+async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
+    signals = catcher.attach(asyncio.get_running_loop(), spec.signals)
+    logs = RunLogs(spec.logs, spec.rendezvous.run_id)
+    store, endpoint = TCPStoreServer(), TCPStoreServer()
+    try:
+        if spec.rendezvous.endpoint_host is not None:
+            # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
+            await endpoint.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
+        port = await store.start(spec.store.host, spec.store.port)
+        return await _attempts(spec, deps, signals, logs, store, port)
+    finally:
+        await store.close()
+        await endpoint.close()
+        kept = logs.finish()
+        if kept is not None and spec.logs.log_dir is None:
+            deps.console.say(f"worker logs kept in {kept}")
+
+
+async def _attempts(
+    spec: LaunchSpec, deps: AgentDeps, signals: SignalStream, logs: RunLogs, store: TCPStoreServer, port: int
+) -> int:
+    restarts = 0
+    while True:
+        early = signals.take_pending()
+        if early is not None:
+            deps.console.say(f"received {signal_name(early)} before the workers started; exiting")
+            return 128 + early
+        await store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
+        attempt_dir = logs.attempt_dir(restarts, spec.worker.nproc)
+        ctx = AttemptContext(
+            role=spec.worker.role,
+            master_addr=spec.store.host,
+            master_port=port,
+            restart_count=restarts,
+            max_restarts=spec.restart.max_restarts,
+            run_id=spec.rendezvous.run_id,
+            signals_to_handle=spec.signals_text,
+            virtual_local_rank=spec.worker.virtual_local_rank,
+        )
+        attempt = await run_attempt(spec, ctx, attempt_dir, deps.spawner, deps.console, signals, _AfterGroup(deps))
+        decision = decide(
+            failed=attempt.outcome.failed,
+            interrupted_by=attempt.outcome.interrupted_by,
+            restarts_done=restarts,
+            max_restarts=spec.restart.max_restarts,
+        )
+        if decision.action is Action.RESTART:
+            _say_restart(deps.console, attempt, restarts, spec.restart.max_restarts)
+            restarts += 1
+            continue
+        if decision.action is Action.GIVE_UP:
+            _report(spec, deps, attempt, restarts)
+        elif decision.action is Action.INTERRUPTED:
+            _say_interrupted(deps.console, attempt)
+        assert decision.exit_code is not None  # noqa: S101 - every final action has one
+        return decision.exit_code
+
+
+class _AfterGroup:
+    """Once a group is gone: reap re-parented descendants, then stop watching its process groups."""
+
+    def __init__(self, deps: AgentDeps) -> None:
+        self._deps = deps
+
+    def __call__(self, handles: Sequence[WorkerHandle]) -> None:
+        if self._deps.watchdog is None:
+            return
+        reap_orphans(exclude={self._deps.watchdog.pid, *(h.pid for h in handles)})
+        for h in handles:
+            self._deps.watchdog.unregister(h.pid)
+
+
+def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
+    root = root_cause(attempt.results)
+    what = f"rank {root.rank} (pid {root.pid}) ended with {describe_status(root.status)}" if root else "workers failed"
+    console.say(f"attempt {restarts} failed: {what}; restarting workers ({restarts + 1}/{max_restarts} restarts used)")
+
+
+def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
+    signum = attempt.outcome.interrupted_by or 0
+    stopped = sum(1 for r in attempt.results if r.ending is Ending.STOPPED)
+    console.say(f"received {signal_name(signum)}: forwarded to {stopped} worker(s) and stopped them")
+
+
+def _report(spec: LaunchSpec, deps: AgentDeps, attempt: AttemptResult, restarts: int) -> None:
+    text = render_report(spec.worker.entry.title, deps.host, restarts, attempt.results)
+    deps.console.write_blocking(deps.console.stderr_fd, text.encode())
+    root = root_cause(attempt.results)
+    own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")
+    if root is not None and own_error_file:
+        try:
+            write_error_file(own_error_file, root_cause_json(root))
+        except OSError as exc:
+            deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
+
+
+__all__ = ["AgentDeps", "launch", "run_agent"]

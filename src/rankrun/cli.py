@@ -1,0 +1,283 @@
+"""argv + environment → ``LaunchSpec``; outcome → exit code.
+
+This is the only module that reads ``sys.argv`` and ``os.environ``. It accepts every
+torchrun 2.13 option in both spellings with torchrun's defaults and ``PET_*``
+environment defaults, validates everything up front, and turns every user mistake into
+one line on stderr (``rankrun: error: <flag> <value>: <reason>``) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from rankrun import devices
+from rankrun.proc import signals
+from rankrun.errors import EXIT_USAGE, NotSupportedYetError, RankrunError, UsageError
+from rankrun.spec import (
+    DEFAULT_PREFIX_TEMPLATE,
+    DEFAULT_SIGNALS,
+    EntryKind,
+    EntrySpec,
+    LaunchSpec,
+    LogSpec,
+    RendezvousSpec,
+    RestartPolicy,
+    StoreSpec,
+    WorkerSpec,
+    check_port,
+    parse_endpoint,
+    parse_filters,
+    parse_nnodes,
+    parse_nproc,
+    parse_ranks_filter,
+    parse_rdzv_conf,
+    parse_signals,
+    parse_std_map,
+    resolve_backend,
+)
+
+C10D_DEFAULT_PORT = 29400
+STATIC_DEFAULT_PORT = 29500
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError("", message, "see 'rankrun --help'")
+
+
+# (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings.
+_OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
+    (("--nnodes",), "NNODES", {"default": "1:1", "help": "N or MIN:MAX nodes"}),
+    (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE", {"default": "1", "help": "workers per node: N, cpu, gpu or auto"}),
+    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static"}),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": ""}),
+    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none"}),
+    (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": ""}),
+    (("--max-restarts", "--max_restarts"), "MAX_RESTARTS", {"default": 0, "type": int}),
+    (("--monitor-interval", "--monitor_interval"), "MONITOR_INTERVAL", {"default": 0.1, "type": float}),
+    (("--start-method", "--start_method"), "START_METHOD", {"default": "spawn", "choices": ["spawn", "fork", "forkserver"]}),
+    (("--event-log-handler", "--event_log_handler"), "EVENT_LOG_HANDLER", {"default": "null"}),
+    (("--role",), "ROLE", {"default": "default"}),
+    (("--log-dir", "--log_dir"), "LOG_DIR", {"default": None}),
+    (("-r", "--redirects"), "REDIRECTS", {"default": "0"}),
+    (("-t", "--tee"), "TEE", {"default": "0"}),
+    (("--local-ranks-filter", "--local_ranks_filter"), "LOCAL_RANKS_FILTER", {"default": ""}),
+    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "DUPLICATE_STDOUT_FILTERS", {"default": ""}),
+    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "DUPLICATE_STDERR_FILTERS", {"default": ""}),
+    (("--node-rank", "--node_rank"), "NODE_RANK", {"default": 0, "type": int}),
+    (("--master-addr", "--master_addr"), "MASTER_ADDR", {"default": "127.0.0.1"}),
+    (("--master-port", "--master_port"), "MASTER_PORT", {"default": None, "type": int}),
+    (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None}),
+    (("--logs-specs", "--logs_specs"), None, {"default": None}),
+    (("--numa-binding", "--numa_binding"), None, {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"]}),
+    (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE", {"default": DEFAULT_SIGNALS}),
+    (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT", {"default": None, "type": int}),
+    (("--log-line-prefix-template", "--log_line_prefix_template"), None,
+     {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
+      f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE or {DEFAULT_PREFIX_TEMPLATE!r})"}),
+]
+_FLAGS: list[tuple[tuple[str, ...], str]] = [
+    (("--standalone",), "STANDALONE"),
+    (("-m", "--module"), "MODULE"),
+    (("--no-python", "--no_python"), "NO_PYTHON"),
+    (("--run-path", "--run_path"), "RUN_PATH"),
+    (("--virtual-local-rank", "--virtual_local_rank"), "VIRTUAL_LOCAL_RANK"),
+]
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(f"PET_{name}")
+    if value is None:
+        return False
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise UsageError(f"PET_{name}", value, "expected 0 or 1") from None
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="rankrun", description="Launch one worker per slot; a drop-in for torchrun.")
+    for names, pet, kwargs in _OPTIONS:
+        opts = dict(kwargs)
+        if pet is not None and f"PET_{pet}" in env:
+            opts["default"] = env[f"PET_{pet}"]
+        parser.add_argument(*names, **opts)  # type: ignore[arg-type]
+    for names, pet in _FLAGS:
+        parser.add_argument(*names, action="store_true", default=_env_flag(env, pet))
+    parser.add_argument("training_script", help="script, module (-m) or program (--no-python)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
+    parser = build_parser(env)
+    try:
+        return parser.parse_args(list(argv))
+    except UsageError as exc:
+        raise UsageError("", _argparse_message(str(exc.value)), "see 'rankrun --help'") from None
+
+
+def _argparse_message(message: str) -> str:
+    if "training_script" in message and "required" in message:
+        return "missing training script (usage: rankrun [options] SCRIPT [ARGS...])"
+    return message
+
+
+# --------------------------------------------------------------------------- spec building
+
+
+def _entry(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> EntrySpec:
+    del nproc
+    if ns.module and ns.no_python:
+        raise UsageError("-m/--module", ns.training_script, "cannot be combined with --no-python")
+    kind = EntryKind.SCRIPT
+    if ns.run_path:
+        kind = EntryKind.RUN_PATH
+    elif ns.no_python:
+        kind = EntryKind.BINARY
+    elif ns.module:
+        kind = EntryKind.MODULE
+    script: str = ns.training_script
+    if kind in (EntryKind.SCRIPT, EntryKind.RUN_PATH) and not os.path.isfile(script):
+        raise UsageError("training script", script, "no such file")
+    if kind is EntryKind.BINARY and shutil.which(script) is None:
+        raise UsageError("--no-python program", script, "not found on PATH or not executable")
+    python = env.get("PYTHON_EXEC") or sys.executable
+    return EntrySpec(kind=kind, script=script, args=tuple(ns.training_script_args), python=python)
+
+
+def _nproc(value: str, env: Mapping[str, str]) -> int:
+    needs_probe = value in ("gpu", "cuda", "auto")
+    gpus = devices.gpu_count(env) if needs_probe else None
+    return parse_nproc(value, cpu_count=devices.cpu_count(), gpu_count=gpus)
+
+
+def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
+    """torchrun's backend resolution (its §2), reduced to what one node needs."""
+    min_nodes, max_nodes = parse_nnodes(ns.nnodes)
+    backend = resolve_backend(ns.rdzv_backend)
+    conf = parse_rdzv_conf(ns.rdzv_conf)
+    if ns.master_port is not None:
+        check_port("--master-port", ns.master_port)
+    if max_nodes > 1:
+        raise NotSupportedYetError("--nnodes", ns.nnodes, "multi-node jobs are not supported yet (use 1)")
+    implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None
+    local_host = ns.local_addr or "127.0.0.1"
+    if ns.standalone or implicit:
+        rdzv = RendezvousSpec("c10d", None, 0, str(uuid.uuid4()), min_nodes, max_nodes, 0, conf, standalone=True)
+        return rdzv, StoreSpec(local_host, 0)
+    run_id = ns.rdzv_id if ns.rdzv_id else str(uuid.uuid4().int)
+    if backend == "static":
+        host, port = ns.master_addr, ns.master_port if ns.master_port is not None else STATIC_DEFAULT_PORT
+        if ns.rdzv_endpoint:
+            host, port = parse_endpoint(ns.rdzv_endpoint, STATIC_DEFAULT_PORT)
+        rdzv = RendezvousSpec("static", None, 0, run_id, min_nodes, max_nodes, ns.node_rank, conf, standalone=False)
+        return rdzv, StoreSpec(host, port)
+    if not ns.rdzv_endpoint:
+        raise UsageError("--rdzv-endpoint", "", "required with --rdzv-backend=c10d (HOST:PORT)")
+    host, port = parse_endpoint(ns.rdzv_endpoint, C10D_DEFAULT_PORT)
+    rdzv = RendezvousSpec("c10d", host, port, run_id, min_nodes, max_nodes, 0, conf, standalone=False)
+    return rdzv, StoreSpec(local_host, 0)
+
+
+def _log_dir(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if str(path) == "/dev/null":
+        return path
+    if path.exists() and not path.is_dir():
+        raise UsageError("--log-dir", value, "exists and is not a directory")
+    return path
+
+
+def _logs(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> LogSpec:
+    template = ns.log_line_prefix_template
+    if template is None:
+        template = env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", DEFAULT_PREFIX_TEMPLATE)
+    return LogSpec(
+        log_dir=_log_dir(ns.log_dir),
+        redirects=parse_std_map("--redirects", ns.redirects, nproc),
+        tee=parse_std_map("--tee", ns.tee, nproc),
+        local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
+        prefix_template=template,
+        stdout_filters=parse_filters(ns.duplicate_stdout_filters),
+        stderr_filters=parse_filters(ns.duplicate_stderr_filters),
+    )
+
+
+def _restart(ns: argparse.Namespace, env: Mapping[str, str]) -> RestartPolicy:
+    if ns.max_restarts < 0:
+        raise UsageError("--max-restarts", ns.max_restarts, "must be 0 or more")
+    if not ns.monitor_interval > 0:
+        raise UsageError("--monitor-interval", ns.monitor_interval, "must be greater than 0")
+    timeout = ns.shutdown_timeout
+    if timeout is None:
+        raw = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+        try:
+            timeout = int(raw)
+        except ValueError:
+            raise UsageError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raw, "expected whole seconds") from None
+    if timeout < 0:
+        raise UsageError("--shutdown-timeout", timeout, "must be 0 or more")
+    return RestartPolicy(max_restarts=ns.max_restarts, shutdown_timeout=float(timeout))
+
+
+def _unsupported(ns: argparse.Namespace) -> None:
+    if ns.logs_specs is not None:
+        raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins are not supported; use --log-dir/-r/-t")
+    if ns.numa_binding is not None:
+        raise NotSupportedYetError("--numa-binding", ns.numa_binding, "NUMA binding is not supported yet")
+    if ns.event_log_handler not in ("null", "console", "dynamic_rendezvous"):
+        raise UsageError("--event-log-handler", ns.event_log_handler, "expected null, console or dynamic_rendezvous")
+
+
+def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
+    """The one translation of user input into a ``LaunchSpec``; raises ``UsageError``."""
+    ns = parse_args(argv, env)
+    nproc = _nproc(ns.nproc_per_node, env)
+    rdzv, store = _rendezvous(ns)
+    _unsupported(ns)
+    signals_text = ns.signals_to_handle
+    return LaunchSpec(
+        worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank, entry=_entry(ns, env, nproc)),
+        rendezvous=rdzv,
+        store=store,
+        restart=_restart(ns, env),
+        logs=_logs(ns, env, nproc),
+        signals=parse_signals(signals_text),
+        signals_text=signals_text,
+        base_env=dict(env),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``rankrun`` and ``python -m rankrun``; returns the exit code."""
+    # First instant: record the default death signals before anything slow can happen.
+    catcher = signals.EarlyCatcher.install()
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        spec = spec_from_args(args, os.environ)
+    except RankrunError as exc:
+        print(f"rankrun: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    from rankrun.agent.loop import launch  # noqa: PLC0415 - keeps --help and usage errors fast
+
+    return launch(spec, catcher)
+
+
+__all__ = ["EXIT_USAGE", "main", "spec_from_args"]
+
+
+def main_exit() -> None:
+    """Console-script entry: exit with ``main()``'s code."""
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Count accelerators without importing torch.
+
+Order of evidence: ``CUDA_VISIBLE_DEVICES`` (what the user restricted us to), the NVIDIA
+driver's ``/proc/driver/nvidia/gpus`` directory, then ``nvidia-smi -L``. Reads only; the
+only caller is ``rankrun.cli`` when ``--nproc-per-node`` is ``gpu`` or ``auto``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+
+_PROC_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def visible_devices(value: str) -> int:
+    """Number of usable entries in a ``CUDA_VISIBLE_DEVICES`` string (CUDA stops at the first invalid one)."""
+    count = 0
+    for item in value.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+def gpu_count(env: Mapping[str, str]) -> int:
+    """How many NVIDIA GPUs this process may use; 0 when there are none."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return visible_devices(env["CUDA_VISIBLE_DEVICES"])
+    try:
+        return len(os.listdir(_PROC_GPUS))
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,61 @@
+"""rankrun's one exception tree.
+
+Every error the launcher raises on purpose derives from ``RankrunError``; the CLI maps
+each branch to a documented exit code and prints ``str(exc)`` as one line, never a
+traceback::
+
+    RankrunError                      exit_code
+    ├── UsageError                    2   bad flag or value; the message names both
+    │   └── NotSupportedYetError      2   a valid request this version cannot serve
+    └── LauncherError                 3   the launcher's own machinery failed
+        ├── StoreError                3   the worker store could not bind / serve
+        └── SpawnError                3   a worker process could not be started
+
+A worker that exits non-zero is *not* an exception: it is an outcome (see
+``rankrun.report``), reported with exit code 1.
+"""
+
+from __future__ import annotations
+
+EXIT_SUCCESS = 0
+EXIT_WORKERS_FAILED = 1
+EXIT_USAGE = 2
+EXIT_LAUNCHER = 3
+EXIT_SIGNAL_BASE = 128
+
+
+class RankrunError(Exception):
+    """Base of every error rankrun raises deliberately."""
+
+    exit_code: int = EXIT_LAUNCHER
+
+
+class UsageError(RankrunError):
+    """The user asked for something malformed; the message names the flag and the value."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, flag: str, value: object, reason: str) -> None:
+        self.flag = flag
+        self.value = value
+        self.reason = reason
+        shown = repr(value) if isinstance(value, str) else str(value)
+        super().__init__(f"{flag} {shown}: {reason}" if flag else f"{shown}: {reason}")
+
+
+class NotSupportedYetError(UsageError):
+    """A well-formed request that this version of rankrun does not implement."""
+
+
+class LauncherError(RankrunError):
+    """The launcher itself failed (not the user's workers, not the user's input)."""
+
+    exit_code = EXIT_LAUNCHER
+
+
+class StoreError(LauncherError):
+    """The embedded worker store could not be started or served."""
+
+
+class SpawnError(LauncherError):
+    """A worker process could not be started (missing binary, exec failure)."""

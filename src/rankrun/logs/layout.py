@@ -1,0 +1,63 @@
+"""The per-run log directory, in torchrun's layout::
+
+    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log, error.json
+    <log_dir>/<run_id>_<random>/attempt_<n>/filtered_{stdout,stderr}.log
+
+Without ``--log-dir`` the same tree lives in a private temporary directory (it still holds
+the workers' error files) and is removed when the job ends, unless ``-r``/``-t`` asked for
+files, in which case it is kept and its path announced. ``--log-dir /dev/null`` means no
+files at all and ``TORCHELASTIC_ERROR_FILE=""``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from rankrun.errors import LauncherError
+from rankrun.spec import LogSpec
+
+
+class RunLogs:
+    def __init__(self, spec: LogSpec, run_id: str) -> None:
+        self.spec = spec
+        self.base: Path | None = None
+        self.temporary = spec.log_dir is None
+        if spec.discard_files:
+            return
+        try:
+            if spec.log_dir is None:
+                self.base = Path(tempfile.mkdtemp(prefix=f"rankrun_{run_id}_"))
+            else:
+                spec.log_dir.mkdir(parents=True, exist_ok=True)
+                self.base = Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=spec.log_dir))
+        except OSError as exc:
+            raise LauncherError(f"cannot create log directory under {spec.log_dir or tempfile.gettempdir()}: {exc}") from exc
+
+    @property
+    def keep(self) -> bool:
+        return not self.temporary or self.spec.wants_files()
+
+    def attempt_dir(self, attempt: int, nproc: int) -> Path | None:
+        """Create (fresh) ``attempt_<n>/<local_rank>/`` for every local rank."""
+        if self.base is None:
+            return None
+        path = self.base / f"attempt_{attempt}"
+        shutil.rmtree(path, ignore_errors=True)
+        for local_rank in range(nproc):
+            (path / str(local_rank)).mkdir(parents=True)
+        return path
+
+    @staticmethod
+    def error_file(attempt_dir: Path | None, local_rank: int) -> str:
+        return "" if attempt_dir is None else str(attempt_dir / str(local_rank) / "error.json")
+
+    def finish(self) -> Path | None:
+        """Remove a private directory nobody asked to keep; return the kept base (if any)."""
+        if self.base is None:
+            return None
+        if not self.keep:
+            shutil.rmtree(self.base, ignore_errors=True)
+            return None
+        return self.base

@@ -1,0 +1,68 @@
+"""Pure line handling: cut a byte stream into whole lines, prefix them, keep a tail.
+
+No I/O here. The hot path works on whole chunks (one ``rfind``, one ``replace``) rather
+than line by line, so the agent keeps up with workers printing at full speed.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+
+class LineSplitter:
+    """Feeds arbitrary chunks, returns only complete lines (each ending in ``\\n``)."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
+            self._partial += chunk
+            return b""
+        whole = self._partial + chunk[: cut + 1] if self._partial else chunk[: cut + 1]
+        self._partial = chunk[cut + 1 :]
+        return whole
+
+    def flush(self) -> bytes:
+        """At end of stream: the unterminated last line, given a newline so it cannot glue to another."""
+        rest, self._partial = self._partial, b""
+        return rest + b"\n" if rest else b""
+
+
+def prefix_lines(lines: bytes, prefix: bytes) -> bytes:
+    """Put ``prefix`` before every line of ``lines`` (complete lines only)."""
+    if not prefix or not lines:
+        return lines
+    return prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+
+
+def render_prefix(template: str, *, role: str, rank: int, local_rank: int) -> bytes:
+    """``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` semantics (``string.Template``, unknown names kept)."""
+    text = Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
+    return text.encode()
+
+
+def matching_lines(lines: bytes, needles: tuple[bytes, ...]) -> bytes:
+    """The lines that contain any of ``needles``."""
+    picked = [line for line in lines.split(b"\n")[:-1] if any(n in line for n in needles)]
+    return b"".join(line + b"\n" for line in picked)
+
+
+class Tail:
+    """The last ``limit`` bytes of a stream, for failure reports."""
+
+    def __init__(self, limit: int = 64 * 1024) -> None:
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def add(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._size - len(self._chunks[0]) >= self._limit and len(self._chunks) > 1:
+            self._size -= len(self._chunks.pop(0))
+
+    def text(self) -> str:
+        data = b"".join(self._chunks)[-self._limit :]
+        return data.decode(errors="replace")

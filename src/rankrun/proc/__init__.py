@@ -1,0 +1,1 @@
+"""Processes: the only package that spawns, signals or reaps OS processes."""

@@ -1,0 +1,130 @@
+"""Supervise one worker group: wait for the first of {a failure, all done, a signal}, then stop it.
+
+Exits are events (``handle.wait()`` tasks), not a polling tick. Stopping is one path:
+send the polite signal (SIGTERM after a failure, the received signal after an interrupt)
+to every worker's process group, wait until all have exited or the single monotonic
+deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. A second interrupt
+skips the grace period. Whatever happens, every process group gets a final SIGKILL so
+background children of workers that already exited are cleaned up too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from rankrun.proc.spawn import WorkerHandle
+
+KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the kernel to report exits
+
+
+@dataclass(frozen=True)
+class Exit:
+    index: int
+    status: int
+    at: float  # wall clock when noticed
+    after_stop: bool  # noticed after rankrun began stopping the group
+
+
+@dataclass
+class GroupOutcome:
+    exits: dict[int, Exit] = field(default_factory=dict)
+    interrupted_by: int | None = None  # signal number, when a signal stopped the group
+    unkillable: list[int] = field(default_factory=list)  # indexes still alive after SIGKILL
+
+    @property
+    def failed(self) -> bool:
+        return any(e.status != 0 and not e.after_stop for e in self.exits.values())
+
+
+@dataclass
+class _Stop:
+    deadline: float | None = None  # monotonic
+    killed: bool = False
+
+
+async def supervise(
+    handles: Sequence[WorkerHandle],
+    next_signal: Callable[[], Awaitable[int]],
+    shutdown_timeout: float,
+    wall: Callable[[], float] = time.time,
+) -> GroupOutcome:
+    outcome = GroupOutcome()
+    waits = {asyncio.ensure_future(h.wait()): i for i, h in enumerate(handles)}
+    sig_task: asyncio.Future[int] = asyncio.ensure_future(next_signal())
+    stop = _Stop()
+    try:
+        while waits:
+            timeout = None if stop.deadline is None else max(0.0, stop.deadline - time.monotonic())
+            watched: set[asyncio.Future[int]] = set(waits) | ({sig_task} if not sig_task.done() else set())
+            done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is sig_task:
+                    _on_signal(task.result(), handles, waits, outcome, stop, shutdown_timeout)
+                    if not stop.killed:
+                        sig_task = asyncio.ensure_future(next_signal())
+                    continue
+                index = waits.pop(task)
+                status = task.result()
+                outcome.exits[index] = Exit(index, status, wall(), after_stop=stop.deadline is not None)
+                if status != 0 and stop.deadline is None:
+                    _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+            if stop.deadline is not None and not stop.killed and time.monotonic() >= stop.deadline:
+                _kill(handles, waits, stop)
+            if stop.killed and waits:
+                outcome.unkillable = await _wait_killed(waits, outcome, wall)
+                break
+    finally:
+        if not sig_task.done():
+            sig_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sig_task
+        for h in handles:
+            h.signal_group(signal.SIGKILL)  # grandchildren left in the group, even after success
+    return outcome
+
+
+def _on_signal(
+    signum: int,
+    handles: Sequence[WorkerHandle],
+    waits: dict[asyncio.Future[int], int],
+    outcome: GroupOutcome,
+    stop: _Stop,
+    shutdown_timeout: float,
+) -> None:
+    if outcome.interrupted_by is None:
+        outcome.interrupted_by = signum
+    if stop.deadline is None:
+        _begin_stop(signum, handles, waits, stop, shutdown_timeout)
+    else:
+        _kill(handles, waits, stop)  # a second signal: no more patience
+
+
+def _begin_stop(
+    signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Future[int], int], stop: _Stop, grace: float
+) -> None:
+    stop.deadline = time.monotonic() + grace
+    for index in waits.values():
+        handles[index].signal_group(signum)
+
+
+def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Future[int], int], stop: _Stop) -> None:
+    stop.killed = True
+    for index in waits.values():
+        handles[index].signal_group(signal.SIGKILL)
+
+
+async def _wait_killed(
+    waits: dict[asyncio.Future[int], int], outcome: GroupOutcome, wall: Callable[[], float]
+) -> list[int]:
+    done, pending = await asyncio.wait(set(waits), timeout=KILL_WAIT)
+    for task in done:
+        index = waits.pop(task)
+        outcome.exits[index] = Exit(index, task.result(), wall(), after_stop=True)
+    for task in pending:
+        task.cancel()
+    return sorted(waits[t] for t in pending)

@@ -1,0 +1,1 @@
+"""Rendezvous: worker stores and the join algorithm."""

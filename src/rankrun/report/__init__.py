@@ -1,0 +1,1 @@
+"""Failure reporting: worker results → root cause → text and JSON."""

@@ -1,0 +1,127 @@
+"""Worker results → root cause → the report printed last on stderr. Pure and golden-tested.
+
+Root cause = the earliest *failure*: the worker whose non-zero exit the agent noticed
+first (millisecond wall-clock resolution; exit events, not a polling tick). Workers that
+ended because rankrun stopped them are listed as stopped, never as failures. The
+exception shown comes from the worker's error file when it used ``@record``, otherwise
+from the last Python traceback in its stderr, so no change to user code is needed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+from rankrun.report.errorfile import WorkerError, error_json
+
+WIDTH = 72
+
+
+class Ending(Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended after rankrun signalled it (a sibling's failure or a signal)
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    local_rank: int
+    rank: int
+    pid: int
+    status: int  # exit code, or -N for "killed by signal N"
+    ending: Ending
+    ended_at: float  # wall clock, seconds
+    error_file: str
+    error: WorkerError | None
+    stderr_tail: str
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        return f"signal {-status} ({signal_name(-status)})"
+    return f"exit code {status}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
+    failures = [r for r in results if r.ending is Ending.FAILED]
+    return min(failures, key=lambda r: r.ended_at) if failures else None
+
+
+def traceback_from_tail(tail: str, max_lines: int = 40) -> str:
+    """The last Python traceback in ``tail`` (prefixes such as torch's ``[rank1]:`` kept); else its last lines."""
+    lines = tail.rstrip("\n").split("\n") if tail.strip() else []
+    start = None
+    for i in range(len(lines) - 1, -1, -1):
+        if "Traceback (most recent call last):" in lines[i]:
+            start = i
+            break
+    picked = lines[start:] if start is not None else lines[-10:]
+    if len(picked) > max_lines:
+        picked = [*picked[:5], f"... ({len(picked) - max_lines + 5} lines omitted) ...", *picked[-(max_lines - 5) :]]
+    return "\n".join(picked)
+
+
+def exception_text(result: WorkerResult) -> tuple[str, str]:
+    """(where it came from, the text) for the root cause's exception."""
+    if result.error is not None and (result.error.traceback or result.error.message):
+        return ("error file", result.error.traceback.rstrip("\n") or result.error.message)
+    if result.status < 0:
+        return ("signal", f"Signal {-result.status} ({signal_name(-result.status)}) received by PID {result.pid}")
+    text = traceback_from_tail(result.stderr_tail)
+    return ("stderr", text) if text else ("stderr", "<the worker wrote nothing to stderr>")
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+
+
+def _indent(text: str, pad: str = "    ") -> str:
+    return "\n".join(pad + line if line else line for line in text.split("\n"))
+
+
+def render_report(title: str, host: str, attempt: int, results: list[WorkerResult]) -> str:
+    """The failure report (multi-line, ends with a newline)."""
+    root = root_cause(results)
+    bar, thin = "=" * WIDTH, "-" * WIDTH
+    out = [bar, f"rankrun: {title} FAILED (attempt {attempt})", thin]
+    if root is not None:
+        source, text = exception_text(root)
+        out += [
+            f"Root cause (first failure, at {_stamp(root.ended_at)}):",
+            f"  rank       : {root.rank} (local_rank: {root.local_rank})",
+            f"  host       : {host}",
+            f"  pid        : {root.pid}",
+            f"  exit       : {describe_status(root.status)}",
+            f"  error_file : {root.error_file if root.error is not None else '<not written>'}",
+            f"  exception  : (from {source})",
+            _indent(text),
+        ]
+    others = [r for r in results if r is not root]
+    if others:
+        out += [thin, "Other workers:"]
+        for r in sorted(others, key=lambda r: r.rank):
+            what = {
+                Ending.FAILED: f"also failed at {_stamp(r.ended_at)}: {describe_status(r.status)}",
+                Ending.STOPPED: f"stopped by rankrun ({describe_status(r.status)})",
+                Ending.SUCCEEDED: "exited 0",
+            }[r.ending]
+            out.append(f"  rank {r.rank} (local_rank {r.local_rank}, pid {r.pid}): {what}")
+    out.append(bar)
+    return "\n".join(out) + "\n"
+
+
+def root_cause_json(result: WorkerResult) -> str:
+    """What the launcher writes to its own ``TORCHELASTIC_ERROR_FILE`` (torch's format plus ``errorCode``)."""
+    _, text = exception_text(result)
+    message = result.error.message if result.error is not None else text.rstrip("\n").split("\n")[-1]
+    timestamp = result.error.timestamp if result.error is not None and result.error.timestamp else int(result.ended_at)
+    return error_json(message, text, timestamp, error_code=result.status)

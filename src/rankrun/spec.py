@@ -1,0 +1,267 @@
+"""The launch specification: frozen dataclasses plus the pure parsers that build them.
+
+Everything here is a pure function of its arguments: no ``os.environ``, no argv, no I/O
+except where a parser is explicitly handed a probe (GPU counting lives in ``devices``).
+``rankrun.cli`` is the only caller that turns user input into these objects; every
+component below the CLI receives only the sub-spec it needs.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from rankrun.errors import NotSupportedYetError, UsageError
+
+KNOWN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
+
+
+class EntryKind(Enum):
+    """How the worker command is built from the training script."""
+
+    SCRIPT = "script"  # python -u script args
+    MODULE = "module"  # python -u -m module args
+    BINARY = "binary"  # script args  (--no-python)
+    RUN_PATH = "run_path"  # python -u -m rankrun.run_path script args  (--run-path)
+
+
+class Stream(Enum):
+    """The bits of torchrun's ``-r``/``-t`` values: 1 = stdout, 2 = stderr, 3 = both."""
+
+    NONE = 0
+    STDOUT = 1
+    STDERR = 2
+    BOTH = 3
+
+    def has_stdout(self) -> bool:
+        return bool(self.value & 1)
+
+    def has_stderr(self) -> bool:
+        return bool(self.value & 2)
+
+
+@dataclass(frozen=True)
+class EntrySpec:
+    """What each worker runs."""
+
+    kind: EntryKind
+    script: str
+    args: tuple[str, ...]
+    python: str  # interpreter for SCRIPT / MODULE / RUN_PATH
+
+    @property
+    def title(self) -> str:
+        """The name used in failure reports, as torchrun titles them."""
+        return "run_script_path" if self.kind is EntryKind.RUN_PATH else self.script
+
+
+@dataclass(frozen=True)
+class RendezvousSpec:
+    """Where and how this node meets the others (single node in this version)."""
+
+    backend: str  # "c10d" or "static" after resolution
+    endpoint_host: str | None  # c10d endpoint to hold open; None when there is none
+    endpoint_port: int
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    node_rank: int
+    conf: tuple[tuple[str, str], ...]
+    standalone: bool
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where the worker store (the one env:// connects to) listens."""
+
+    host: str  # address the store binds and MASTER_ADDR advertises
+    port: int  # 0 = let the OS choose, once, and hold it
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int
+    shutdown_timeout: float  # seconds between the polite signal and SIGKILL
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    """Console and per-rank file behaviour (torchrun's -r/-t/--log-dir/--local-ranks-filter)."""
+
+    log_dir: Path | None  # None: no user log dir; Path("/dev/null"): no files at all
+    redirects: tuple[Stream, ...]  # per local rank
+    tee: tuple[Stream, ...]  # per local rank
+    local_ranks_filter: frozenset[int] | None  # None: every rank reaches the console
+    prefix_template: str
+    stdout_filters: tuple[str, ...] = ()
+    stderr_filters: tuple[str, ...] = ()
+
+    @property
+    def discard_files(self) -> bool:
+        return self.log_dir is not None and str(self.log_dir) == "/dev/null"
+
+    def wants_files(self) -> bool:
+        return any(s is not Stream.NONE for s in self.redirects + self.tee)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    nproc: int
+    role: str
+    virtual_local_rank: bool
+    entry: EntrySpec
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything the agent needs, parsed once at the edge."""
+
+    worker: WorkerSpec
+    rendezvous: RendezvousSpec
+    store: StoreSpec
+    restart: RestartPolicy
+    logs: LogSpec
+    signals: tuple[int, ...]
+    signals_text: str
+    base_env: dict[str, str] = field(repr=False, compare=False)
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """``"N"`` or ``"MIN:MAX"`` with ``0 < MIN <= MAX``."""
+    parts = value.split(":")
+    if len(parts) > 2:
+        raise UsageError("--nnodes", value, 'expected N or "MIN:MAX"')
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise UsageError("--nnodes", value, 'expected N or "MIN:MAX" with integers') from None
+    lo, hi = nums[0], nums[-1]
+    if lo <= 0 or hi < lo:
+        raise UsageError("--nnodes", value, "need 0 < MIN <= MAX")
+    return lo, hi
+
+
+def parse_nproc(value: str, *, cpu_count: int, gpu_count: int | None) -> int:
+    """An integer, ``cpu``, ``gpu`` or ``auto``; ``gpu_count`` is ``None`` when no probe ran."""
+    if value == "cpu":
+        return cpu_count
+    if value in ("gpu", "cuda"):
+        if not gpu_count:
+            raise UsageError("--nproc-per-node", value, "no NVIDIA GPU found (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi)")
+        return gpu_count
+    if value == "auto":
+        return gpu_count or cpu_count
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError("--nproc-per-node", value, "expected a positive integer, 'cpu', 'gpu' or 'auto'") from None
+    if n <= 0:
+        raise UsageError("--nproc-per-node", value, "must be at least 1")
+    return n
+
+
+_STD_ALL = re.compile(r"^[0-3]$")
+_STD_MAP = re.compile(r"^(\d+:[0-3],)*(\d+:[0-3])$")
+
+
+def parse_std_map(flag: str, value: str, nproc: int) -> tuple[Stream, ...]:
+    """torchrun's ``-r``/``-t`` syntax: ``0..3`` for every rank, or ``lr:v,lr:v``."""
+    value = value.strip()
+    if _STD_ALL.match(value):
+        return (Stream(int(value)),) * nproc
+    if not _STD_MAP.match(value):
+        raise UsageError(flag, value, "expected 0-3 or a map like 0:3,1:1")
+    per_rank = [Stream.NONE] * nproc
+    for item in value.split(","):
+        rank_text, bits = item.split(":")
+        rank = int(rank_text)
+        if rank >= nproc:
+            raise UsageError(flag, value, f"local rank {rank} does not exist with {nproc} process(es) per node")
+        per_rank[rank] = Stream(int(bits))
+    return tuple(per_rank)
+
+
+def parse_ranks_filter(value: str) -> frozenset[int] | None:
+    if not value.strip():
+        return None
+    try:
+        return frozenset(int(v) for v in value.split(","))
+    except ValueError:
+        raise UsageError("--local-ranks-filter", value, "expected a comma-separated list of integers") from None
+
+
+def parse_rdzv_conf(value: str) -> tuple[tuple[str, str], ...]:
+    """``k1=v1,k2=v2``; blanks around keys and values are dropped; values stay strings."""
+    pairs: list[tuple[str, str]] = []
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        key, val = key.strip(), val.strip()
+        if not sep or not key or not val:
+            raise UsageError("--rdzv-conf", value, f"{item.strip()!r} is not key=value")
+        pairs.append((key, val))
+    return tuple(pairs)
+
+
+def parse_endpoint(value: str, default_port: int) -> tuple[str, int]:
+    """``host[:port]`` or ``[v6]:port``; the port must be 0-65535."""
+    value = value.strip()
+    host, port_text = value, ""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    elif value.count(":") == 1:
+        host, port_text = value.split(":")
+    if not host:
+        raise UsageError("--rdzv-endpoint", value, "missing host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise UsageError("--rdzv-endpoint", value, "port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+def parse_signals(value: str) -> tuple[int, ...]:
+    sigs: list[int] = []
+    for name in (v.strip() for v in value.split(",")):
+        if not name:
+            continue
+        try:
+            sig = signal.Signals[name]
+        except KeyError:
+            raise UsageError("--signals-to-handle", value, f"unknown signal {name!r}") from None
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise UsageError("--signals-to-handle", value, f"{name} cannot be handled")
+        sigs.append(int(sig))
+    return tuple(dict.fromkeys(sigs))
+
+
+def parse_filters(value: str) -> tuple[str, ...]:
+    """Comma list where ``,,`` stands for a literal comma."""
+    if not value:
+        return ()
+    marker = "\x00"
+    return tuple(p.replace(marker, ",") for p in value.replace(",,", marker).split(",") if p)
+
+
+def check_port(flag: str, port: int) -> int:
+    if not 0 <= port <= 65535:
+        raise UsageError(flag, port, "must be from 0 to 65535")
+    return port
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in KNOWN_BACKENDS:
+        raise UsageError("--rdzv-backend", backend, f"unknown rendezvous backend (known: {', '.join(KNOWN_BACKENDS)})")
+    if backend.startswith("etcd"):
+        raise NotSupportedYetError("--rdzv-backend", backend, "not supported yet (multi-node rendezvous comes in a later release)")
+    return backend
