@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import logging
 import socket
 import struct
 import threading
@@ -184,6 +185,10 @@ class ServedStore:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop_errors: list[dict[str, Any]] = []
+        self.loop.set_exception_handler(lambda _loop, context: self.loop_errors.append(context))
+        self.log_errors = _ErrorRecords()
+        logging.getLogger("rankrun.rendezvous.tcpstore").addHandler(self.log_errors)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = TCPStoreServer()
@@ -214,6 +219,20 @@ class ServedStore:
             self.thread.join(TIMEOUT_S)
             assert not self.thread.is_alive()
             self.loop.close()
+            logging.getLogger("rankrun.rendezvous.tcpstore").removeHandler(self.log_errors)
+        assert self.loop_errors == [], "the event loop reported errors"
+        assert self.log_errors.records == [], "the server logged errors"
+
+
+class _ErrorRecords(logging.Handler):
+    """Collects ERROR records (a server bug shows up as logger.exception)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 @pytest.fixture
@@ -708,3 +727,18 @@ def test_close_is_idempotent_and_frees_the_port() -> None:
 def test_port_before_start_raises() -> None:
     with pytest.raises(RuntimeError):
         _ = TCPStoreServer().port
+
+
+def test_port_zero_on_several_addresses_shares_one_port() -> None:
+    """Host "" resolves to :: and 0.0.0.0; workers get one MASTER_PORT, so both must match."""
+
+    async def scenario() -> set[int]:
+        server = TCPStoreServer()
+        try:
+            await server.start("", 0)
+            assert server._server is not None
+            return {sock.getsockname()[1] for sock in server._server.sockets}
+        finally:
+            await server.close()
+
+    assert len(asyncio.run(scenario())) == 1

@@ -22,6 +22,7 @@ from typing import Protocol
 from rankrun.errors import SpawnError
 
 _PR_SET_PDEATHSIG = 1
+CHUNK_LIMIT = 1 << 16
 
 
 class StreamSource(Protocol):
@@ -75,9 +76,24 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     return hook
 
 
+class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's ``Process.wait()`` also waits for the pipes to close, which a grandchild holding
+    them can delay forever; this protocol reports the exit itself, the moment it is reaped."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=CHUNK_LIMIT, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
 class _OsWorker:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, exited: asyncio.Future[None]) -> None:
         self._proc = proc
+        self._exited = exited
 
     @property
     def pid(self) -> int:
@@ -94,7 +110,10 @@ class _OsWorker:
         return self._proc.stderr
 
     async def wait(self) -> int:
-        return await self._proc.wait()
+        await asyncio.shield(self._exited)
+        code = self._proc.returncode
+        assert code is not None  # noqa: S101 - set before process_exited is called
+        return code
 
     def signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -109,8 +128,10 @@ class OsSpawner:
         self._on_spawn = on_spawn
 
     async def spawn(self, command: Command) -> WorkerHandle:
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitAwareProtocol(loop),
                 *command.argv,
                 env=dict(command.env),
                 stdin=None,
@@ -121,9 +142,10 @@ class OsSpawner:
             )
         except OSError as exc:
             raise SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}") from exc
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
         if self._on_spawn is not None:
             self._on_spawn(proc.pid)
-        return _OsWorker(proc)
+        return _OsWorker(proc, protocol.exited)
 
 
 def _show(argv: Sequence[str]) -> str:

@@ -150,13 +150,6 @@ class _Keyspace:
         self._key_waiters: dict[bytes, dict[_KeyWaiter, None]] = {}
         self._barrier_waiters: dict[bytes, dict[_BarrierWaiter, None]] = {}
 
-    def clear(self) -> None:
-        """Forget everything, including blocked callers (they are never answered)."""
-        self.values.clear()
-        self._queues.clear()
-        self._key_waiters.clear()
-        self._barrier_waiters.clear()
-
     def exists(self, key: bytes) -> bool:
         """A key exists if it holds a value or names a non-empty queue."""
         return key in self.values or bool(self._queues.get(key))
@@ -214,9 +207,7 @@ class _Keyspace:
     def queue_len(self, key: bytes) -> int:
         return len(self._queues.get(key, ()))
 
-    def wait(
-        self, keys: Iterable[bytes], on_ready: Callable[[], None]
-    ) -> _KeyWaiter | None:
+    def wait(self, keys: Iterable[bytes], on_ready: Callable[[], None]) -> _KeyWaiter | None:
         """Register a WAIT; None when every key already exists (reply at once)."""
         missing = {key for key in keys if not self.exists(key)}
         if not missing:
@@ -226,9 +217,7 @@ class _Keyspace:
             self._key_waiters.setdefault(key, {})[waiter] = None
         return waiter
 
-    def barrier(
-        self, key: bytes, world_size: int, on_ready: Callable[[], None]
-    ) -> _BarrierWaiter | None:
+    def barrier(self, key: bytes, world_size: int, on_ready: Callable[[], None]) -> _BarrierWaiter | None:
         """Count one arrival; None once the counter reached ``world_size`` (reply)."""
         if self.add(key, 1) >= world_size:
             return None
@@ -319,6 +308,7 @@ class _Connection:
         """Drop the connection now, discarding unread requests and unsent replies."""
         self._forget_pending()
         self._writer.transport.abort()
+        self._reader.set_exception(ConnectionAbortedError("dropped by the store"))
 
     async def _handle_one(self) -> None:
         code = (await self._reader.readexactly(1))[0]
@@ -403,9 +393,7 @@ class _Connection:
         key = await self._read_key()
         expected = await self._read_value()
         desired = await self._read_value()
-        self._writer.write(
-            _pack_bytes(self._keyspace.compare_set(key, expected, desired))
-        )
+        self._writer.write(_pack_bytes(self._keyspace.compare_set(key, expected, desired)))
 
     async def op_get(self) -> None:
         """GET: key; reply the value, empty when missing (never blocks)."""
@@ -453,9 +441,7 @@ class _Connection:
     async def op_multi_set(self) -> None:
         """MULTI_SET: u64 n, n x (key, value); no reply; applied once fully read."""
         count = await self._read_count()
-        pairs = [
-            (await self._read_key(), await self._read_value()) for _ in range(count)
-        ]
+        pairs = [(await self._read_key(), await self._read_value()) for _ in range(count)]
         for key, value in pairs:
             self._keyspace.set(key, value)
 
@@ -476,11 +462,8 @@ class _Connection:
     async def op_queue_pop(self) -> None:
         """QUEUE_POP: key; reply i64 length before the pop, then the value if > 0."""
         length, value = self._keyspace.pop(await self._read_key())
-        self._writer.write(
-            _I64.pack(length)
-            if value is None
-            else _I64.pack(length) + _pack_bytes(value)
-        )
+        reply = _I64.pack(length)
+        self._writer.write(reply if value is None else reply + _pack_bytes(value))
 
     async def op_queue_len(self) -> None:
         """QUEUE_LEN: key; reply the i64 length."""
@@ -489,9 +472,7 @@ class _Connection:
     async def op_list_keys(self) -> None:
         """LIST_KEYS: reply i64 n, then n keys (plain keyspace, arbitrary order)."""
         keys = list(self._keyspace.values)
-        self._writer.write(
-            _I64.pack(len(keys)) + b"".join(_pack_bytes(key) for key in keys)
-        )
+        self._writer.write(_I64.pack(len(keys)) + b"".join(_pack_bytes(key) for key in keys))
 
     async def op_barrier(self) -> None:
         """BARRIER: key, i64 world_size; count an arrival, reply 00 once enough came."""
@@ -576,7 +557,9 @@ class TCPStoreServer:
         pending waiters, clears keys (including 'init/'), counters and queues.
         """
         tasks = self._abort_connections()
-        self._keyspace.clear()
+        # A fresh object rather than clear(): a dropped handler may still parse a request
+        # that was already buffered, and it must land in the orphaned keyspace.
+        self._keyspace = _Keyspace()
         await _settle(tasks)
 
     async def close(self) -> None:
@@ -595,9 +578,7 @@ class TCPStoreServer:
         return dict(self._keyspace.values)
 
     async def _listen(self, host: str, port: int) -> asyncio.Server:
-        server = await asyncio.start_server(
-            self._on_connect, host, port, reuse_address=True
-        )
+        server = await asyncio.start_server(self._on_connect, host, port, reuse_address=True)
         ports = [sock.getsockname()[1] for sock in server.sockets]
         if len(set(ports)) <= 1:
             return server
@@ -605,13 +586,12 @@ class TCPStoreServer:
         # workers get one MASTER_PORT, so rebind every address on the first one.
         server.close()
         await server.wait_closed()
-        return await asyncio.start_server(
-            self._on_connect, host, ports[0], reuse_address=True
-        )
+        return await asyncio.start_server(self._on_connect, host, ports[0], reuse_address=True)
 
-    async def _on_connect(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closed:  # accepted just before close(): refuse, don't serve
+            writer.transport.abort()
+            return
         _tune_socket(writer)
         connection = _Connection(self._keyspace, reader, writer)
         task = asyncio.current_task()
@@ -623,15 +603,18 @@ class TCPStoreServer:
             self._connections.pop(connection, None)
 
     def _abort_connections(self) -> list[asyncio.Task[object]]:
-        """Abort every connection and cancel its handler (no further requests run)."""
+        """Abort every connection; return the handler tasks, which now end on their own.
+
+        The tasks are not cancelled: Python 3.11's stream callback logs a cancelled
+        client_connected_cb task as an error.
+        """
         connections, self._connections = self._connections, {}
-        for connection, task in connections.items():
+        for connection in connections:
             connection.abort()
-            task.cancel()
         return list(connections.values())
 
 
 async def _settle(tasks: list[asyncio.Task[object]]) -> None:
-    """Let cancelled handlers unwind (they only run their finally blocks), bounded."""
+    """Let aborted handlers unwind (their next read fails at once), bounded."""
     if tasks:
         await asyncio.wait(tasks, timeout=_CLOSE_GRACE_S)

@@ -1,0 +1,222 @@
+"""rankrun vs torchrun, side by side in one run: ``python bench/run.py [--quick] [--out BENCHMARKS.md]``.
+
+Both launchers (and the bare-Python baselines) run interleaved, in rotating order, on the same machine in the same
+minutes; the report quotes medians and ratios, since absolute times on a shared 2-core VM drift by ±30 %.
+Run it with the venv's interpreter: it is the one whose ``bin/rankrun`` and ``torch`` are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import console_bench
+import failure_bench
+import launch_bench
+import rss_bench
+from harness import PYTHON, RANKRUN, REPO, cleanup, log
+from report import Row, markdown_table, text_table
+
+METRICS = ("launch", "rss", "failure", "restart", "console")
+
+
+@dataclass(frozen=True)
+class Plan:
+    launch_reps: int
+    rss_reps: int
+    failure_reps: int
+    restart_reps: int
+    console_reps: int
+    console_lines: int
+
+
+FULL = Plan(launch_reps=5, rss_reps=3, failure_reps=5, restart_reps=5, console_reps=3, console_lines=1_000_000)
+QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000)
+
+
+@dataclass
+class Outcome:
+    rows: list[Row] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (about 2 minutes instead of 8)")
+    parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md", help="Markdown report (default: BENCHMARKS.md)")
+    parser.add_argument("--only", default=",".join(METRICS), help=f"comma-separated subset of {','.join(METRICS)}")
+    parser.add_argument("--lines", type=int, default=None, help="lines per worker for the console test (default 1,000,000)")
+    args = parser.parse_args(argv)
+    args.only = [m.strip() for m in args.only.split(",") if m.strip()]
+    unknown = set(args.only) - set(METRICS)
+    if unknown:
+        parser.error(f"unknown metric(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def check_prerequisites() -> None:
+    missing = [m for m in ("rankrun", "torch") if importlib.util.find_spec(m) is None]
+    if missing or not Path(RANKRUN.argv[0]).exists():
+        sys.exit(f"run.py: {PYTHON} lacks {', '.join(missing) or 'bin/rankrun'}; run it with the venv's python, "
+                 "e.g. /work/venv/bin/python bench/run.py")
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def _first(path: str, key: str) -> str:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()
+
+
+def machine_info() -> dict[str, str]:
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "nproc": f"{len(os.sched_getaffinity(0))} usable (os.cpu_count() = {os.cpu_count()})",
+        "cpu": _first("/proc/cpuinfo", "model name"),
+        "memory": _first("/proc/meminfo", "MemTotal"),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_version()} ({PYTHON})",
+        "torch": importlib.metadata.version("torch"),
+        "rankrun": f"{importlib.metadata.version('rankrun')} (git {_git('rev-parse', '--short', 'HEAD') or '?'}"
+                   f"{', working tree with uncommitted changes' if dirty else ''})",
+        "load average at start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+    }
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], list[str]]]]:
+    def launch() -> tuple[list[Row], list[str]]:
+        r = launch_bench.run(plan.launch_reps)
+        return launch_bench.rows(r), launch_bench.details(r)
+
+    def rss() -> tuple[list[Row], list[str]]:
+        r = rss_bench.run(plan.rss_reps)
+        return rss_bench.rows(r), rss_bench.details(r)
+
+    def failure() -> tuple[list[Row], list[str]]:
+        r = failure_bench.run(plan.failure_reps, restarts=0)
+        return failure_bench.rows(r, 0), failure_bench.details(r, 0)
+
+    def restart() -> tuple[list[Row], list[str]]:
+        r = failure_bench.run(plan.restart_reps, restarts=1)
+        return failure_bench.rows(r, 1), failure_bench.details(r, 1)
+
+    def console() -> tuple[list[Row], list[str]]:
+        r = console_bench.run(plan.console_reps, lines)
+        return console_bench.rows(r), console_bench.details(r)
+
+    return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console}
+
+
+def run_all(plan: Plan, only: list[str], lines: int) -> Outcome:
+    outcome = Outcome()
+    steps = _steps(plan, lines)
+    try:
+        for name in METRICS:
+            if name not in only:
+                continue
+            log(f"[{name}]")
+            t0 = time.monotonic()
+            rows, details = steps[name]()
+            outcome.seconds[name] = time.monotonic() - t0
+            outcome.rows += rows
+            outcome.details += details
+    finally:
+        leftovers = cleanup()
+        if leftovers:
+            log("stopped leftover processes: " + ", ".join(leftovers))
+    return outcome
+
+
+# --------------------------------------------------------------------------- report
+
+
+def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, total: float) -> str:
+    missed = [r for r in outcome.rows if r.target is not None and not r.target.met(r)]
+    parts = [
+        "# rankrun vs torchrun benchmarks",
+        "",
+        "Generated by `bench/run.py`; do not edit by hand, re-run instead.",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        "## Machine",
+        "",
+        *(f"- **{k}**: {v}" for k, v in info.items()),
+        f"- **run time**: {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in outcome.seconds.items()) + ")",
+        f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
+        f"restart {plan.restart_reps}, console {plan.console_reps}",
+        "",
+        "## Summary (medians)",
+        "",
+        markdown_table(outcome.rows),
+        "",
+        "How to read it: *baseline* is the bare-Python equivalent (floor/raw/bare driver). *vs base* is value ÷ baseline "
+        "for times and memory, and throughput ÷ baseline throughput for the console rows. *rankrun ÷ torchrun* < 1 means "
+        "rankrun is smaller/faster (for console walls too). All runs are interleaved: each repetition runs every launcher "
+        "once, in rotating order. Times use the real interpreter (`sys.executable`), never a pyenv shim. The harness sets "
+        "`RES_OPTIONS='timeout:1 attempts:1'` for all runs (it only shortens torch's occasional 5 s reverse-DNS stall), and "
+        "clears `PET_*`, `TORCHELASTIC_*`, `RANK`-style variables inherited from the calling shell.",
+        "",
+        "## Targets missed",
+        "",
+        *([f"- {r.metric}: rankrun {r.rankrun:.{r.decimals}f} {r.unit} — target {r.target.text}" for r in missed if r.target]
+          or ["- none"]),
+        "",
+        "## Method and raw samples",
+        "",
+        *outcome.details,
+    ]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    check_prerequisites()
+    plan = QUICK if args.quick else FULL
+    lines = args.lines or plan.console_lines
+    command = shlex.join([PYTHON, "bench/run.py", *argv])
+    info = machine_info()
+    log(f"{command}\n" + "\n".join(f"  {k}: {v}" for k, v in info.items()))
+    t0 = time.monotonic()
+    outcome = run_all(plan, args.only, lines)
+    total = time.monotonic() - t0
+    print(text_table(outcome.rows))
+    args.out.write_text(markdown(command, info, plan, outcome, total))
+    log(f"wrote {args.out} ({total:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+"""Shared fixtures: a clean environment, a tracked launcher process, and a PID reaper.
+
+Nothing here sleeps to synchronise: tests wait for READY lines (bounded) or for process
+exit (bounded). Every PID a test learns about is killed at teardown if it still lives;
+nothing is ever killed by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+PAYLOADS = Path(__file__).parent / "payloads"
+PY = sys.executable
+RANKRUN = (PY, "-m", "rankrun")
+
+_SCRUB = ("PET_", "TORCHELASTIC_", "TORCH_ELASTIC_", "MASTER_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_")
+
+
+def clean_environ() -> dict[str, str]:
+    """The test process's environment without anything a launcher would read or set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
+def wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
+    """Wait (bounded) until none of ``pids`` is alive; return the survivors."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+class Reaper:
+    """Remembers PIDs; kills the living ones at teardown."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self.pid_dirs: list[Path] = []
+
+    def watch_dir(self, path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        self.pid_dirs.append(path)
+        return path
+
+    def collect(self) -> set[int]:
+        for d in self.pid_dirs:
+            for f in d.glob("*"):
+                with contextlib.suppress(ValueError, OSError):
+                    self.pids.add(int(f.read_text().split()[0]))
+        return self.pids
+
+    def cleanup(self) -> list[int]:
+        survivors = [p for p in self.collect() if alive(p)]
+        for pid in survivors:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return survivors
+
+
+@pytest.fixture
+def reaper() -> Iterator[Reaper]:
+    r = Reaper()
+    yield r
+    leaked = r.cleanup()
+    assert not leaked, f"processes left behind: {leaked}"
+
+
+class Launcher:
+    """A rankrun (or torchrun) process whose stdout/stderr lines are collected by threads."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], cwd: Path, reaper: Reaper, stdin: int | None = None) -> None:
+        self.proc = subprocess.Popen(
+            list(args), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=stdin, start_new_session=True
+        )
+        reaper.pids.add(self.proc.pid)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out, "out"), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err, "err"), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, stream: object, sink: list[str], name: str) -> None:
+        for raw in stream:  # type: ignore[attr-defined]
+            line = raw.decode(errors="replace").rstrip("\n")
+            sink.append(line)
+            self._lines.put((name, line))
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 60.0) -> list[str]:
+        """Block until ``count`` stdout/stderr lines match ``pattern`` (bounded)."""
+        rx = re.compile(pattern)
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout
+        while len(seen) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {count}x {pattern!r}; got {seen}\nstdout={self.out}\nstderr={self.err}")
+            try:
+                _, line = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if rx.search(line):
+                seen.append(line)
+        return seen
+
+    def finish(self, timeout: float = 120.0) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._close()
+        return rc
+
+    def _close(self) -> None:
+        for t in self._threads:
+            t.join(30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._close()
+
+
+@pytest.fixture
+def launch(tmp_path: Path, reaper: Reaper) -> Iterator[object]:
+    started: list[Launcher] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, cmd: Sequence[str] = RANKRUN, stdin: int | None = None) -> Launcher:
+        e = clean_environ() if env is None else env
+        e.setdefault("TEST_PID_DIR", str(reaper.watch_dir(tmp_path / "pids")))
+        launcher = Launcher([*cmd, *args], e, tmp_path, reaper, stdin=stdin)
+        started.append(launcher)
+        return launcher
+
+    yield start
+    for launcher in started:
+        if launcher.proc.poll() is None:
+            launcher.kill()
+        else:
+            launcher._close()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run rankrun to completion and capture its output."""
+    return subprocess.run(
+        [*RANKRUN, *args], env=clean_environ() if env is None else env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )
+
+
+def payload(name: str) -> str:
+    return str(PAYLOADS / name)
