@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -94,15 +95,23 @@ def start(argv: Sequence[str], stdout: int | None = subprocess.DEVNULL, stderr: 
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    """Wait for a launcher; on timeout, stop it and raise."""
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
-    finally:
-        if proc.returncode is not None:
-            _LIVE.pop(proc.pid, None)
+    """Wait for a launcher, waking the moment it exits; on timeout, stop it and raise.
+
+    ``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would quantise every measurement to 50 ms;
+    a pidfd becomes readable exactly when the process exits.
+    """
+    if proc.poll() is None:
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            exited = select.select([pidfd], [], [], timeout)[0]
+        finally:
+            os.close(pidfd)
+        if not exited:
+            stop(proc)
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+    rc = proc.wait()
+    _LIVE.pop(proc.pid, None)
+    return rc
 
 
 def run_timed(argv: Sequence[str], timeout: float, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int, str]:

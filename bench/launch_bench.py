@@ -28,8 +28,6 @@ def time_launch(launcher: Launcher, nproc: int) -> float:
 
 def run(reps: int) -> LaunchResult:
     result = LaunchResult(reps, {n: Samples("ms") for n in SIZES})
-    for launcher in LAUNCHERS:  # warm-up (page cache, bytecode caches); not recorded
-        time_launch(launcher, 1)
     for rep in range(reps):
         for i, nproc in enumerate(SIZES):
             for launcher in rotated(LAUNCHERS, rep + i):

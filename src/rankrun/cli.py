@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from rankrun import devices
 from rankrun.proc import signals
-from rankrun.errors import EXIT_USAGE, NotSupportedYetError, RankrunError, UsageError
+from rankrun.errors import EXIT_USAGE, ArgumentError, NotSupportedYetError, RankrunError, UsageError
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     DEFAULT_SIGNALS,
@@ -51,7 +51,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError("", message, "see 'rankrun --help'")
+        if "training_script" in message and "required" in message:
+            message = "missing training script (usage: rankrun [options] SCRIPT [ARGS...])"
+        raise ArgumentError(message)
 
 
 # (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings.
@@ -119,17 +121,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    parser = build_parser(env)
-    try:
-        return parser.parse_args(list(argv))
-    except UsageError as exc:
-        raise UsageError("", _argparse_message(str(exc.value)), "see 'rankrun --help'") from None
-
-
-def _argparse_message(message: str) -> str:
-    if "training_script" in message and "required" in message:
-        return "missing training script (usage: rankrun [options] SCRIPT [ARGS...])"
-    return message
+    return build_parser(env).parse_args(list(argv))
 
 
 # --------------------------------------------------------------------------- spec building
@@ -170,6 +162,8 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
         check_port("--master-port", ns.master_port)
     if max_nodes > 1:
         raise NotSupportedYetError("--nnodes", ns.nnodes, "multi-node jobs are not supported yet (use 1)")
+    if not 0 <= ns.node_rank < max_nodes:
+        raise UsageError("--node-rank", ns.node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
     implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None
     local_host = ns.local_addr or "127.0.0.1"
     if ns.standalone or implicit:

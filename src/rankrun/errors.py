@@ -6,6 +6,7 @@ traceback::
 
     RankrunError                      exit_code
     ├── UsageError                    2   bad flag or value; the message names both
+    │   ├── ArgumentError             2   argparse's own message (unknown option, bad type)
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
     └── LauncherError                 3   the launcher's own machinery failed
         ├── StoreError                3   the worker store could not bind / serve
@@ -41,6 +42,14 @@ class UsageError(RankrunError):
         self.reason = reason
         shown = repr(value) if isinstance(value, str) else str(value)
         super().__init__(f"{flag} {shown}: {reason}" if flag else f"{shown}: {reason}")
+
+
+class ArgumentError(UsageError):
+    """argparse's own complaint (unknown option, bad type or choice), already naming flag and value."""
+
+    def __init__(self, message: str) -> None:
+        RankrunError.__init__(self, message)
+        self.flag, self.value, self.reason = "", message, message
 
 
 class NotSupportedYetError(UsageError):

@@ -1,0 +1,106 @@
+"""Malformed invocations: one line on stderr naming flag and value, exit 2, no traceback, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RANKRUN, clean_environ
+
+CASES: list[tuple[list[str], str]] = [
+    (["missing.py"], "training script 'missing.py': no such file"),
+    ([], "missing training script (usage: rankrun [options] SCRIPT [ARGS...])"),
+    (["--nproc-per-node", "0", "ok.py"], "--nproc-per-node '0': must be at least 1"),
+    (["--nproc-per-node", "-1", "ok.py"], "--nproc-per-node '-1': must be at least 1"),
+    (["--nproc-per-node", "abc", "ok.py"], "--nproc-per-node 'abc': expected a positive integer, 'cpu', 'gpu' or 'auto'"),
+    (["--nnodes", "3:1", "ok.py"], "--nnodes '3:1': need 0 < MIN <= MAX"),
+    (["--nnodes", "a:b", "ok.py"], "--nnodes 'a:b': expected N or \"MIN:MAX\" with integers"),
+    (["--nnodes", "1:2:3", "ok.py"], "--nnodes '1:2:3': expected N or \"MIN:MAX\""),
+    (["-r", "7", "ok.py"], "--redirects '7': expected 0-3 or a map like 0:3,1:1"),
+    (["-t", "0:9", "ok.py"], "--tee '0:9': expected 0-3 or a map like 0:3,1:1"),
+    (["-r", "5:1", "ok.py"], "--redirects '5:1': local rank 5 does not exist with 1 process(es) per node"),
+    (["-m", "--no-python", "ok"], "-m/--module 'ok': cannot be combined with --no-python"),
+    (["--rdzv-backend", "zookeeper", "ok.py"], "--rdzv-backend 'zookeeper': unknown rendezvous backend (known: static, c10d, etcd, etcd-v2)"),
+    (["--max-restarts", "-1", "ok.py"], "--max-restarts -1: must be 0 or more"),
+    (["--max-restarts", "x", "ok.py"], "argument --max-restarts/--max_restarts: invalid int value: 'x'"),
+    (["--monitor-interval", "0", "ok.py"], "--monitor-interval 0.0: must be greater than 0"),
+    (["--rdzv-conf", "timeout", "ok.py"], "--rdzv-conf 'timeout': 'timeout' is not key=value"),
+    (["--log-dir", "file.txt", "ok.py"], "--log-dir 'file.txt': exists and is not a directory"),
+    (["--master-port", "70000", "ok.py"], "--master-port 70000: must be from 0 to 65535"),
+    (["--shutdown-timeout", "-3", "ok.py"], "--shutdown-timeout -3: must be 0 or more"),
+    (["--local-ranks-filter", "a", "ok.py"], "--local-ranks-filter 'a': expected a comma-separated list of integers"),
+    (["--signals-to-handle", "SIGFOO", "ok.py"], "--signals-to-handle 'SIGFOO': unknown signal 'SIGFOO'"),
+    (["--start-method", "x", "ok.py"],
+     "argument --start-method/--start_method: invalid choice: 'x' (choose from 'spawn', 'fork', 'forkserver')"),
+    (["--no-python", "no-such-binary-here"], "--no-python program 'no-such-binary-here': not found on PATH or not executable"),
+    (["--rdzv-backend", "c10d", "ok.py"], "--rdzv-endpoint '': required with --rdzv-backend=c10d (HOST:PORT)"),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "ok.py"],
+     "--rdzv-endpoint 'h:99999': port must be a number from 0 to 65535"),
+    (["--node-rank", "2", "ok.py"], "--node-rank 2: must be from 0 to 0 with --nnodes 1:1"),
+    (["--nnodes", "2", "ok.py"], "--nnodes '2': multi-node jobs are not supported yet (use 1)"),
+    (["--rdzv-backend", "etcd", "ok.py"], "--rdzv-backend 'etcd': not supported yet (multi-node rendezvous comes in a later release)"),
+    (["--nproc-per-node", "gpu", "ok.py"],
+     "--nproc-per-node 'gpu': no NVIDIA GPU found (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi)"),
+]
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(b")") + 2 :].split()[3]) == sid:
+                members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(a) or "<none>" for a, _ in CASES])
+def test_bad_input_gets_one_clear_line(tmp_path, args, message):
+    (tmp_path / "ok.py").write_text("print('should not run')\n")
+    (tmp_path / "file.txt").write_text("")
+    env = clean_environ() | {"CUDA_VISIBLE_DEVICES": ""} if "gpu" in args else clean_environ()
+    started = time.monotonic()
+    proc = subprocess.Popen([*RANKRUN, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    out, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    assert out == ""
+    assert err == f"rankrun: error: {message}\n"
+    assert "Traceback" not in err
+    assert _session_members(proc.pid) == []  # nothing it started is still running
+    assert elapsed < 1.0, f"took {elapsed:.2f}s"
+
+
+def test_pet_environment_values_are_validated_like_flags(tmp_path):
+    (tmp_path / "ok.py").write_text("")
+    env = clean_environ() | {"PET_NPROC_PER_NODE": "zero"}
+    res = subprocess.run([*RANKRUN, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 2
+    assert res.stderr == "rankrun: error: --nproc-per-node 'zero': expected a positive integer, 'cpu', 'gpu' or 'auto'\n"
+    env = clean_environ() | {"PET_STANDALONE": "true"}
+    res = subprocess.run([*RANKRUN, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 2
+    assert res.stderr == "rankrun: error: PET_STANDALONE 'true': expected 0 or 1\n"
+
+
+def test_store_port_in_use_is_a_launcher_error(tmp_path):
+    import socket  # noqa: PLC0415
+
+    (tmp_path / "ok.py").write_text("print('should not run')\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = subprocess.run([*RANKRUN, "--master-port", str(port), "ok.py"], cwd=tmp_path, env=clean_environ(),
+                             capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 3
+    assert res.stderr.startswith(f"rankrun: error: cannot listen on 127.0.0.1:{port}:")
+    assert res.stderr.count("\n") == 1
+    assert "should not run" not in res.stdout
