@@ -1,0 +1,90 @@
+"""A fake spawner for agent scenarios: the seam ``rankrun.proc.spawn.Spawner`` provides.
+
+Each fake worker has a behaviour: exit with a status at once, or wait for a signal and
+react to it (exit, or ignore SIGTERM until SIGKILL). Nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rankrun.proc.spawn import Command, StreamSource
+
+
+@dataclass
+class Behaviour:
+    exit_status: int | None = None  # exit at once with this status
+    stderr: bytes = b""
+    stdout: bytes = b""
+    ignore_term: bool = False  # survive SIGTERM (only SIGKILL ends it)
+
+
+class FakeHandle:
+    def __init__(self, pid: int, command: Command, behaviour: Behaviour) -> None:
+        self._pid = pid
+        self.command = command
+        self.behaviour = behaviour
+        self.signals: list[int] = []
+        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._out = asyncio.StreamReader()
+        self._err = asyncio.StreamReader()
+        self._out.feed_data(behaviour.stdout)
+        self._err.feed_data(behaviour.stderr)
+        if behaviour.exit_status is not None:
+            self._finish(behaviour.exit_status)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def stdout(self) -> StreamSource:
+        return self._out
+
+    @property
+    def stderr(self) -> StreamSource:
+        return self._err
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.command.env)
+
+    def _finish(self, status: int) -> None:
+        if not self._exit.done():
+            self._exit.set_result(status)
+            self._out.feed_eof()
+            self._err.feed_eof()
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def signal_group(self, signum: int) -> None:
+        self.signals.append(signum)
+        if self._exit.done():
+            return
+        if signum == signal.SIGKILL or not (self.behaviour.ignore_term and signum == signal.SIGTERM):
+            self._finish(-signum)
+
+
+@dataclass
+class FakeSpawner:
+    """``plan(attempt, local_rank) -> Behaviour``; ``after_spawn(handle)`` runs after each spawn."""
+
+    plan: Callable[[int, int], Behaviour]
+    after_spawn: Callable[[FakeHandle], None] | None = None
+    spawned: list[FakeHandle] = field(default_factory=list)
+
+    async def spawn(self, command: Command) -> FakeHandle:
+        env = dict(command.env)
+        attempt, local_rank = int(env["TORCHELASTIC_RESTART_COUNT"]), int(env["LOCAL_RANK"])
+        handle = FakeHandle(10_000 + len(self.spawned), command, self.plan(attempt, local_rank))
+        self.spawned.append(handle)
+        if self.after_spawn is not None:
+            self.after_spawn(handle)
+        return handle
+
+    def attempt(self, n: int) -> list[FakeHandle]:
+        return [h for h in self.spawned if h.env["TORCHELASTIC_RESTART_COUNT"] == str(n)]

@@ -1,0 +1,136 @@
+"""The agent's restart loop on a fake spawner (real store, real console thread, no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from fakes import Behaviour, FakeHandle, FakeSpawner
+
+from rankrun.agent.loop import AgentDeps, run_agent
+from rankrun.cli import spec_from_args
+from rankrun.logs.console import Console
+from rankrun.proc.signals import EarlyCatcher, SignalStream
+from rankrun.spec import LaunchSpec
+
+
+class CapturingCatcher(EarlyCatcher):
+    stream: SignalStream
+
+    def attach(self, loop: asyncio.AbstractEventLoop, signums: object) -> SignalStream:
+        self.stream = super().attach(loop, signums)  # type: ignore[arg-type]
+        return self.stream
+
+
+def _spec(tmp_path: Path, *flags: str) -> LaunchSpec:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    return spec_from_args([*flags, str(script)], {"PATH": "/usr/bin"})
+
+
+def _run(tmp_path: Path, spec: LaunchSpec, spawner: FakeSpawner, catcher: EarlyCatcher | None = None) -> tuple[int, str, str]:
+    out, err = tmp_path / "console.out", tmp_path / "console.err"
+    with out.open("wb") as o, err.open("wb") as e:
+        console = Console(o.fileno(), e.fileno())
+        try:
+            rc = asyncio.run(run_agent(spec, AgentDeps(spawner, console, "testhost"), catcher or CapturingCatcher(())))
+        finally:
+            console.close()
+    return rc, out.read_text(), err.read_text()
+
+
+def test_all_workers_succeed(tmp_path):
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=0, stdout=f"hello {r}\n".encode()))
+    rc, out, _ = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "3"), spawner)
+    assert rc == 0
+    assert sorted(out.splitlines()) == ["[default0]:hello 0", "[default1]:hello 1", "[default2]:hello 2"]
+    assert [h.env["RANK"] for h in spawner.spawned] == ["0", "1", "2"]
+    assert {h.env["MASTER_PORT"] for h in spawner.spawned} != {"0"}
+    assert all(h.command.argv[1:3] == ("-u", str(tmp_path / "train.py")) for h in spawner.spawned)
+
+
+def test_failure_restarts_with_incremented_count_and_same_store(tmp_path):
+    def plan(attempt: int, rank: int) -> Behaviour:
+        return Behaviour(exit_status=2 if (attempt, rank) == (0, 1) else None if attempt == 0 else 0)
+
+    spawner = FakeSpawner(plan)
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2", "--max-restarts", "3"), spawner)
+    assert rc == 0
+    first, second = spawner.attempt(0), spawner.attempt(1)
+    assert len(first) == len(second) == 2
+    assert first[0].signals[0] == signal.SIGTERM  # the healthy sibling was stopped politely
+    assert {h.env["MASTER_PORT"] for h in first} == {h.env["MASTER_PORT"] for h in second}
+    assert "attempt 0 failed: rank 1 (pid 10001) ended with exit code 2; restarting workers (1/3 restarts used)" in err
+
+
+def test_restarts_exhausted_reports_root_cause_and_stopped_siblings(tmp_path):
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=5, stderr=b"Traceback (most recent call last):\nKeyError: 'x'\n")
+                          if r == 2 else Behaviour())
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "3", "--max-restarts", "1"), spawner)
+    assert rc == 1
+    assert len(spawner.spawned) == 6
+    assert "rankrun: " + str(tmp_path / "train.py") + " FAILED (attempt 1)" in err
+    assert "  rank       : 2 (local_rank: 2)" in err
+    assert "    KeyError: 'x'" in err
+    assert "rank 0 (local_rank 0, pid 10003): stopped by rankrun (signal 15 (SIGTERM))" in err
+    assert err.rstrip("\n").endswith("=" * 72)
+
+
+def test_worker_ignoring_sigterm_gets_sigkill_after_grace(tmp_path):
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=1) if r == 1 else Behaviour(ignore_term=True))
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2", "--shutdown-timeout", "0"), spawner)
+    assert rc == 1
+    assert spawner.spawned[0].signals[:2] == [signal.SIGTERM, signal.SIGKILL]
+    assert "stopped by rankrun (signal 9 (SIGKILL))" in err
+
+
+def test_signal_is_forwarded_and_gives_128_plus_n(tmp_path):
+    catcher = CapturingCatcher(())
+    started: list[FakeHandle] = []
+
+    def after_spawn(handle: FakeHandle) -> None:
+        started.append(handle)
+        if len(started) == 2:
+            catcher.stream.deliver(signal.SIGHUP)
+
+    spawner = FakeSpawner(lambda a, r: Behaviour(), after_spawn)
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2"), spawner, catcher)
+    assert rc == 128 + signal.SIGHUP
+    assert all(h.signals[0] == signal.SIGHUP for h in spawner.spawned)
+    assert "received SIGHUP: forwarded to 2 worker(s) and stopped them" in err
+    assert "FAILED" not in err
+
+
+def test_second_signal_skips_the_grace_period(tmp_path):
+    catcher = CapturingCatcher(())
+
+    def after_spawn(handle: FakeHandle) -> None:
+        catcher.stream.deliver(signal.SIGTERM)
+        catcher.stream.deliver(signal.SIGTERM)
+
+    spawner = FakeSpawner(lambda a, r: Behaviour(ignore_term=True), after_spawn)
+    rc, _, _ = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "1", "--shutdown-timeout", "3600"), spawner, catcher)
+    assert rc == 128 + signal.SIGTERM
+    assert spawner.spawned[0].signals[:2] == [signal.SIGTERM, signal.SIGKILL]
+
+
+def test_signal_before_workers_start_spawns_nothing(tmp_path):
+    catcher = CapturingCatcher(())
+    catcher.pending.append(signal.SIGINT)
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=0))
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2"), spawner, catcher)
+    assert rc == 128 + signal.SIGINT
+    assert spawner.spawned == []
+    assert "received SIGINT before the workers started" in err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc")
+def test_partial_last_line_and_stderr_tail(tmp_path):
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=1, stdout=b"no newline", stderr=b"line1\nboom"))
+    rc, out, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "1"), spawner)
+    assert rc == 1
+    assert out == "[default0]:no newline\n"
+    assert "    line1\n    boom\n" in err

@@ -1,0 +1,67 @@
+"""The pure worker environment (golden) and rank assignment (invariants)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rankrun.agent.env import AttemptContext, worker_env
+from rankrun.agent.ranks import NodeSlots, assign_node_ranks, worker_identities
+
+GOLDEN = Path(__file__).parent / "golden" / "env_pure_nproc4.json"
+BASE = {"HOME": "/home/u", "TORCHELASTIC_ERROR_FILE": "/outer/error.json", "CUDA_VISIBLE_DEVICES": "3,5,6,7"}
+CTX = AttemptContext(role="default", master_addr="127.0.0.1", master_port=29555, restart_count=1, max_restarts=3,
+                     run_id="job", signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+
+
+def _envs(ctx: AttemptContext = CTX, base: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+    return {
+        str(who.local_rank): worker_env(base or BASE, who, ctx, f"/logs/attempt_1/{who.local_rank}/error.json")
+        for who in worker_identities([NodeSlots("default", 4)], 0)
+    }
+
+
+def test_worker_env_golden_nproc4():
+    assert _envs() == json.loads(GOLDEN.read_text())
+
+
+def test_env_rules():
+    envs = _envs()
+    assert all(e["HOME"] == "/home/u" for e in envs.values())  # inherited
+    assert all(e["TORCHELASTIC_ERROR_FILE"].startswith("/logs/") for e in envs.values())  # never the outer one
+    assert envs["0"]["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in worker_env({}, worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")
+    assert worker_env({"OMP_NUM_THREADS": "8"}, worker_identities([NodeSlots("d", 2)], 0)[0], CTX, "")["OMP_NUM_THREADS"] == "8"
+    assert worker_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")[
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+def test_virtual_local_rank():
+    ctx = AttemptContext(**{**CTX.__dict__, "virtual_local_rank": True})
+    envs = _envs(ctx)
+    assert [envs[r]["LOCAL_RANK"] for r in "0123"] == ["0"] * 4
+    assert [envs[r]["CUDA_VISIBLE_DEVICES"] for r in "0123"] == ["3", "5", "6", "7"]
+    envs = _envs(ctx, {"PATH": "/bin"})
+    assert [envs[r]["CUDA_VISIBLE_DEVICES"] for r in "0123"] == ["0", "1", "2", "3"]
+
+
+nodes_strategy = st.lists(st.builds(NodeSlots, st.sampled_from(["a", "b"]), st.integers(1, 8)), min_size=1, max_size=6)
+
+
+@given(nodes_strategy)
+def test_ranks_are_dense_unique_and_consistent(nodes):
+    everyone = [who for g in range(len(nodes)) for who in worker_identities(nodes, g)]
+    assert sorted(w.rank for w in everyone) == list(range(sum(n.local_world_size for n in nodes)))
+    assert {w.world_size for w in everyone} == {len(everyone)}
+    for role in {n.role for n in nodes}:
+        mine = [w for w in everyone if nodes[w.group_rank].role == role]
+        assert sorted(w.role_rank for w in mine) == list(range(len(mine)))
+        assert {w.role_world_size for w in mine} == {len(mine)}
+
+
+def test_heterogeneous_running_sums():
+    got = assign_node_ranks([NodeSlots("a", 2), NodeSlots("b", 3), NodeSlots("a", 1)])
+    assert [(r.base_rank, r.base_role_rank, r.role_world_size) for r in got] == [(0, 0, 3), (2, 0, 3), (5, 2, 3)]
