@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import Behaviour, FakeHandle, FakeSpawner
 
+from fakes import Behaviour, FakeHandle, FakeSpawner
 from rankrun.agent.loop import AgentDeps, run_agent
 from rankrun.cli import spec_from_args
 from rankrun.logs.console import Console

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import RANKRUN, clean_environ
 
 CASES: list[tuple[list[str], str]] = [

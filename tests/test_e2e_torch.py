@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import clean_environ, payload, run_cli
 
 pytest.importorskip("torch")

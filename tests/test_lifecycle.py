@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import alive, clean_environ, payload, run_cli, wait_gone
 
 

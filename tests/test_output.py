@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from conftest import RANKRUN, clean_environ, payload, run_cli
 
 LINE = re.compile(r"^\[default(\d)\]:rank(\d)-line(\d+)-x{300}-end$")

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from rankrun import devices
-from rankrun.proc import signals
 from rankrun.errors import EXIT_USAGE, ArgumentError, NotSupportedYetError, RankrunError, UsageError
+from rankrun.proc import signals
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     DEFAULT_SIGNALS,
@@ -59,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
 # (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings.
 _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--nnodes",), "NNODES", {"default": "1:1", "help": "N or MIN:MAX nodes"}),
-    (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE", {"default": "1", "help": "workers per node: N, cpu, gpu or auto"}),
+    (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE", {"default": "1", "help": "workers per node: N|cpu|gpu|auto"}),
     (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static"}),
     (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": ""}),
     (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none"}),

@@ -18,8 +18,8 @@ _PROC_GPUS = "/proc/driver/nvidia/gpus"
 def visible_devices(value: str) -> int:
     """Number of usable entries in a ``CUDA_VISIBLE_DEVICES`` string (CUDA stops at the first invalid one)."""
     count = 0
-    for item in value.split(","):
-        item = item.strip()
+    for raw in value.split(","):
+        item = raw.strip()
         if not item or item.startswith("-"):
             break
         count += 1

@@ -155,7 +155,8 @@ def parse_nproc(value: str, *, cpu_count: int, gpu_count: int | None) -> int:
         return cpu_count
     if value in ("gpu", "cuda"):
         if not gpu_count:
-            raise UsageError("--nproc-per-node", value, "no NVIDIA GPU found (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi)")
+            where = "CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi"
+            raise UsageError("--nproc-per-node", value, f"no NVIDIA GPU found ({where})")
         return gpu_count
     if value == "auto":
         return gpu_count or cpu_count
@@ -263,5 +264,6 @@ def resolve_backend(backend: str) -> str:
     if backend not in KNOWN_BACKENDS:
         raise UsageError("--rdzv-backend", backend, f"unknown rendezvous backend (known: {', '.join(KNOWN_BACKENDS)})")
     if backend.startswith("etcd"):
-        raise NotSupportedYetError("--rdzv-backend", backend, "not supported yet (multi-node rendezvous comes in a later release)")
+        why = "not supported yet (multi-node rendezvous comes in a later release)"
+        raise NotSupportedYetError("--rdzv-backend", backend, why)
     return backend

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import BinaryIO
 
 from rankrun.agent.env import AttemptContext, WorkerIdentity, worker_env
 from rankrun.agent.ranks import NodeSlots, worker_identities
@@ -74,7 +75,7 @@ def _routes(spec: LaunchSpec, who: WorkerIdentity, attempt_dir: Path | None, con
     return out, err
 
 
-async def run_attempt(
+async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a distinct collaborator
     spec: LaunchSpec,
     ctx: AttemptContext,
     attempt_dir: Path | None,
@@ -97,7 +98,8 @@ async def run_attempt(
             out.filtered, out.needles = filtered[0], tuple(f.encode() for f in spec.logs.stdout_filters)
             err.filtered, err.needles = filtered[1], tuple(f.encode() for f in spec.logs.stderr_filters)
             workers.append(_Worker(who, handle, error_file, err.tail))
-            pumps += [asyncio.create_task(pump(handle.stdout, out, console)), asyncio.create_task(pump(handle.stderr, err, console))]
+            pumps.append(asyncio.create_task(pump(handle.stdout, out, console)))
+            pumps.append(asyncio.create_task(pump(handle.stderr, err, console)))
         outcome = await supervise([w.handle for w in workers], signals.next, spec.restart.shutdown_timeout)
     finally:
         for w in workers:
@@ -110,7 +112,7 @@ async def run_attempt(
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
 
 
-def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[object, object]:
+def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[BinaryIO | None, BinaryIO | None]:
     if attempt_dir is None:
         return (None, None)
     out = open(attempt_dir / "filtered_stdout.log", "wb") if spec.logs.stdout_filters else None  # noqa: SIM115

@@ -71,7 +71,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
             deps.console.say(f"worker logs kept in {kept}")
 
 
-async def _attempts(
+async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
     spec: LaunchSpec, deps: AgentDeps, signals: SignalStream, logs: RunLogs, store: TCPStoreServer, port: int
 ) -> int:
     restarts = 0
@@ -107,7 +107,7 @@ async def _attempts(
             _report(spec, deps, attempt, restarts)
         elif decision.action is Action.INTERRUPTED:
             _say_interrupted(deps.console, attempt)
-        assert decision.exit_code is not None  # noqa: S101 - every final action has one
+        assert decision.exit_code is not None
         return decision.exit_code
 
 

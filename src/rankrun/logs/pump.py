@@ -7,7 +7,7 @@ and a tail kept for the failure report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -28,10 +28,11 @@ class RoutePlan:
 def plan_route(spec: LogSpec, local_rank: int, stdout: bool) -> RoutePlan:
     """torchrun's console/file semantics for one stream of one local rank."""
     redirect, tee = spec.redirects[local_rank], spec.tee[local_rank]
-    has = (lambda s: s.has_stdout()) if stdout else (lambda s: s.has_stderr())
-    to_file = (has(redirect) or has(tee)) and not spec.discard_files
+    redirected = redirect.has_stdout() if stdout else redirect.has_stderr()
+    teed = tee.has_stdout() if stdout else tee.has_stderr()
+    to_file = (redirected or teed) and not spec.discard_files
     visible = spec.local_ranks_filter is None or local_rank in spec.local_ranks_filter
-    to_console = visible and (has(tee) or not has(redirect))
+    to_console = visible and (teed or not redirected)
     return RoutePlan(to_console=to_console, to_file=to_file)
 
 
@@ -43,7 +44,6 @@ class Route:
     filtered: BinaryIO | None = None
     needles: tuple[bytes, ...] = ()
     tail: Tail | None = None
-    lines_seen: int = field(default=0)
 
     @classmethod
     def open(cls, plan: RoutePlan, console_fd: int, prefix: bytes, path: Path | None) -> Route:

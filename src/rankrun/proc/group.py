@@ -54,13 +54,13 @@ async def supervise(
     wall: Callable[[], float] = time.time,
 ) -> GroupOutcome:
     outcome = GroupOutcome()
-    waits = {asyncio.ensure_future(h.wait()): i for i, h in enumerate(handles)}
+    waits = {asyncio.ensure_future(_wait(h)): i for i, h in enumerate(handles)}
     sig_task: asyncio.Future[int] = asyncio.ensure_future(next_signal())
     stop = _Stop()
     try:
         while waits:
             timeout = None if stop.deadline is None else max(0.0, stop.deadline - time.monotonic())
-            watched: set[asyncio.Future[int]] = set(waits) | ({sig_task} if not sig_task.done() else set())
+            watched: set[asyncio.Future[int]] = set[asyncio.Future[int]](waits) | ({sig_task} if not sig_task.done() else set())
             done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is sig_task:
@@ -68,7 +68,7 @@ async def supervise(
                     if not stop.killed:
                         sig_task = asyncio.ensure_future(next_signal())
                     continue
-                index = waits.pop(task)
+                index = waits.pop(task)  # type: ignore[call-overload]
                 status = task.result()
                 outcome.exits[index] = Exit(index, status, wall(), after_stop=stop.deadline is not None)
                 if status != 0 and stop.deadline is None:
@@ -88,10 +88,10 @@ async def supervise(
     return outcome
 
 
-def _on_signal(
+def _on_signal(  # noqa: PLR0917 - private helper of supervise()
     signum: int,
     handles: Sequence[WorkerHandle],
-    waits: dict[asyncio.Future[int], int],
+    waits: dict[asyncio.Task[int], int],
     outcome: GroupOutcome,
     stop: _Stop,
     shutdown_timeout: float,
@@ -105,21 +105,21 @@ def _on_signal(
 
 
 def _begin_stop(
-    signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Future[int], int], stop: _Stop, grace: float
+    signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop, grace: float
 ) -> None:
     stop.deadline = time.monotonic() + grace
     for index in waits.values():
         handles[index].signal_group(signum)
 
 
-def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Future[int], int], stop: _Stop) -> None:
+def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop) -> None:
     stop.killed = True
     for index in waits.values():
         handles[index].signal_group(signal.SIGKILL)
 
 
 async def _wait_killed(
-    waits: dict[asyncio.Future[int], int], outcome: GroupOutcome, wall: Callable[[], float]
+    waits: dict[asyncio.Task[int], int], outcome: GroupOutcome, wall: Callable[[], float]
 ) -> list[int]:
     done, pending = await asyncio.wait(set(waits), timeout=KILL_WAIT)
     for task in done:
@@ -128,3 +128,7 @@ async def _wait_killed(
     for task in pending:
         task.cancel()
     return sorted(waits[t] for t in pending)
+
+
+async def _wait(handle: WorkerHandle) -> int:
+    return await handle.wait()

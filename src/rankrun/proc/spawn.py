@@ -101,18 +101,18 @@ class _OsWorker:
 
     @property
     def stdout(self) -> StreamSource:
-        assert self._proc.stdout is not None  # noqa: S101 - spawned with PIPE
+        assert self._proc.stdout is not None
         return self._proc.stdout
 
     @property
     def stderr(self) -> StreamSource:
-        assert self._proc.stderr is not None  # noqa: S101 - spawned with PIPE
+        assert self._proc.stderr is not None
         return self._proc.stderr
 
     async def wait(self) -> int:
         await asyncio.shield(self._exited)
         code = self._proc.returncode
-        assert code is not None  # noqa: S101 - set before process_exited is called
+        assert code is not None
         return code
 
     def signal_group(self, signum: int) -> None:
@@ -138,7 +138,7 @@ class OsSpawner:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=self._hook,  # noqa: PLW1509 - async-signal-safe prctl only, resolved before fork
+                preexec_fn=self._hook,
             )
         except OSError as exc:
             raise SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}") from exc

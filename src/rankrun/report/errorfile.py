@@ -38,7 +38,7 @@ def parse_error_json(text: str) -> WorkerError | None:
     msg = data.get("message")
     if isinstance(msg, dict):
         extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
-        assert isinstance(extra, dict)  # noqa: S101 - narrowed above, for mypy
+        assert isinstance(extra, dict)
         return WorkerError(
             message=str(msg.get("message", "")),
             traceback=str(extra.get("py_callstack", "")),
