@@ -38,7 +38,7 @@ def _normalise(added: dict[str, str]) -> dict[str, str]:
     assert re.fullmatch(r"\d+", out.pop("MASTER_PORT"))
     assert re.fullmatch(UUID, out.pop("TORCHELASTIC_RUN_ID"))
     assert re.fullmatch(rf".*{UUID}_\w+/attempt_0/{added['LOCAL_RANK']}/error\.json", out.pop("TORCHELASTIC_ERROR_FILE"))
-    out.pop("MASTER_ADDR")  # torchrun: socket.getfqdn(); rankrun: 127.0.0.1 (no DNS), see docs/torchrun-compat.md
+    out.pop("MASTER_ADDR")  # torchrun: socket.getfqdn(); rankrun: 127.0.0.1 (no DNS), see docs/design.md
     for noise in ("PATH", "SHLVL"):  # pyenv shims rewrite these for any child
         out.pop(noise, None)
     return out

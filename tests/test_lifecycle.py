@@ -70,7 +70,7 @@ def test_kill_dash_nine_of_launcher_leaves_no_worker_or_group_descendant(launch,
     survivors = wait_gone([*workers.values(), *children.values()], timeout=2.0)
     assert survivors == [], f"outlived the launcher by 2 s: {survivors}"
     # A grandchild that left the worker's process group (setsid) is outside the guarantee after
-    # kill -9 (docs/lifetime.md); the reaper fixture kills it, so discard it from the leak check.
+    # kill -9 (docs/design.md); the reaper fixture kills it, so discard it from the leak check.
     escaped = list(_pids(pid_dir, "setsid").values())
     for pid in escaped:
         os.kill(pid, signal.SIGKILL)

@@ -2,7 +2,7 @@
 
 ``worker_env`` is a pure function: the same inputs give the same mapping, pinned by a
 golden test. The rules follow torchrun 2.13 exactly (the launcher's environment, then the
-identity variables); see ``docs/torchrun-compat.md``.
+identity variables); see ``docs/design.md``.
 """
 
 from __future__ import annotations
