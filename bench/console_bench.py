@@ -23,7 +23,9 @@ from harness import (
 from report import Better, Row, Target, fmt_samples
 
 NPROC = 2
-LAUNCHERS = (DIRECT, RANKRUN, TORCHRUN, TORCHRUN_TEE)
+# The same driver, but each worker writes its own file: no lock shared between the writers (an ideal, for reference).
+DIRECT_SPLIT = Launcher("direct_split", "raw, one file per worker", DIRECT.argv)
+LAUNCHERS = (DIRECT, DIRECT_SPLIT, RANKRUN, TORCHRUN, TORCHRUN_TEE)
 PREFIXED = {"rankrun", "torchrun_tee"}  # outputs carrying the `[default<rank>]:` prefix
 TARGET = 0.8
 _LINE = re.compile(rb"(?:\[default(\d+)\]:)?rank(\d+) line (\d+) x{20}\n")
@@ -78,11 +80,12 @@ def validate(path: Path, prefixed: bool, lines: int) -> Check:
 def measure(launcher: Launcher, lines: int, check: bool) -> tuple[float, Check | None]:
     with scratch("console") as tmp:
         out = tmp / "stdout.txt"
-        argv = launcher.command(NPROC, PAYLOADS / "spam.py", [str(lines)])
+        split = ["--stdout-dir", str(tmp)] if launcher is DIRECT_SPLIT else []
+        argv = launcher.command(NPROC, PAYLOADS / "spam.py", [str(lines)], split)
         with out.open("wb") as fh:
             seconds, rc, err = run_timed(argv, timeout=600, stdout=fh.fileno())
         expect_rc(rc, 0, argv, err)
-        return seconds, validate(out, launcher.key in PREFIXED, lines) if check else None
+        return seconds, validate(out, launcher.key in PREFIXED, lines) if check and not split else None
 
 
 def run(reps: int, lines: int) -> ConsoleResult:
@@ -95,7 +98,8 @@ def run(reps: int, lines: int) -> ConsoleResult:
             if check is not None:
                 result.checks.setdefault(launcher.key, []).append(check)
         w = result.walls.by_launcher
-        log(f"  console rep {rep + 1}/{reps}: raw {w['direct'][-1]:.2f} s, rankrun {w['rankrun'][-1]:.2f} s, "
+        log(f"  console rep {rep + 1}/{reps}: raw {w['direct'][-1]:.2f} s, raw split {w['direct_split'][-1]:.2f} s, "
+            f"rankrun {w['rankrun'][-1]:.2f} s, "
             f"torchrun {w['torchrun'][-1]:.2f} s, torchrun --tee 3 {w['torchrun_tee'][-1]:.2f} s")
     return result
 
@@ -112,6 +116,9 @@ def rows(result: ConsoleResult) -> list[Row]:
         Row(what.replace(" (wall", ", torchrun with --tee 3 (wall"), "s", rankrun=w.median("rankrun"),
             torchrun=w.median("torchrun_tee"), baseline=w.median("direct"), baseline_label="raw",
             better=Better.HIGHER_THROUGHPUT, target=target, decimals=2),
+        Row(what.replace("to a file", "to a file; baseline: one file per worker, no shared lock (reference)"), "s",
+            rankrun=w.median("rankrun"), torchrun=w.median("torchrun"), baseline=w.median("direct_split"),
+            baseline_label="raw split", better=Better.HIGHER_THROUGHPUT, decimals=2),
         Row(f"console integrity: whole lines of {NPROC * result.lines:,} (rankrun: worst run; torchrun: default mode)",
             "lines", rankrun=float(min((c.whole for c in checks), default=0)),
             torchrun=float(min((c.whole for c in torch_checks), default=float("nan"))), baseline=float(NPROC * result.lines),
@@ -121,26 +128,30 @@ def rows(result: ConsoleResult) -> list[Row]:
 
 
 def details(result: ConsoleResult) -> list[str]:
-    names = {"direct": "raw (bare driver)", "rankrun": "rankrun", "torchrun": "torchrun (default)",
+    names = {"direct": "raw (bare driver, one shared file)", "direct_split": "raw split (one file per worker)",
+             "rankrun": "rankrun", "torchrun": "torchrun (default)",
              "torchrun_tee": "torchrun --tee 3"}
     lines = [
         "### Console throughput",
         "",
         f"{NPROC} workers each run `python -u bench/payloads/spam.py {result.lines}`, which prints `rank<r> line <i> "
-        "xxxxxxxxxxxxxxxxxxxx` for i = 0..N-1 (both launchers add `-u` themselves). The launcher's stdout is a regular "
-        "file; its stderr goes to a temporary file. **Raw** is the bare driver (`direct.py`) starting the same 2 workers "
-        "with its stdout, hence theirs, on the file: one shared file description, written to directly. The wall time runs "
-        "from exec of the launcher (or the driver) to its exit, so every column includes one interpreter start-up of "
-        "the parent; torchrun's additionally includes its ~1 s `import torch`. Ratio = (lines/s under the launcher) ÷ "
-        "(lines/s raw) = raw wall ÷ launcher wall. torchrun's default mode lets the workers write straight to the inherited "
-        "fd, so it is raw plus torchrun's start-up; `--tee 3` makes it redirect to per-rank files and tail them (0.1 s "
-        "polling) with the `[default<r>]:` prefix, which is the mode comparable to rankrun's prefixed console.",
+        "xxxxxxxxxxxxxxxxxxxx` for i = 0..N-1 (both launchers add `-u` themselves, so each `print` is two `write()`s). "
+        "The launcher's stdout is a regular file; its stderr goes to a temporary file. **Raw** is the bare driver "
+        "(`direct.py`) starting the same 2 workers with its stdout, hence theirs, on the file: both workers write "
+        "directly through one shared file description, as they do under torchrun's default mode. **Raw split** is "
+        "the same driver with each worker's stdout on its own file: no lock shared between the writers, an ideal "
+        "shown for reference only (no target). The wall time runs from exec of the launcher (or the driver) to its "
+        "exit, so every column includes one interpreter start-up of the parent; torchrun's additionally includes its "
+        "~1 s `import torch`. Ratio = (lines/s under the launcher) ÷ (lines/s raw) = raw wall ÷ launcher wall; above "
+        "1 means faster than raw. torchrun's default mode is raw plus torchrun's start-up (no prefix, lines spliced); "
+        "`--tee 3` makes it redirect to per-rank files and tail them (0.1 s polling) with the `[default<r>]:` prefix, "
+        "which is the mode comparable to rankrun's prefixed console.",
         "",
         "Integrity: each output line must fullmatch `([default<r>]:)?rank<r> line <i> x{20}\\n` (prefix required for "
         "rankrun and `--tee 3`, forbidden otherwise, and equal to the rank in the text), and per rank the line numbers "
         "must run 0, 1, 2, … without gaps. rankrun's output is checked on every repetition, the others on the first only.",
         "",
-        "| | median wall (s) | lines/s (median) | ÷ raw | samples (s) | integrity |",
+        "| | median wall (s) | lines/s (median) | vs raw (throughput) | samples (s) | integrity |",
         "|---|---|---|---|---|---|",
     ]
     raw = result.walls.median("direct")

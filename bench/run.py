@@ -25,7 +25,7 @@ import console_bench
 import failure_bench
 import launch_bench
 import rss_bench
-from harness import DIRECT, PYTHON, RANKRUN, RANKRUN_M, REPO, TORCHRUN, TORCHRUN_TEE, cleanup, log, pycache
+from harness import DIRECT, PYTHON, RANKRUN, RANKRUN_M, REPO, TORCHRUN, TORCHRUN_TEE, BenchError, cleanup, log, pycache
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console")
@@ -50,6 +50,7 @@ class Outcome:
     rows: list[Row] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -154,15 +155,25 @@ def run_all(plan: Plan, only: list[str], lines: int) -> Outcome:
     try:
         log("[warm-up]")
         t0 = time.monotonic()
-        warm_up()
+        try:
+            warm_up()
+        except (BenchError, TimeoutError, subprocess.TimeoutExpired) as exc:
+            sys.exit(f"run.py: warm-up failed, nothing measured: {exc}")
         outcome.seconds["warm-up"] = time.monotonic() - t0
         for name in METRICS:
             if name not in only:
                 continue
             log(f"[{name}]")
             t0 = time.monotonic()
-            rows, details = steps[name]()
-            outcome.seconds[name] = time.monotonic() - t0
+            try:
+                rows, details = steps[name]()
+            except (BenchError, TimeoutError, subprocess.TimeoutExpired) as exc:
+                outcome.errors[name] = str(exc)
+                log(f"  {name} FAILED: {exc}")
+                cleanup()
+                continue
+            finally:
+                outcome.seconds[name] = time.monotonic() - t0
             outcome.rows += rows
             outcome.details += details
     finally:
@@ -204,6 +215,8 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         "`RES_OPTIONS='timeout:1 attempts:1'` for all runs (it only shortens torch's occasional 5 s reverse-DNS stall), and "
         "clears `PET_*`, `TORCHELASTIC_*`, `RANK`-style variables inherited from the calling shell.",
         "",
+        *(["## Metrics that failed to run", "", *(f"- **{k}**: `{v.splitlines()[0]}`" for k, v in outcome.errors.items()), ""]
+          if outcome.errors else []),
         "## Targets missed",
         "",
         *([f"- {r.metric}: rankrun {r.rankrun:.{r.decimals}f} {r.unit} — target {r.target.text}" for r in missed if r.target]
@@ -229,9 +242,11 @@ def main(argv: list[str]) -> int:
         outcome = run_all(plan, args.only, lines)
     total = time.monotonic() - t0
     print(text_table(outcome.rows))
+    for name, error in outcome.errors.items():
+        print(f"{name}: FAILED: {error}")
     args.out.write_text(markdown(command, info, plan, outcome, total))
     log(f"wrote {args.out} ({total:.0f} s)")
-    return 0
+    return 1 if outcome.errors else 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -13,16 +14,8 @@ from fakes import Behaviour, FakeHandle, FakeSpawner
 from rankrun.agent.loop import AgentDeps, run_agent
 from rankrun.cli import spec_from_args
 from rankrun.logs.console import Console
-from rankrun.proc.signals import EarlyCatcher, SignalStream
+from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import LaunchSpec
-
-
-class CapturingCatcher(EarlyCatcher):
-    stream: SignalStream
-
-    def attach(self, loop: asyncio.AbstractEventLoop, signums: object) -> SignalStream:
-        self.stream = super().attach(loop, signums)  # type: ignore[arg-type]
-        return self.stream
 
 
 def _spec(tmp_path: Path, *flags: str) -> LaunchSpec:
@@ -36,7 +29,7 @@ def _run(tmp_path: Path, spec: LaunchSpec, spawner: FakeSpawner, catcher: EarlyC
     with out.open("wb") as o, err.open("wb") as e:
         console = Console(o.fileno(), e.fileno())
         try:
-            rc = asyncio.run(run_agent(spec, AgentDeps(spawner, console, "testhost"), catcher or CapturingCatcher(())))
+            rc = asyncio.run(run_agent(spec, AgentDeps(spawner, console, "testhost"), catcher or EarlyCatcher(())))
         finally:
             console.close()
     return rc, out.read_text(), err.read_text()
@@ -88,16 +81,15 @@ def test_worker_ignoring_sigterm_gets_sigkill_after_grace(tmp_path):
 
 
 def test_signal_is_forwarded_and_gives_128_plus_n(tmp_path):
-    catcher = CapturingCatcher(())
     started: list[FakeHandle] = []
 
     def after_spawn(handle: FakeHandle) -> None:
         started.append(handle)
-        if len(started) == 2:
-            catcher.stream.deliver(signal.SIGHUP)
+        if len(started) == 2:  # a real signal to this process, handled by the agent's loop
+            os.kill(os.getpid(), signal.SIGHUP)
 
     spawner = FakeSpawner(lambda a, r: Behaviour(), after_spawn)
-    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2"), spawner, catcher)
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2"), spawner)
     assert rc == 128 + signal.SIGHUP
     assert all(h.signals[0] == signal.SIGHUP for h in spawner.spawned)
     assert "received SIGHUP: forwarded to 2 worker(s) and stopped them" in err
@@ -105,20 +97,19 @@ def test_signal_is_forwarded_and_gives_128_plus_n(tmp_path):
 
 
 def test_second_signal_skips_the_grace_period(tmp_path):
-    catcher = CapturingCatcher(())
-
     def after_spawn(handle: FakeHandle) -> None:
-        catcher.stream.deliver(signal.SIGTERM)
-        catcher.stream.deliver(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled too: --signals-to-handle below
 
     spawner = FakeSpawner(lambda a, r: Behaviour(ignore_term=True), after_spawn)
-    rc, _, _ = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "1", "--shutdown-timeout", "3600"), spawner, catcher)
+    spec = _spec(tmp_path, "--nproc-per-node", "1", "--shutdown-timeout", "3600", "--signals-to-handle", "SIGTERM,SIGUSR1")
+    rc, _, _ = _run(tmp_path, spec, spawner)
     assert rc == 128 + signal.SIGTERM
     assert spawner.spawned[0].signals[:2] == [signal.SIGTERM, signal.SIGKILL]
 
 
 def test_signal_before_workers_start_spawns_nothing(tmp_path):
-    catcher = CapturingCatcher(())
+    catcher = EarlyCatcher(())
     catcher.pending.append(signal.SIGINT)
     spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=0))
     rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2"), spawner, catcher)

@@ -1,8 +1,20 @@
-"""``python -m rankrun``."""
+"""``python -m rankrun`` and the ``rankrun`` console script.
 
-import sys
+The death-signal catcher is installed before anything else is imported, so a signal that
+arrives while the launcher is still starting is recorded, never fatal.
+"""
 
-from rankrun.cli import main
+from rankrun.proc.early import EarlyCatcher
+
+
+def main_exit() -> None:
+    catcher = EarlyCatcher.install()
+    import sys  # noqa: PLC0415
+
+    from rankrun.cli import main  # noqa: PLC0415 - after the catcher, on purpose
+
+    sys.exit(main(catcher=catcher))
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_exit()

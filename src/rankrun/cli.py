@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from rankrun import devices
 from rankrun.errors import EXIT_USAGE, ArgumentError, NotSupportedYetError, RankrunError, UsageError
-from rankrun.proc import signals
+from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     DEFAULT_SIGNALS,
@@ -254,10 +254,9 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None) -> int:
     """Entry point of ``rankrun`` and ``python -m rankrun``; returns the exit code."""
-    # First instant: record the default death signals before anything slow can happen.
-    catcher = signals.EarlyCatcher.install()
+    catcher = catcher or EarlyCatcher.install()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         spec = spec_from_args(args, os.environ)
@@ -271,7 +270,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 __all__ = ["EXIT_USAGE", "main", "spec_from_args"]
 
-
-def main_exit() -> None:
-    """Console-script entry: exit with ``main()``'s code."""
-    sys.exit(main())

@@ -19,7 +19,8 @@ from rankrun.agent.policy import Action, decide
 from rankrun.errors import RankrunError
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
-from rankrun.proc.signals import EarlyCatcher, SignalStream
+from rankrun.proc.early import EarlyCatcher
+from rankrun.proc.signals import SignalStream, attach
 from rankrun.proc.spawn import OsSpawner, Spawner, WorkerHandle
 from rankrun.proc.watchdog import Watchdog, become_subreaper, reap_orphans
 from rankrun.rendezvous.tcpstore import TCPStoreServer
@@ -54,7 +55,7 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
 
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
-    signals = catcher.attach(asyncio.get_running_loop(), spec.signals)
+    signals = attach(catcher, asyncio.get_running_loop(), spec.signals)
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     store, endpoint = TCPStoreServer(), TCPStoreServer()
     try:
