@@ -104,22 +104,27 @@ def run(reps: int, lines: int) -> ConsoleResult:
     return result
 
 
+def _count(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n:,}"
+
+
 def rows(result: ConsoleResult) -> list[Row]:
     target = Target(f"rankrun ≥ {TARGET}x raw", lambda r: (r.vs_baseline(r.rankrun) or 0.0) >= TARGET)
     w = result.walls
-    what = f"console, {NPROC}x{result.lines:,} lines to a file (wall; ratio = lines/s ÷ raw lines/s)"
+    what = f"console {NPROC}x{_count(result.lines)} lines → file (wall; vs base = throughput ratio)"
     checks = result.checks.get("rankrun", [])
     torch_checks = result.checks.get("torchrun", [])
+
+    def wall_row(label: str, torch_key: str, base_key: str, base_label: str, with_target: bool) -> Row:
+        return Row(f"{what}, {label}", "s", rankrun=w.median("rankrun"), torchrun=w.median(torch_key),
+                   baseline=w.median(base_key), baseline_label=base_label, better=Better.HIGHER_THROUGHPUT,
+                   target=target if with_target else None, decimals=2)
+
     return [
-        Row(what, "s", rankrun=w.median("rankrun"), torchrun=w.median("torchrun"), baseline=w.median("direct"),
-            baseline_label="raw", better=Better.HIGHER_THROUGHPUT, target=target, decimals=2),
-        Row(what.replace(" (wall", ", torchrun with --tee 3 (wall"), "s", rankrun=w.median("rankrun"),
-            torchrun=w.median("torchrun_tee"), baseline=w.median("direct"), baseline_label="raw",
-            better=Better.HIGHER_THROUGHPUT, target=target, decimals=2),
-        Row(what.replace("to a file", "to a file; baseline: one file per worker, no shared lock (reference)"), "s",
-            rankrun=w.median("rankrun"), torchrun=w.median("torchrun"), baseline=w.median("direct_split"),
-            baseline_label="raw split", better=Better.HIGHER_THROUGHPUT, decimals=2),
-        Row(f"console integrity: whole lines of {NPROC * result.lines:,} (rankrun: worst run; torchrun: default mode)",
+        wall_row("torchrun default", "torchrun", "direct", "raw", True),
+        wall_row("torchrun --tee 3", "torchrun_tee", "direct", "raw", True),
+        wall_row("torchrun default; base = raw split (reference)", "torchrun", "direct_split", "raw split", False),
+        Row(f"console integrity: whole lines of {_count(NPROC * result.lines)} (rankrun: worst run; torchrun: default)",
             "lines", rankrun=float(min((c.whole for c in checks), default=0)),
             torchrun=float(min((c.whole for c in torch_checks), default=float("nan"))), baseline=float(NPROC * result.lines),
             baseline_label="expected", compare=False,

@@ -153,3 +153,34 @@ def test_launcher_error_file_gets_root_cause(tmp_path):
     data = json.loads(err_file.read_text())
     assert data["message"]["errorCode"] == 1
     assert "KeyError: 'missing-thing'" in data["message"]["extraInfo"]["py_callstack"]
+
+
+def test_single_node_c10d_holds_endpoint_and_uses_rdzv_id(tmp_path):
+    import socket  # noqa: PLC0415
+
+    script = tmp_path / "id.py"
+    script.write_text("import os\nprint(os.environ['TORCHELASTIC_RUN_ID'], os.environ['MASTER_PORT'])\n")
+    res = run_cli("--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "job42", "--nproc-per-node", "2",
+                  "--log-line-prefix-template", "", str(script))
+    assert res.returncode == 0, res.stderr
+    ids = {line.split()[0] for line in res.stdout.splitlines()}
+    assert ids == {"job42"}
+    with socket.socket() as held:  # a second job on a taken endpoint fails loudly instead of joining it
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = run_cli("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "j", str(script))
+    assert res.returncode == 3
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
+
+
+def test_static_mode_binds_master_port_once_and_workers_get_the_bound_port(tmp_path):
+    # --master-port 0: static mode (run id "none"), the OS picks the port once, workers are told it
+    script = tmp_path / "p.py"
+    script.write_text("import os\nprint(os.environ['MASTER_PORT'], os.environ['TORCHELASTIC_RUN_ID'])\n")
+    res = run_cli("--master-port", "0", "--nproc-per-node", "2", "--log-line-prefix-template", "", str(script))
+    assert res.returncode == 0, res.stderr
+    (line,) = set(res.stdout.splitlines())
+    port, run_id = line.split()
+    assert run_id == "none"
+    assert 0 < int(port) < 65536

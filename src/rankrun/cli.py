@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import NoReturn
 
 from rankrun import devices
 from rankrun.errors import EXIT_USAGE, ArgumentError, NotSupportedYetError, RankrunError, UsageError
+from rankrun.fsutil import which
 from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
@@ -141,7 +141,7 @@ def _entry(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> EntryS
     script: str = ns.training_script
     if kind in (EntryKind.SCRIPT, EntryKind.RUN_PATH) and not os.path.isfile(script):
         raise UsageError("training script", script, "no such file")
-    if kind is EntryKind.BINARY and shutil.which(script) is None:
+    if kind is EntryKind.BINARY and which(script) is None:
         raise UsageError("--no-python program", script, "not found on PATH or not executable")
     python = env.get("PYTHON_EXEC") or sys.executable
     return EntrySpec(kind=kind, script=script, args=tuple(ns.training_script_args), python=python)

@@ -8,9 +8,10 @@ only caller is ``rankrun.cli`` when ``--nproc-per-node`` is ``gpu`` or ``auto``.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping
+
+from rankrun.fsutil import which
 
 _PROC_GPUS = "/proc/driver/nvidia/gpus"
 
@@ -34,7 +35,7 @@ def gpu_count(env: Mapping[str, str]) -> int:
         return len(os.listdir(_PROC_GPUS))
     except OSError:
         pass
-    smi = shutil.which("nvidia-smi")
+    smi = which("nvidia-smi")
     if smi is None:
         return 0
     try:

@@ -9,7 +9,9 @@ dependencies so scenarios can run on a fake spawner.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     """Run the job to completion in this process; returns the exit code."""
     watchdog = Watchdog.start()
     become_subreaper()
+    _use_pidfd_child_watcher()
     console = Console()
     deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog)
     try:
@@ -52,6 +55,18 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
         reap_orphans(exclude={watchdog.pid})
         console.close()
         watchdog.close()
+
+
+def _use_pidfd_child_watcher() -> None:
+    """On Python 3.11 asyncio's default child watcher runs one thread per worker; a pidfd watcher
+    needs none (3.12+ picks it by default). Exits still arrive as loop events either way."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return  # kernel without pidfd: keep the threaded watcher
+    asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:

@@ -11,11 +11,10 @@ files at all and ``TORCHELASTIC_ERROR_FILE=""``.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from rankrun.errors import LauncherError
+from rankrun.fsutil import make_unique_dir, remove_tree, temp_root
 from rankrun.spec import LogSpec
 
 
@@ -28,12 +27,12 @@ class RunLogs:
             return
         try:
             if spec.log_dir is None:
-                self.base = Path(tempfile.mkdtemp(prefix=f"rankrun_{run_id}_"))
+                self.base = make_unique_dir(temp_root(), f"rankrun_{run_id}_")
             else:
                 spec.log_dir.mkdir(parents=True, exist_ok=True)
-                self.base = Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=spec.log_dir))
+                self.base = make_unique_dir(spec.log_dir, f"{run_id}_")
         except OSError as exc:
-            raise LauncherError(f"cannot create log directory under {spec.log_dir or tempfile.gettempdir()}: {exc}") from exc
+            raise LauncherError(f"cannot create log directory under {spec.log_dir or temp_root()}: {exc}") from exc
 
     @property
     def keep(self) -> bool:
@@ -44,7 +43,7 @@ class RunLogs:
         if self.base is None:
             return None
         path = self.base / f"attempt_{attempt}"
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
         for local_rank in range(nproc):
             (path / str(local_rank)).mkdir(parents=True)
         return path
@@ -58,6 +57,6 @@ class RunLogs:
         if self.base is None:
             return None
         if not self.keep:
-            shutil.rmtree(self.base, ignore_errors=True)
+            remove_tree(self.base)
             return None
         return self.base
