@@ -57,6 +57,14 @@ def wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
     return left
 
 
+def wait_empty(path: Path, timeout: float) -> list[Path]:
+    """Wait (bounded) until directory ``path`` is empty; return what is still there."""
+    deadline = time.monotonic() + timeout
+    while (left := list(path.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
 class Reaper:
     """Remembers PIDs; kills the living ones at teardown."""
 
@@ -82,6 +90,16 @@ class Reaper:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         return survivors
+
+
+@pytest.fixture
+def private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every launcher a test starts puts its temp files here, and leaves nothing behind."""
+    tmp = tmp_path / "TMPDIR"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    yield tmp
+    assert list(tmp.iterdir()) == [], "a launcher left temporary files behind"
 
 
 @pytest.fixture

@@ -61,6 +61,10 @@ class FakeHandle:
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
 
+    def close(self) -> None:
+        self._out.feed_eof()
+        self._err.feed_eof()
+
     def signal_group(self, signum: int) -> None:
         self.signals.append(signum)
         if self._exit.done():

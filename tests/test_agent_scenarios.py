@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,45 @@ def test_partial_last_line_and_stderr_tail(tmp_path):
     assert rc == 1
     assert out == "[default0]:no newline\n"
     assert "    line1\n    boom\n" in err
+
+
+def test_failures_noticed_together_are_all_failures_and_root_is_lowest_rank(tmp_path):
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=3))
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "3"), spawner)
+    assert rc == 1
+    assert "  rank       : 0 (local_rank: 0)" in err
+    assert "stopped by rankrun" not in err
+    assert err.count("also failed at") == 2
+
+
+def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypatch):
+    """The console reads slower than the workers wrote; the drain must wait for it, not give up."""
+    import threading  # noqa: PLC0415
+
+    import rankrun.agent.attempt as attempt_module  # noqa: PLC0415
+
+    monkeypatch.setattr(attempt_module, "DRAIN_TIMEOUT", 0.01)
+    lines = b"".join(b"line %06d " % i + b"x" * 90 + b"\n" for i in range(20000))  # 2 MB per worker
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=0, stdout=lines))
+    read_fd, write_fd = os.pipe()
+    received = bytearray()
+
+    def slow_reader() -> None:  # a console that takes ~0.5 s to read what the workers wrote at once
+        while chunk := os.read(read_fd, 8192):
+            received.extend(chunk)
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    err = tmp_path / "err"
+    with err.open("wb") as e:
+        console = Console(write_fd, e.fileno())
+        try:
+            rc = asyncio.run(run_agent(_spec(tmp_path, "--nproc-per-node", "2"), AgentDeps(spawner, console, "h"), EarlyCatcher(())))
+        finally:
+            console.close()
+            os.close(write_fd)
+            reader.join(60)
+            os.close(read_fd)
+    assert rc == 0
+    assert received.count(b"\n") == 2 * 20000

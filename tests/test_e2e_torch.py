@@ -11,6 +11,8 @@ import pytest
 
 from conftest import clean_environ, payload, run_cli
 
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
 pytest.importorskip("torch")
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -44,9 +46,15 @@ def _normalise(added: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def test_worker_env_nproc4_matches_golden_and_torchrun(tmp_path):
+def test_worker_env_nproc4_matches_golden_and_torchrun(tmp_path, private_tmpdir):
     ours = _dump_env(tmp_path, (sys.executable, "-m", "rankrun"), "ours")
+    assert list(private_tmpdir.iterdir()) == []
     theirs = _dump_env(tmp_path, TORCHRUN, "theirs")
+    (leaked,) = private_tmpdir.iterdir()  # torchrun leaks one torchelastic_* dir per run (torchrun.md §8.1)
+    assert leaked.name.startswith("torchelastic_")
+    from rankrun.fsutil import remove_tree  # noqa: PLC0415
+
+    remove_tree(leaked)
     assert {r: _normalise(e) for r, e in ours.items()} == {r: _normalise(e) for r, e in theirs.items()}
     assert {r: e["MASTER_ADDR"] for r, e in ours.items()} == {str(r): "127.0.0.1" for r in range(4)}
     assert len({e["MASTER_PORT"] for e in ours.values()}) == 1

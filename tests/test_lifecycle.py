@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import alive, clean_environ, payload, run_cli, wait_gone
+from conftest import RANKRUN, alive, clean_environ, payload, run_cli, wait_empty, wait_gone
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 
 def _pids(pid_dir: Path, prefix: str) -> dict[str, int]:
@@ -56,7 +59,7 @@ def test_failure_teardown_uses_shutdown_timeout(launch, tmp_path):
     assert "rank 0 (local_rank 0" in report and "stopped by rankrun (signal 9 (SIGKILL))" in report
 
 
-def test_kill_dash_nine_of_launcher_leaves_no_worker_or_group_descendant(launch, tmp_path):
+def test_kill_dash_nine_of_launcher_leaves_no_worker_or_group_descendant(launch, tmp_path, private_tmpdir):
     env = clean_environ() | {"PAYLOAD_CHILDREN": "1"}
     run = launch("--nproc-per-node", "3", payload("sigwait.py"), env=env)
     run.wait_for(r"READY rank", count=3)
@@ -71,6 +74,7 @@ def test_kill_dash_nine_of_launcher_leaves_no_worker_or_group_descendant(launch,
     assert survivors == [], f"outlived the launcher by 2 s: {survivors}"
     # A grandchild that left the worker's process group (setsid) is outside the guarantee after
     # kill -9 (docs/design.md); the reaper fixture kills it, so discard it from the leak check.
+    assert wait_empty(private_tmpdir, 5.0) == []  # the watchdog removed the private temp dir too
     escaped = list(_pids(pid_dir, "setsid").values())
     for pid in escaped:
         os.kill(pid, signal.SIGKILL)
@@ -184,3 +188,43 @@ def test_static_mode_binds_master_port_once_and_workers_get_the_bound_port(tmp_p
     port, run_id = line.split()
     assert run_id == "none"
     assert 0 < int(port) < 65536
+
+
+def test_deep_orphans_holding_the_pipes_are_reaped_generation_by_generation(tmp_path, reaper):
+    """A worker leaves a setsid'd shell (which keeps the worker's pipes) with its own child, and exits 0."""
+    script = tmp_path / "deep.py"
+    script.write_text(
+        "import os, subprocess\n"
+        "p = subprocess.Popen(['sh', '-c', \"setsid sh -c 'sleep 300 & echo $$ $!; wait' &\"], stdout=subprocess.PIPE)\n"
+        "pids = p.stdout.readline().decode().split()\n"
+        "open(os.path.join(os.environ['TEST_PID_DIR'], 'deep' + os.environ['RANK']), 'w').write(' '.join(pids))\n"
+    )
+    pid_dir = reaper.watch_dir(tmp_path / "pids")
+    started = time.monotonic()
+    res = run_cli("--nproc-per-node", "2", str(script), env=clean_environ() | {"TEST_PID_DIR": str(pid_dir)})
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no drain stall warnings, no transport tracebacks
+    assert time.monotonic() - started < 8  # not stuck waiting for the held pipes
+    pids = [int(p) for f in pid_dir.glob("deep*") for p in f.read_text().split()]
+    assert len(pids) == 4
+    assert wait_gone(pids, timeout=5.0) == []
+
+
+def test_kill_dash_nine_with_stderr_closed_still_kills_the_group(tmp_path, reaper, private_tmpdir):
+    env = clean_environ() | {"PAYLOAD_CHILDREN": "1", "TEST_PID_DIR": str(reaper.watch_dir(tmp_path / "pids"))}
+    cmd = f"exec {' '.join(RANKRUN)} --nproc-per-node 1 {payload('sigwait.py')} 2>&-"
+    proc = subprocess.Popen(["sh", "-c", cmd], env=env, stdout=subprocess.PIPE, start_new_session=True)
+    reaper.pids.add(proc.pid)
+    try:
+        assert proc.stdout is not None
+        assert b"READY rank 0" in proc.stdout.readline()
+        group = [*_pids(tmp_path / "pids", "worker").values(), *_pids(tmp_path / "pids", "child").values()]
+        proc.kill()
+        proc.wait(timeout=30)
+        assert wait_gone(group, timeout=2.0) == []
+        assert wait_empty(private_tmpdir, 5.0) == []
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        for pid in _pids(tmp_path / "pids", "setsid").values():
+            os.kill(pid, signal.SIGKILL)

@@ -97,3 +97,11 @@ def test_report_golden(utc):
 def test_policy(failed, signum, done, budget, action, code):
     d = decide(failed=failed, interrupted_by=signum, restarts_done=done, max_restarts=budget)
     assert (d.action, d.exit_code) == (action, code)
+
+
+def test_overlong_line_is_cut_not_hoarded():
+    splitter = LineSplitter(max_line=10)
+    assert splitter.feed(b"abcdef") == b""
+    assert splitter.feed(b"ghijkl") == b"abcdefghijkl\n"  # past the cap: emitted as a line of its own
+    assert splitter.feed(b"mn\nop") == b"mn\n"
+    assert splitter.flush() == b"op\n"

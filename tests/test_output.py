@@ -11,6 +11,8 @@ import pytest
 
 from conftest import RANKRUN, clean_environ, payload, run_cli
 
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
 LINE = re.compile(r"^\[default(\d)\]:rank(\d)-line(\d+)-x{300}-end$")
 
 
@@ -88,6 +90,7 @@ def test_log_dir_holds_error_json_of_recorded_failure_and_env_points_at_it(tmp_p
     script.write_text("import json, os\nprint(json.dumps(os.environ['TORCHELASTIC_ERROR_FILE']))\n")
     logs = tmp_path / "logs"
     res = run_cli("--nproc-per-node", "2", "--log-dir", str(logs), "--log-line-prefix-template", "", str(script))
+    assert res.returncode == 0, res.stderr
     paths = sorted(json.loads(line) for line in res.stdout.splitlines())
     (run_dir,) = list(logs.iterdir())
     assert paths == [str(run_dir / "attempt_0" / str(r) / "error.json") for r in range(2)]

@@ -41,13 +41,13 @@ def test_nnodes_rejects(text):
 
 @pytest.mark.parametrize(
     ("text", "gpus", "expected"),
-    [("4", None, 4), ("cpu", None, 7), ("auto", 0, 7), ("auto", 2, 2), ("gpu", 3, 3), ("cuda", 1, 1)],
+    [("4", None, 4), ("cpu", None, 7), ("auto", 0, 7), ("auto", 2, 2), ("gpu", 3, 3)],
 )
 def test_nproc(text, gpus, expected):
     assert parse_nproc(text, cpu_count=7, gpu_count=gpus) == expected
 
 
-@pytest.mark.parametrize(("text", "gpus"), [("0", None), ("-2", None), ("xpu", None), ("gpu", 0), ("gpu", None)])
+@pytest.mark.parametrize(("text", "gpus"), [("0", None), ("-2", None), ("xpu", None), ("cuda", 1), ("gpu", 0), ("gpu", None)])
 def test_nproc_rejects(text, gpus):
     with pytest.raises(UsageError):
         parse_nproc(text, cpu_count=2, gpu_count=gpus)

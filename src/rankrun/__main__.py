@@ -4,12 +4,15 @@ The death-signal catcher is installed before anything else is imported, so a sig
 arrives while the launcher is still starting is recorded, never fatal.
 """
 
+import os
+import sys
+
 from rankrun.proc.early import EarlyCatcher
 
 
 def main_exit() -> None:
     catcher = EarlyCatcher.install()
-    import sys  # noqa: PLC0415
+    _reopen_closed_stdio()
 
     # asyncio imports ssl eagerly (about 4 MB resident, 13 ms); the launcher speaks no TLS, and
     # asyncio works without it. Workers are fresh interpreters and are not affected.
@@ -18,6 +21,19 @@ def main_exit() -> None:
     from rankrun.cli import main  # noqa: PLC0415 - after the catcher, on purpose
 
     sys.exit(main(catcher=catcher))
+
+
+def _reopen_closed_stdio() -> None:
+    """Started with fd 0, 1 or 2 closed (``2>&-``), the next ``pipe()`` would land there and be
+    clobbered later (the watchdog's pipe, the event loop's fds). Park /dev/null on them first."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def _entry(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> EntryS
 
 
 def _nproc(value: str, env: Mapping[str, str]) -> int:
-    needs_probe = value in ("gpu", "cuda", "auto")
+    needs_probe = value in ("gpu", "auto")
     gpus = devices.gpu_count(env) if needs_probe else None
     return parse_nproc(value, cpu_count=devices.cpu_count(), gpu_count=gpus)
 
@@ -173,12 +173,13 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     if backend == "static":
         host, port = ns.master_addr, ns.master_port if ns.master_port is not None else STATIC_DEFAULT_PORT
         if ns.rdzv_endpoint:
-            host, port = parse_endpoint(ns.rdzv_endpoint, STATIC_DEFAULT_PORT)
+            host, port = parse_endpoint(ns.rdzv_endpoint, -1)
+            if port < 0:
+                raise UsageError("--rdzv-endpoint", ns.rdzv_endpoint, "the static backend needs HOST:PORT")
         rdzv = RendezvousSpec("static", None, 0, run_id, min_nodes, max_nodes, ns.node_rank, conf, standalone=False)
         return rdzv, StoreSpec(host, port)
-    if not ns.rdzv_endpoint:
-        raise UsageError("--rdzv-endpoint", "", "required with --rdzv-backend=c10d (HOST:PORT)")
-    host, port = parse_endpoint(ns.rdzv_endpoint, C10D_DEFAULT_PORT)
+    # torchrun's default for an empty c10d endpoint: localhost:29400
+    host, port = parse_endpoint(ns.rdzv_endpoint or "localhost", C10D_DEFAULT_PORT)
     rdzv = RendezvousSpec("c10d", host, port, run_id, min_nodes, max_nodes, 0, conf, standalone=False)
     return rdzv, StoreSpec(local_host, 0)
 
@@ -191,6 +192,9 @@ def _log_dir(value: str | None) -> Path | None:
         return path
     if path.exists() and not path.is_dir():
         raise UsageError("--log-dir", value, "exists and is not a directory")
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError("--log-dir", value, f"{existing} is not writable")
     return path
 
 

@@ -1,8 +1,9 @@
 """Count accelerators without importing torch.
 
-Order of evidence: ``CUDA_VISIBLE_DEVICES`` (what the user restricted us to), the NVIDIA
-driver's ``/proc/driver/nvidia/gpus`` directory, then ``nvidia-smi -L``. Reads only; the
-only caller is ``rankrun.cli`` when ``--nproc-per-node`` is ``gpu`` or ``auto``.
+The NVIDIA driver says how many GPUs exist (``/proc/driver/nvidia/gpus``, else
+``nvidia-smi -L``); ``CUDA_VISIBLE_DEVICES`` can only narrow that down. No driver means no
+GPU, whatever the variable says (torch answers "Cuda is not available" there too). Reads
+only; the only caller is ``rankrun.cli`` when ``--nproc-per-node`` is ``gpu`` or ``auto``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ def visible_devices(value: str) -> int:
 
 def gpu_count(env: Mapping[str, str]) -> int:
     """How many NVIDIA GPUs this process may use; 0 when there are none."""
+    present = driver_gpu_count()
     if "CUDA_VISIBLE_DEVICES" in env:
-        return visible_devices(env["CUDA_VISIBLE_DEVICES"])
+        return min(present, visible_devices(env["CUDA_VISIBLE_DEVICES"]))
+    return present
+
+
+def driver_gpu_count() -> int:
+    """GPUs the NVIDIA driver knows about."""
     try:
         return len(os.listdir(_PROC_GPUS))
     except OSError:

@@ -153,7 +153,7 @@ def parse_nproc(value: str, *, cpu_count: int, gpu_count: int | None) -> int:
     """An integer, ``cpu``, ``gpu`` or ``auto``; ``gpu_count`` is ``None`` when no probe ran."""
     if value == "cpu":
         return cpu_count
-    if value in ("gpu", "cuda"):
+    if value == "gpu":
         if not gpu_count:
             where = "CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi"
             raise UsageError("--nproc-per-node", value, f"no NVIDIA GPU found ({where})")

@@ -7,7 +7,6 @@ ending of each worker) is made by a pure function elsewhere.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +60,8 @@ class _Worker:
     handle: WorkerHandle
     error_file: str
     tail: Tail
+    routes: tuple[Route, Route]
+    pumps: tuple[asyncio.Task[None], asyncio.Task[None]]
 
 
 def _routes(spec: LaunchSpec, who: WorkerIdentity, attempt_dir: Path | None, console: Console) -> tuple[Route, Route]:
@@ -86,7 +87,6 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
 ) -> AttemptResult:
     identities = worker_identities([NodeSlots(spec.worker.role, spec.worker.nproc)], group_rank=0)
     workers: list[_Worker] = []
-    pumps: list[asyncio.Task[None]] = []
     filtered = _filtered_files(spec, attempt_dir)
     try:
         for who in identities:
@@ -97,15 +97,17 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
             err.tail = Tail()
             out.filtered, out.needles = filtered[0], tuple(f.encode() for f in spec.logs.stdout_filters)
             err.filtered, err.needles = filtered[1], tuple(f.encode() for f in spec.logs.stderr_filters)
-            workers.append(_Worker(who, handle, error_file, err.tail))
-            pumps.append(asyncio.create_task(pump(handle.stdout, out, console)))
-            pumps.append(asyncio.create_task(pump(handle.stderr, err, console)))
+            tasks = (
+                asyncio.create_task(pump(handle.stdout, out, console)),
+                asyncio.create_task(pump(handle.stderr, err, console)),
+            )
+            workers.append(_Worker(who, handle, error_file, err.tail, (out, err), tasks))
         outcome = await supervise([w.handle for w in workers], signals.next, spec.restart.shutdown_timeout)
     finally:
         for w in workers:
             w.handle.signal_group(signal.SIGKILL)
         after_group([w.handle for w in workers])
-        await _drain(pumps)
+        await _drain(workers)
         for fh in filtered:
             if fh is not None:
                 fh.close()
@@ -120,15 +122,22 @@ def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[BinaryI
     return (out, err)
 
 
-async def _drain(pumps: list[asyncio.Task[None]]) -> None:
-    if not pumps:
-        return
-    _, pending = await asyncio.wait(pumps, timeout=DRAIN_TIMEOUT)
-    for task in pending:
-        task.cancel()
-    for task in pumps:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+async def _drain(workers: list[_Worker]) -> None:
+    """Deliver every byte still in the pipes; console writes are never cut short.
+
+    Only a pump stuck *reading* for ``DRAIN_TIMEOUT`` (its pipe held open by a process that
+    could not be killed) has its pipes closed. Transports are always closed at the end.
+    """
+    while pending := [t for w in workers for t in w.pumps if not t.done()]:
+        done, _ = await asyncio.wait(pending, timeout=DRAIN_TIMEOUT)
+        if done:
+            continue
+        for w in workers:
+            live = [route for route, task in zip(w.routes, w.pumps, strict=True) if not task.done()]
+            if live and all(route.reading for route in live):
+                w.handle.close()
+    for w in workers:
+        w.handle.close()
 
 
 def _result(w: _Worker, exit_: Exit | None) -> WorkerResult:

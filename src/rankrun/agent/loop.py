@@ -72,30 +72,45 @@ def _use_pidfd_child_watcher() -> None:
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
     signals = attach(catcher, asyncio.get_running_loop(), spec.signals)
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
+    if deps.watchdog is not None and logs.base is not None and not logs.keep:
+        deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
     store, endpoint = TCPStoreServer(), TCPStoreServer()
+    final: _Final | None = None
     try:
         if spec.rendezvous.endpoint_host is not None:
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
             await endpoint.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
         port = await store.start(spec.store.host, spec.store.port)
-        return await _attempts(spec, deps, signals, logs, store, port)
+        final = await _attempts(spec, deps, signals, logs, store, port)
     finally:
         await store.close()
         await endpoint.close()
         kept = logs.finish()
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")
+    # Last of all, after every other line: the report (the private log dir is gone by now).
+    if final.attempt is not None:
+        _report(spec, deps, final.attempt, final.restarts, error_files_kept=kept is not None)
+    return final.exit_code
+
+
+@dataclass(frozen=True)
+class _Final:
+    exit_code: int
+    restarts: int
+    attempt: AttemptResult | None  # set when a failure report is due
 
 
 async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
     spec: LaunchSpec, deps: AgentDeps, signals: SignalStream, logs: RunLogs, store: TCPStoreServer, port: int
-) -> int:
+) -> _Final:
     restarts = 0
     while True:
         early = signals.take_pending()
         if early is not None:
-            deps.console.say(f"received {signal_name(early)} before the workers started; exiting")
-            return 128 + early
+            when = "before the workers started" if restarts == 0 else f"before restart {restarts}"
+            deps.console.say(f"received {signal_name(early)} {when}; exiting")
+            return _Final(128 + early, restarts, None)
         await store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
         attempt_dir = logs.attempt_dir(restarts, spec.worker.nproc)
         ctx = AttemptContext(
@@ -119,12 +134,10 @@ async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
             _say_restart(deps.console, attempt, restarts, spec.restart.max_restarts)
             restarts += 1
             continue
-        if decision.action is Action.GIVE_UP:
-            _report(spec, deps, attempt, restarts)
-        elif decision.action is Action.INTERRUPTED:
+        if decision.action is Action.INTERRUPTED:
             _say_interrupted(deps.console, attempt)
-        assert decision.exit_code is not None
-        return decision.exit_code
+        assert decision.exit_code is not None  # every final action has one
+        return _Final(decision.exit_code, restarts, attempt if decision.action is Action.GIVE_UP else None)
 
 
 class _AfterGroup:
@@ -153,8 +166,8 @@ def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
     console.say(f"received {signal_name(signum)}: forwarded to {stopped} worker(s) and stopped them")
 
 
-def _report(spec: LaunchSpec, deps: AgentDeps, attempt: AttemptResult, restarts: int) -> None:
-    text = render_report(spec.worker.entry.title, deps.host, restarts, attempt.results)
+def _report(spec: LaunchSpec, deps: AgentDeps, attempt: AttemptResult, restarts: int, *, error_files_kept: bool) -> None:
+    text = render_report(spec.worker.entry.title, deps.host, restarts, attempt.results, error_files_kept=error_files_kept)
     deps.console.write_blocking(deps.console.stderr_fd, text.encode())
     root = root_cause(attempt.results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")

@@ -11,7 +11,6 @@ workers (they block in ``write``) and nothing is dropped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import queue
 import threading
@@ -58,8 +57,8 @@ class Console:
     def write_blocking(self, fd: int, data: bytes) -> None:
         self._queue.put((fd, data))
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Flush everything queued, then stop the thread (bounded)."""
-        with contextlib.suppress(Exception):
-            self._queue.put(_STOP, timeout=timeout)
-        self._thread.join(timeout)
+    def close(self) -> None:
+        """Flush everything queued, then stop the thread. Waits as long as the console keeps
+        reading (nothing queued is dropped); a console that is gone (EPIPE) drains at once."""
+        self._queue.put(_STOP)
+        self._thread.join()

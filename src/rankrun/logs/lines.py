@@ -8,25 +8,39 @@ from __future__ import annotations
 
 from string import Template
 
+MAX_LINE = 1 << 20  # a "line" longer than this is cut (with a newline) rather than held in memory
+
 
 class LineSplitter:
-    """Feeds arbitrary chunks, returns only complete lines (each ending in ``\\n``)."""
+    """Feeds arbitrary chunks, returns only complete lines (each ending in ``\\n``).
 
-    def __init__(self) -> None:
-        self._partial = b""
+    A partial line is held until its newline arrives, up to ``max_line`` bytes; past that it
+    is emitted as a line of its own, so a worker printing megabytes without a newline costs
+    bounded memory and linear time.
+    """
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self._partial = bytearray()
+        self._max_line = max_line
 
     def feed(self, chunk: bytes) -> bytes:
         cut = chunk.rfind(b"\n")
         if cut < 0:
             self._partial += chunk
-            return b""
-        whole = self._partial + chunk[: cut + 1] if self._partial else chunk[: cut + 1]
-        self._partial = chunk[cut + 1 :]
+            if len(self._partial) < self._max_line:
+                return b""
+            return self.flush()
+        if self._partial:
+            self._partial += chunk[: cut + 1]
+            whole = bytes(self._partial)
+        else:
+            whole = chunk[: cut + 1]
+        self._partial = bytearray(chunk[cut + 1 :])
         return whole
 
     def flush(self) -> bytes:
-        """At end of stream: the unterminated last line, given a newline so it cannot glue to another."""
-        rest, self._partial = self._partial, b""
+        """The held partial line, given a newline so it cannot glue to another (end of stream, or too long)."""
+        rest, self._partial = bytes(self._partial), bytearray()
         return rest + b"\n" if rest else b""
 
 

@@ -44,6 +44,7 @@ class Route:
     filtered: BinaryIO | None = None
     needles: tuple[bytes, ...] = ()
     tail: Tail | None = None
+    reading: bool = False  # waiting on the pipe (not on the console)
 
     @classmethod
     def open(cls, plan: RoutePlan, console_fd: int, prefix: bytes, path: Path | None) -> Route:
@@ -55,7 +56,12 @@ async def pump(source: StreamSource, route: Route, console: Console) -> None:
     """Read until EOF; every byte read is delivered, the last partial line with a newline added."""
     splitter = LineSplitter()
     try:
-        while chunk := await source.read(CHUNK):
+        while True:
+            route.reading = True
+            chunk = await source.read(CHUNK)
+            route.reading = False
+            if not chunk:
+                break
             lines = splitter.feed(chunk)
             if lines:
                 await _deliver(lines, route, console)

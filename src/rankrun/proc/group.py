@@ -62,17 +62,17 @@ async def supervise(
             timeout = None if stop.deadline is None else max(0.0, stop.deadline - time.monotonic())
             watched: set[asyncio.Future[int]] = set[asyncio.Future[int]](waits) | ({sig_task} if not sig_task.done() else set())
             done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is sig_task:
-                    _on_signal(task.result(), handles, waits, outcome, stop, shutdown_timeout)
-                    if not stop.killed:
-                        sig_task = asyncio.ensure_future(next_signal())
-                    continue
-                index = waits.pop(task)  # type: ignore[call-overload]
-                status = task.result()
-                outcome.exits[index] = Exit(index, status, wall(), after_stop=stop.deadline is not None)
-                if status != 0 and stop.deadline is None:
-                    _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+            # Exits noticed together happened before anything we do now: none of them was "stopped".
+            stopping, now = stop.deadline is not None, wall()
+            exited = sorted((waits.pop(t), t.result()) for t in done if t is not sig_task)  # type: ignore[call-overload]
+            for index, status in exited:
+                outcome.exits[index] = Exit(index, status, now, after_stop=stopping)
+            if not stopping and any(status != 0 for _, status in exited):
+                _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+            if sig_task in done:
+                _on_signal(sig_task.result(), handles, waits, outcome, stop, shutdown_timeout)
+                if not stop.killed:
+                    sig_task = asyncio.ensure_future(next_signal())
             if stop.deadline is not None and not stop.killed and time.monotonic() >= stop.deadline:
                 _kill(handles, waits, stop)
             if stop.killed and waits:
@@ -96,12 +96,15 @@ def _on_signal(  # noqa: PLR0917 - private helper of supervise()
     stop: _Stop,
     shutdown_timeout: float,
 ) -> None:
-    if outcome.interrupted_by is None:
-        outcome.interrupted_by = signum
+    if outcome.interrupted_by is not None:
+        _kill(handles, waits, stop)  # a second signal: no more patience
+        return
+    outcome.interrupted_by = signum
     if stop.deadline is None:
         _begin_stop(signum, handles, waits, stop, shutdown_timeout)
-    else:
-        _kill(handles, waits, stop)  # a second signal: no more patience
+    else:  # already stopping after a failure: pass the signal on, keep the deadline
+        for index in waits.values():
+            handles[index].signal_group(signum)
 
 
 def _begin_stop(

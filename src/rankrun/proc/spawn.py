@@ -51,6 +51,10 @@ class WorkerHandle(Protocol):
         """Send ``signum`` to the worker's whole process group; no error if it is gone."""
         ...
 
+    def close(self) -> None:
+        """Close the output pipes (readers see EOF) and release OS resources. Idempotent."""
+        ...
+
 
 @dataclass(frozen=True)
 class Command:
@@ -69,9 +73,12 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     except (OSError, AttributeError):
         return None
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
 
     def hook() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died between fork and prctl: follow it now
+            os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
 
@@ -91,8 +98,11 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 
 class _OsWorker:
-    def __init__(self, proc: asyncio.subprocess.Process, exited: asyncio.Future[None]) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, transport: asyncio.SubprocessTransport, exited: asyncio.Future[None]
+    ) -> None:
         self._proc = proc
+        self._transport = transport
         self._exited = exited
 
     @property
@@ -118,6 +128,9 @@ class _OsWorker:
     def signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signum)
+
+    def close(self) -> None:
+        self._transport.close()
 
 
 class OsSpawner:
@@ -145,7 +158,7 @@ class OsSpawner:
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         if self._on_spawn is not None:
             self._on_spawn(proc.pid)
-        return _OsWorker(proc, protocol.exited)
+        return _OsWorker(proc, transport, protocol.exited)
 
 
 def _show(argv: Sequence[str]) -> str:

@@ -8,8 +8,8 @@ Three layers, cheapest first:
    read end of a pipe; the launcher registers each worker's process group on it. When the
    launcher dies for any reason the kernel closes the write end, the watchdog reads EOF and
    SIGKILLs every registered process group (the worker and everything it started that kept
-   its process group), then exits. A clean launcher exit says ``exit`` first, so nothing is
-   killed twice.
+   its process group), removes the launcher's private temp directory, then exits. A clean
+   launcher exit says ``exit`` first, so nothing is killed twice.
 3. The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): descendants orphaned by a
    worker are re-parented to it, so at the end of each attempt it can kill and reap them
    even if they left the worker's process group (``reap_orphans``).
@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import os
 import signal
+from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -56,6 +57,10 @@ class Watchdog:
     def unregister(self, pgid: int) -> None:
         self._send(f"-{pgid}")
 
+    def own_dir(self, path: str) -> None:
+        """A private directory to remove if the launcher dies without cleaning up."""
+        self._send(f"d{path}")
+
     def close(self) -> None:
         """Normal exit: tell the watchdog there is nothing to kill, then reap it."""
         if self._fd < 0:
@@ -79,28 +84,35 @@ def _watch(read_fd: int) -> None:  # pragma: no cover - runs in the forked child
         os.closerange(3, read_fd)
         os.closerange(read_fd + 1, 65536)
         groups: set[int] = set()
+        dirs: list[str] = []
         clean = False
         buffer = b""
         while chunk := os.read(read_fd, 4096):
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                clean = _apply(line.decode(), groups) or clean
+                clean = _apply(line.decode(), groups, dirs) or clean
         if not clean:
             for pgid in groups:
                 with contextlib.suppress(OSError):
                     os.killpg(pgid, signal.SIGKILL)
+            from rankrun.fsutil import remove_tree  # noqa: PLC0415 - only on this rare path
+
+            for path in dirs:
+                remove_tree(Path(path))
     finally:
         os._exit(0)
 
 
-def _apply(line: str, groups: set[int]) -> bool:  # pragma: no cover - runs in the forked child
+def _apply(line: str, groups: set[int], dirs: list[str]) -> bool:  # pragma: no cover - runs in the forked child
     if line == "exit":
         return True
     if line[:1] == "+":
         groups.add(int(line[1:]))
     elif line[:1] == "-":
         groups.discard(int(line[1:]))
+    elif line[:1] == "d":
+        dirs.append(line[1:])
     return False
 
 
@@ -131,16 +143,22 @@ def child_pids(parent: int) -> list[int]:
     return found
 
 
-def reap_orphans(exclude: set[int]) -> list[int]:
-    """SIGKILL and reap every child of this process not in ``exclude`` (orphaned grandchildren)."""
+def reap_orphans(exclude: set[int], max_rounds: int = 64) -> list[int]:
+    """SIGKILL and reap every child of this process not in ``exclude`` (orphaned descendants).
+
+    Killing an orphan re-parents *its* children to us, so repeat until no such child is left
+    (bounded: each round removes one generation).
+    """
     killed: list[int] = []
-    for pid in child_pids(os.getpid()):
-        if pid in exclude:
-            continue
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    for pid in killed:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+    for _ in range(max_rounds):
+        victims = [pid for pid in child_pids(os.getpid()) if pid not in exclude]
+        if not victims:
+            break
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in victims:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        killed += victims
     return killed

@@ -1,7 +1,8 @@
 """Worker results → root cause → the report printed last on stderr. Pure and golden-tested.
 
 Root cause = the earliest *failure*: the worker whose non-zero exit the agent noticed
-first (millisecond wall-clock resolution; exit events, not a polling tick). Workers that
+first (millisecond wall-clock resolution; exit events, not a polling tick); exits noticed
+together are ordered by rank. Workers that
 ended because rankrun stopped them are listed as stopped, never as failures. The
 exception shown comes from the worker's error file when it used ``@record``, otherwise
 from the last Python traceback in its stderr, so no change to user code is needed.
@@ -53,7 +54,7 @@ def signal_name(signum: int) -> str:
 
 def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
     failures = [r for r in results if r.ending is Ending.FAILED]
-    return min(failures, key=lambda r: r.ended_at) if failures else None
+    return min(failures, key=lambda r: (r.ended_at, r.rank)) if failures else None
 
 
 def traceback_from_tail(tail: str, max_lines: int = 40) -> str:
@@ -80,6 +81,12 @@ def exception_text(result: WorkerResult) -> tuple[str, str]:
     return ("stderr", text) if text else ("stderr", "<the worker wrote nothing to stderr>")
 
 
+def _error_file_line(root: WorkerResult, kept: bool) -> str:
+    if root.error is None:
+        return "<not written>"
+    return root.error_file if kept else "<read, then removed with the private log dir; --log-dir keeps it>"
+
+
 def _stamp(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
 
@@ -88,7 +95,7 @@ def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + line if line else line for line in text.split("\n"))
 
 
-def render_report(title: str, host: str, attempt: int, results: list[WorkerResult]) -> str:
+def render_report(title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True) -> str:
     """The failure report (multi-line, ends with a newline)."""
     root = root_cause(results)
     bar, thin = "=" * WIDTH, "-" * WIDTH
@@ -101,7 +108,7 @@ def render_report(title: str, host: str, attempt: int, results: list[WorkerResul
             f"  host       : {host}",
             f"  pid        : {root.pid}",
             f"  exit       : {describe_status(root.status)}",
-            f"  error_file : {root.error_file if root.error is not None else '<not written>'}",
+            f"  error_file : {_error_file_line(root, error_files_kept)}",
             f"  exception  : (from {source})",
             _indent(text),
         ]
