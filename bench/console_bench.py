@@ -14,7 +14,8 @@ from harness import (
     TORCHRUN_TEE,
     Launcher,
     Samples,
-    expect_rc,
+    Timed,
+    expect_ok,
     log,
     rotated,
     run_timed,
@@ -54,6 +55,7 @@ class ConsoleResult:
     reps: int
     lines: int
     walls: Samples = field(default_factory=lambda: Samples("s"))
+    cpus: Samples = field(default_factory=lambda: Samples("s"))
     checks: dict[str, list[Check]] = field(default_factory=dict)
 
 
@@ -77,15 +79,15 @@ def validate(path: Path, prefixed: bool, lines: int) -> Check:
     return Check(total, whole, disorder, NPROC * lines)
 
 
-def measure(launcher: Launcher, lines: int, check: bool) -> tuple[float, Check | None]:
+def measure(launcher: Launcher, lines: int, check: bool) -> tuple[Timed, Check | None]:
     with scratch("console") as tmp:
         out = tmp / "stdout.txt"
         split = ["--stdout-dir", str(tmp)] if launcher is DIRECT_SPLIT else []
         argv = launcher.command(NPROC, PAYLOADS / "spam.py", [str(lines)], split)
         with out.open("wb") as fh:
-            seconds, rc, err = run_timed(argv, timeout=600, stdout=fh.fileno())
-        expect_rc(rc, 0, argv, err)
-        return seconds, validate(out, launcher.key in PREFIXED, lines) if check and not split else None
+            timed = run_timed(argv, timeout=600, stdout=fh.fileno())
+        expect_ok(timed, argv)
+        return timed, validate(out, launcher.key in PREFIXED, lines) if check and not split else None
 
 
 def run(reps: int, lines: int) -> ConsoleResult:
@@ -93,8 +95,9 @@ def run(reps: int, lines: int) -> ConsoleResult:
     for rep in range(reps):
         for launcher in rotated(LAUNCHERS, rep):
             # rankrun's output is checked every time; the others once, for information.
-            wall, check = measure(launcher, lines, check=launcher is RANKRUN or rep == 0)
-            result.walls.add(launcher.key, wall)
+            timed, check = measure(launcher, lines, check=launcher is RANKRUN or rep == 0)
+            result.walls.add(launcher.key, timed.wall)
+            result.cpus.add(launcher.key, timed.cpu)
             if check is not None:
                 result.checks.setdefault(launcher.key, []).append(check)
         w = result.walls.by_launcher
@@ -132,6 +135,14 @@ def rows(result: ConsoleResult) -> list[Row]:
     ]
 
 
+def _summarise(checks: list[Check]) -> str:
+    """Identical outcomes once, with a count: ``3 runs: ...``."""
+    seen: dict[str, int] = {}
+    for check in checks:
+        seen[check.describe()] = seen.get(check.describe(), 0) + 1
+    return "; ".join(f"{n} run{'s' if n > 1 else ''}: {text}" for text, n in seen.items()) or "—"
+
+
 def details(result: ConsoleResult) -> list[str]:
     names = {"direct": "raw (bare driver, one shared file)", "direct_split": "raw split (one file per worker)",
              "rankrun": "rankrun", "torchrun": "torchrun (default)",
@@ -156,13 +167,16 @@ def details(result: ConsoleResult) -> list[str]:
         "rankrun and `--tee 3`, forbidden otherwise, and equal to the rank in the text), and per rank the line numbers "
         "must run 0, 1, 2, … without gaps. rankrun's output is checked on every repetition, the others on the first only.",
         "",
-        "| | median wall (s) | lines/s (median) | vs raw (throughput) | samples (s) | integrity |",
-        "|---|---|---|---|---|---|",
+        "CPU s = user + system time of the launcher (or driver) and its workers, a figure less sensitive than wall time "
+        "to other load on the machine.",
+        "",
+        "| | median wall (s) | lines/s (median) | vs raw (throughput) | samples (s) | median CPU s | integrity |",
+        "|---|---|---|---|---|---|---|",
     ]
     raw = result.walls.median("direct")
     for key, name in names.items():
         wall = result.walls.median(key)
-        checks = "; ".join(c.describe() for c in result.checks.get(key, [])) or "—"
+        checks = _summarise(result.checks.get(key, []))
         lines.append(f"| {name} | {wall:.2f} | {NPROC * result.lines / wall:,.0f} | {raw / wall:.2f}x | "
-                     f"{fmt_samples(result.walls.by_launcher[key], 2)} | {checks} |")
+                     f"{fmt_samples(result.walls.by_launcher[key], 2)} | {result.cpus.median(key):.2f} | {checks} |")
     return [*lines, ""]

@@ -19,12 +19,12 @@ from harness import (
     Launcher,
     Samples,
     alive,
-    finish,
     log,
     rotated,
     scratch,
     start,
     stop,
+    tail,
     track_workers,
     wait_until,
 )
@@ -56,9 +56,12 @@ def measure(launcher: Launcher, restarts: int) -> dict[str, float]:
     """Milliseconds after the failure timestamp."""
     with scratch("fail", ["starts", "ready"]) as tmp:
         argv = launcher.command(NPROC, PAYLOADS / "fail.py", [str(tmp), str(FAIL_RANK)], ["--max-restarts", str(restarts)])
-        proc = start(argv, stderr=subprocess.DEVNULL)
+        with (tmp / "stderr").open("wb") as err:
+            proc = start(argv, stderr=err.fileno())
         try:
             return _observe(proc, tmp, restarts)
+        except BenchError as exc:
+            raise BenchError(f"{launcher.label}: {exc}; stderr tail:\n{tail(tmp / 'stderr')}") from None
         finally:
             stop(proc)
 
@@ -72,7 +75,7 @@ def _observe(proc: subprocess.Popen[bytes], tmp: Path, restarts: int) -> dict[st
     track_workers(pids)
     gone_at = wait_until(lambda: not any(alive(p) for p in pids), 90, "attempt-0 workers to be gone", interval=0.0005)
     exit_at = wait_until(lambda: proc.poll() is not None, 90, "the launcher to exit", interval=0.0005)
-    rc = finish(proc, 1)
+    rc = proc.returncode
     if (rc == 0) != (restarts > 0):
         raise BenchError(f"launcher exited {rc} with --max-restarts {restarts}")
     fail_ts = float(fail_file.read_text())
@@ -139,7 +142,7 @@ def details(result: FailureResult, restarts: int) -> list[str]:
              "|---|---|---|---|---|"]
     for key in result.keys:
         s = result.samples[key]
-        label = _LABELS[key] + (" (attempt 0)" if restarts and key == "gone" else "")
+        label = _LABELS[key] + ({"gone": " (attempt 0)", "exit": " (after attempt 1 succeeds)"}.get(key, "") if restarts else "")
         lines.append(f"| {label} | {s.median('rankrun'):.0f} | {s.median('torchrun'):.0f} | "
                      f"{fmt_samples(s.by_launcher['rankrun'])} | {fmt_samples(s.by_launcher['torchrun'])} |")
     return [*lines, ""]

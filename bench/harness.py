@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import select
 import signal
 import statistics
@@ -94,41 +95,66 @@ def start(argv: Sequence[str], stdout: int | None = subprocess.DEVNULL, stderr: 
     return proc
 
 
-def finish(proc: subprocess.Popen[bytes], timeout: float) -> int:
+@dataclass(frozen=True)
+class Exit:
+    """How a launcher ended: exit code, and CPU seconds of it plus every descendant it reaped (its workers)."""
+
+    rc: int
+    cpu: float
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float) -> Exit:
     """Wait for a launcher, waking the moment it exits; on timeout, stop it and raise.
 
     ``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which would quantise every measurement to 50 ms;
-    a pidfd becomes readable exactly when the process exits.
+    a pidfd becomes readable exactly when the process exits. ``wait4`` then reaps it with its resource usage.
     """
-    if proc.poll() is None:
-        pidfd = os.pidfd_open(proc.pid)
-        try:
-            exited = select.select([pidfd], [], [], timeout)[0]
-        finally:
-            os.close(pidfd)
-        if not exited:
-            stop(proc)
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-    rc = proc.wait()
+    if proc.returncode is not None:
+        raise BenchError(f"process {proc.pid} was already reaped")
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        exited = select.select([pidfd], [], [], timeout)[0]
+    finally:
+        os.close(pidfd)
+    if not exited:
+        stop(proc)
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     _LIVE.pop(proc.pid, None)
-    return rc
+    return Exit(proc.returncode, usage.ru_utime + usage.ru_stime)
 
 
-def run_timed(argv: Sequence[str], timeout: float, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int, str]:
-    """Seconds from just before exec to exit, the exit code, and the tail of stderr."""
+@dataclass(frozen=True)
+class Timed:
+    wall: float  # seconds from just before exec to exit
+    cpu: float  # CPU seconds of the launcher and its workers
+    rc: int
+    stderr_tail: str
+
+
+def run_timed(argv: Sequence[str], timeout: float, stdout: int | None = subprocess.DEVNULL) -> Timed:
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = start(argv, stdout=stdout, stderr=err.fileno())
-        rc = finish(proc, timeout)
+        end = finish(proc, timeout)
         elapsed = time.perf_counter() - t0
         err.seek(0)
         tail = err.read()[-2000:].decode(errors="replace")
-    return elapsed, rc, tail
+    return Timed(elapsed, end.cpu, end.rc, tail)
 
 
-def expect_rc(rc: int, wanted: int, argv: Sequence[str], stderr_tail: str) -> None:
-    if (rc == 0) != (wanted == 0):
-        raise BenchError(f"{' '.join(argv)} exited {rc} (expected {wanted}); stderr tail:\n{stderr_tail}")
+def tail(path: Path, limit: int = 2000) -> str:
+    """The end of a captured stderr file, for error messages."""
+    try:
+        return path.read_bytes()[-limit:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def expect_ok(timed: Timed, argv: Sequence[str]) -> None:
+    if timed.rc != 0:
+        raise BenchError(f"{' '.join(argv)} exited {timed.rc} (expected 0); stderr tail:\n{timed.stderr_tail}")
 
 
 def forget(proc: subprocess.Popen[bytes]) -> None:
@@ -270,3 +296,32 @@ def rotated(items: Sequence[Launcher], rep: int) -> list[Launcher]:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- foreign load
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    wall: float
+    busy: float  # CPU seconds the whole machine spent busy (all CPUs, /proc/stat)
+    steal: float  # CPU seconds the hypervisor gave to someone else
+    ours: float  # CPU seconds of this process and every child it has reaped (launchers, hence their workers)
+
+
+def cpu_mark() -> CpuMark:
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return CpuMark(time.monotonic(), (user + nice + system + irq + softirq) / hz, steal / hz,
+                   me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime)
+
+
+def foreign_load(start: CpuMark, end: CpuMark) -> tuple[float, float]:
+    """Share of the machine's CPU capacity used by processes other than ours, and stolen, between two marks."""
+    capacity = (end.wall - start.wall) * (os.cpu_count() or 1)  # /proc/stat counts every CPU
+    if capacity <= 0:
+        return 0.0, 0.0
+    others = (end.busy - start.busy) - (end.ours - start.ours)
+    return max(others, 0.0) / capacity, (end.steal - start.steal) / capacity

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness import DIRECT, PAYLOADS, RANKRUN, RANKRUN_M, TORCHRUN, Launcher, Samples, expect_rc, log, rotated, run_timed
+from harness import DIRECT, PAYLOADS, RANKRUN, RANKRUN_M, TORCHRUN, Launcher, Samples, expect_ok, log, rotated, run_timed
 from report import Row, Target, fmt_samples
 
 SIZES = (1, 8, 32)
@@ -16,22 +16,25 @@ TARGET = 1.2
 class LaunchResult:
     reps: int
     by_size: dict[int, Samples] = field(default_factory=dict)
+    cpu_by_size: dict[int, Samples] = field(default_factory=dict)
 
 
-def time_launch(launcher: Launcher, nproc: int) -> float:
-    """Milliseconds from exec of the launcher to its exit."""
+def time_launch(launcher: Launcher, nproc: int) -> tuple[float, float]:
+    """Milliseconds from exec of the launcher to its exit, and CPU milliseconds of the launcher and its workers."""
     argv = launcher.command(nproc, PAYLOADS / "noop.py")
-    seconds, rc, err = run_timed(argv, timeout=180)
-    expect_rc(rc, 0, argv, err)
-    return seconds * 1000
+    timed = run_timed(argv, timeout=180)
+    expect_ok(timed, argv)
+    return timed.wall * 1000, timed.cpu * 1000
 
 
 def run(reps: int) -> LaunchResult:
-    result = LaunchResult(reps, {n: Samples("ms") for n in SIZES})
+    result = LaunchResult(reps, {n: Samples("ms") for n in SIZES}, {n: Samples("ms") for n in SIZES})
     for rep in range(reps):
         for i, nproc in enumerate(SIZES):
             for launcher in rotated(LAUNCHERS, rep + i):
-                result.by_size[nproc].add(launcher.key, time_launch(launcher, nproc))
+                wall, cpu = time_launch(launcher, nproc)
+                result.by_size[nproc].add(launcher.key, wall)
+                result.cpu_by_size[nproc].add(launcher.key, cpu)
         log(f"  launch rep {rep + 1}/{reps}: " + ", ".join(
             f"N={n} rankrun {s.by_launcher['rankrun'][-1]:.0f} ms / floor {s.by_launcher['direct'][-1]:.0f} ms"
             for n, s in result.by_size.items()))
@@ -71,4 +74,14 @@ def details(result: LaunchResult) -> list[str]:
     lines += ["", "Medians, `python -m rankrun` (ms) and its ratio to the floor: " + "; ".join(
         f"N={n}: {s.median('rankrun_m'):.0f} ({s.median('rankrun_m') / s.median('direct'):.2f}x)"
         for n, s in result.by_size.items()) + ".", ""]
-    return lines
+    lines += [
+        "CPU time (user + system) of the launcher and its workers, median ms: less sensitive than wall time to other "
+        "load on the machine. Launcher's own share ≈ launcher - floor.",
+        "",
+        "| N | floor | rankrun | python -m rankrun | torchrun |",
+        "|---|---|---|---|---|",
+    ]
+    for n, s in result.cpu_by_size.items():
+        cols = (f"{s.median(k):.0f}" for k in ("direct", "rankrun", "rankrun_m", "torchrun"))
+        lines.append(f"| {n} | " + " | ".join(cols) + " |")
+    return [*lines, ""]

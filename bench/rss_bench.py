@@ -25,6 +25,7 @@ from harness import (
     start,
     status_kib,
     stop,
+    tail,
     track_workers,
     wait_until,
 )
@@ -33,7 +34,8 @@ from report import Row, Target, fmt_samples
 NPROC = 8
 LAUNCHERS = (DIRECT, RANKRUN, TORCHRUN)
 TARGET_MB = 25.0
-KEYS = ("hwm_exit", "hwm_running", "rss_running", "pss_running", "helpers_rss", "helpers_pss", "helpers", "wait4_maxrss")
+KEYS = ("hwm_exit", "hwm_running", "rss_running", "pss_running", "helpers_rss", "helpers_pss", "helpers", "wait4_maxrss",
+        "harness_rss")
 
 
 @dataclass
@@ -61,9 +63,12 @@ def _hwm_until_exit(pid: int, last: int, timeout: float = 60.0) -> int:
 def measure(launcher: Launcher) -> dict[str, float]:
     """All figures in MB (1 MB = 2**20 bytes)."""
     with scratch("rss", ["ready"]) as tmp:
-        proc = start(launcher.command(NPROC, PAYLOADS / "hold.py", [str(tmp)]), stderr=subprocess.DEVNULL)
+        with (tmp / "stderr").open("wb") as err:
+            proc = start(launcher.command(NPROC, PAYLOADS / "hold.py", [str(tmp)]), stderr=err.fileno())
         try:
             return _measure_running(proc, tmp)
+        except BenchError as exc:
+            raise BenchError(f"{launcher.label}: {exc}; stderr tail:\n{tail(tmp / 'stderr')}") from None
         finally:
             stop(proc)
 
@@ -83,6 +88,7 @@ def _measure_running(proc: subprocess.Popen[bytes], tmp: Path) -> dict[str, floa
         "pss_running": pss_kib(proc.pid) or 0,
         "helpers_rss": sum(status_kib(h, "VmRSS") or 0 for h in helpers),
         "helpers_pss": sum(pss_kib(h) or 0 for h in helpers),
+        "harness_rss": status_kib(os.getpid(), "VmRSS") or 0,
     }
     (tmp / "go").touch()
     out["hwm_exit"] = _hwm_until_exit(proc.pid, int(out["hwm_running"]))
@@ -124,7 +130,8 @@ def details(result: RssResult) -> list[str]:
         "helpers": "helper processes (children that are not workers)",
         "helpers_rss": "helpers' VmRSS (sum)",
         "helpers_pss": "helpers' Pss (sum)",
-        "wait4_maxrss": "`wait4` ru_maxrss (launcher *and* reaped workers)",
+        "wait4_maxrss": "`wait4` ru_maxrss (launcher, reaped workers, pre-exec fork of the harness)",
+        "harness_rss": "the harness's own VmRSS (for the line above)",
     }
     lines = [
         "### Agent peak RSS",
@@ -134,10 +141,12 @@ def details(result: RssResult) -> list[str]:
         "`smaps_rollup` (Pss) and the launcher's non-worker children (helpers, e.g. rankrun's forked watchdog). Then it "
         "creates `go` and keeps reading VmHWM every 0.5 ms until the launcher's memory is gone (zombie); since VmHWM is a "
         "high-water mark, the last value read is the peak over the whole life of the launcher process, shutdown included, "
-        "up to its last ~0.5 ms. That is the headline figure. It covers the launcher's own pid only: "
-        "`getrusage(RUSAGE_CHILDREN)` or `wait4` would fold in the workers' peaks (they are the launcher's children), so "
-        "the `wait4` figure below is an upper bound, shown only as a cross-check. Helpers are listed separately; a forked "
-        "helper shares most of its pages with the launcher, so its Pss, not its RSS, is what it adds. The baseline is the "
+        "up to its last ~0.5 ms. That is the headline figure. It covers the launcher's own pid only. "
+        "`getrusage(RUSAGE_CHILDREN)` / `wait4` would not: their ru_maxrss folds in the peaks of the workers (children "
+        "the launcher reaped) and, since ru_maxrss survives `exec`, the RSS of the harness's own forked copy before it "
+        "exec'd the launcher; the `wait4` row below is therefore only an upper bound, shown as a cross-check. "
+        "Helpers are listed separately; a forked helper shares most of its pages with the launcher, so its Pss, "
+        "not its RSS, is what it adds. The baseline is the "
         "bare driver (`direct.py`) holding the same 8 workers. MB = 2^20 bytes.",
         "",
         "| medians (MB) | bare driver | rankrun | torchrun | samples rankrun | samples torchrun |",

@@ -25,7 +25,21 @@ import console_bench
 import failure_bench
 import launch_bench
 import rss_bench
-from harness import DIRECT, PYTHON, RANKRUN, RANKRUN_M, REPO, TORCHRUN, TORCHRUN_TEE, BenchError, cleanup, log, pycache
+from harness import (
+    DIRECT,
+    PYTHON,
+    RANKRUN,
+    RANKRUN_M,
+    REPO,
+    TORCHRUN,
+    TORCHRUN_TEE,
+    BenchError,
+    cleanup,
+    cpu_mark,
+    foreign_load,
+    log,
+    pycache,
+)
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console")
@@ -41,7 +55,7 @@ class Plan:
     console_lines: int
 
 
-FULL = Plan(launch_reps=5, rss_reps=3, failure_reps=5, restart_reps=5, console_reps=3, console_lines=1_000_000)
+FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000)
 
 
@@ -51,11 +65,12 @@ class Outcome:
     details: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    load: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric -> (others' CPU share, steal share)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (about 2 minutes instead of 8)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions: about 1.5 minutes instead of about 4 on 2 cores")
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md", help="Markdown report (default: BENCHMARKS.md)")
     parser.add_argument("--only", default=",".join(METRICS), help=f"comma-separated subset of {','.join(METRICS)}")
     parser.add_argument("--lines", type=int, default=None, help="lines per worker for the console test (default 1,000,000)")
@@ -164,7 +179,7 @@ def run_all(plan: Plan, only: list[str], lines: int) -> Outcome:
             if name not in only:
                 continue
             log(f"[{name}]")
-            t0 = time.monotonic()
+            t0, mark = time.monotonic(), cpu_mark()
             try:
                 rows, details = steps[name]()
             except (BenchError, TimeoutError, subprocess.TimeoutExpired) as exc:
@@ -174,6 +189,9 @@ def run_all(plan: Plan, only: list[str], lines: int) -> Outcome:
                 continue
             finally:
                 outcome.seconds[name] = time.monotonic() - t0
+                outcome.load[name] = foreign_load(mark, cpu_mark())
+                log(f"  ({outcome.seconds[name]:.0f} s; other processes used {outcome.load[name][0]:.0%} of the machine's CPU, "
+                    f"steal {outcome.load[name][1]:.0%})")
             outcome.rows += rows
             outcome.details += details
     finally:
@@ -201,6 +219,10 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         "",
         *(f"- **{k}**: {v}" for k, v in info.items()),
         f"- **run time**: {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in outcome.seconds.items()) + ")",
+        "- **other load**: share of the machine's CPU capacity used by processes other than this benchmark's, per "
+        "metric (hypervisor steal in brackets): " + ", ".join(f"{k} {o:.0%} ({st:.0%})" for k, (o, st) in outcome.load.items())
+        + (". **The machine was shared during this run; absolute times are inflated, compare ratios.**"
+           if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}",
         "",
