@@ -20,6 +20,7 @@ from rankrun.spec import (
     parse_rdzv_conf,
     parse_signals,
     parse_std_map,
+    uuid4_from,
 )
 
 
@@ -59,6 +60,13 @@ def test_std_map():
     for bad in ("4", "0:4", "0:1,", "x"):
         with pytest.raises(UsageError):
             parse_std_map("-t", bad, 2)
+
+
+@given(st.binary(min_size=16, max_size=16))
+def test_uuid4_from_matches_the_uuid_module(raw):
+    import uuid  # noqa: PLC0415
+
+    assert uuid4_from(raw) == str(uuid.UUID(bytes=raw, version=4))
 
 
 def test_rdzv_conf_and_endpoint_and_filters():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -41,6 +40,7 @@ from rankrun.spec import (
     parse_signals,
     parse_std_map,
     resolve_backend,
+    uuid4_from,
 )
 
 C10D_DEFAULT_PORT = 29400
@@ -167,9 +167,10 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None
     local_host = ns.local_addr or "127.0.0.1"
     if ns.standalone or implicit:
-        rdzv = RendezvousSpec("c10d", None, 0, str(uuid.uuid4()), min_nodes, max_nodes, 0, conf, standalone=True)
+        rdzv = RendezvousSpec("c10d", None, 0, uuid4_from(os.urandom(16)), min_nodes, max_nodes, 0, conf, standalone=True)
         return rdzv, StoreSpec(local_host, 0)
-    run_id = ns.rdzv_id if ns.rdzv_id else str(uuid.uuid4().int)
+    # torchrun: an empty --rdzv-id becomes a random uuid4's integer value
+    run_id = ns.rdzv_id if ns.rdzv_id else str(int(uuid4_from(os.urandom(16)).replace("-", ""), 16))
     if backend == "static":
         host, port = ns.master_addr, ns.master_port if ns.master_port is not None else STATIC_DEFAULT_PORT
         if ns.rdzv_endpoint:
