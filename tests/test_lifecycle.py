@@ -226,5 +226,7 @@ def test_kill_dash_nine_with_stderr_closed_still_kills_the_group(tmp_path, reape
     finally:
         if proc.stdout is not None:
             proc.stdout.close()
-        for pid in _pids(tmp_path / "pids", "setsid").values():
+        escaped = list(_pids(tmp_path / "pids", "setsid").values())  # outside the kill -9 guarantee
+        for pid in escaped:
             os.kill(pid, signal.SIGKILL)
+        assert wait_gone(escaped, timeout=5.0) == []
