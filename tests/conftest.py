@@ -84,12 +84,20 @@ class Reaper:
                     self.pids.add(int(f.read_text().split()[0]))
         return self.pids
 
-    def cleanup(self) -> list[int]:
+    def cleanup(self) -> list[str]:
         survivors = [p for p in self.collect() if alive(p)]
+        described = [f"{pid} {_cmdline(pid)}" for pid in survivors]
         for pid in survivors:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        return survivors
+        return described
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 @pytest.fixture

@@ -111,9 +111,9 @@ def test_failure_stops_siblings_and_restarts_with_incremented_count(launch, tmp_
     env = clean_environ() | {"FAIL_RANK": "1", "FAIL_CODE": "7"}
     run = launch("--nproc-per-node", "3", "--max-restarts", "2", payload("exitcode.py"), env=env)
     rc = run.finish()
-    assert rc == 1
+    assert rc == 1, run.err
     restarts = sorted({line.rsplit(" ", 1)[1] for line in run.out if "READY" in line})
-    assert restarts == ["0", "1", "2"]
+    assert restarts == ["0", "1", "2"], (run.out, run.err)
     assert sum("restarting workers" in line for line in run.err) == 2
     assert "exit code 7" in "\n".join(run.err)
     assert not wait_gone(list(_pids(tmp_path / "pids", "w").values()), 5)
