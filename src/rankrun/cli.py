@@ -56,43 +56,59 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
-# (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings.
+# (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings, as in torchrun.
 _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
-    (("--nnodes",), "NNODES", {"default": "1:1", "help": "N or MIN:MAX nodes"}),
-    (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE", {"default": "1", "help": "workers per node: N|cpu|gpu|auto"}),
-    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static"}),
-    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": ""}),
-    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none"}),
-    (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": ""}),
-    (("--max-restarts", "--max_restarts"), "MAX_RESTARTS", {"default": 0, "type": int}),
-    (("--monitor-interval", "--monitor_interval"), "MONITOR_INTERVAL", {"default": 0.1, "type": float}),
-    (("--start-method", "--start_method"), "START_METHOD", {"default": "spawn", "choices": ["spawn", "fork", "forkserver"]}),
-    (("--event-log-handler", "--event_log_handler"), "EVENT_LOG_HANDLER", {"default": "null"}),
-    (("--role",), "ROLE", {"default": "default"}),
-    (("--log-dir", "--log_dir"), "LOG_DIR", {"default": None}),
-    (("-r", "--redirects"), "REDIRECTS", {"default": "0"}),
-    (("-t", "--tee"), "TEE", {"default": "0"}),
-    (("--local-ranks-filter", "--local_ranks_filter"), "LOCAL_RANKS_FILTER", {"default": ""}),
-    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "DUPLICATE_STDOUT_FILTERS", {"default": ""}),
-    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "DUPLICATE_STDERR_FILTERS", {"default": ""}),
-    (("--node-rank", "--node_rank"), "NODE_RANK", {"default": 0, "type": int}),
-    (("--master-addr", "--master_addr"), "MASTER_ADDR", {"default": "127.0.0.1"}),
-    (("--master-port", "--master_port"), "MASTER_PORT", {"default": None, "type": int}),
-    (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None}),
-    (("--logs-specs", "--logs_specs"), None, {"default": None}),
-    (("--numa-binding", "--numa_binding"), None, {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"]}),
-    (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE", {"default": DEFAULT_SIGNALS}),
-    (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT", {"default": None, "type": int}),
+    (("--nnodes",), "NNODES", {"default": "1:1", "help": "number of nodes, N or MIN:MAX (only 1 in this release)"}),
+    (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE",
+     {"default": "1", "help": "workers per node: an integer, cpu, gpu or auto"}),
+    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static", "help": "static or c10d (etcd: later)"}),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": "", "help": "HOST[:PORT] of the rendezvous"}),
+    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none", "help": "job id, becomes TORCHELASTIC_RUN_ID"}),
+    (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),
+    (("--max-restarts", "--max_restarts"), "MAX_RESTARTS",
+     {"default": 0, "type": int, "help": "restarts of the worker group after a failure (default 0)"}),
+    (("--monitor-interval", "--monitor_interval"), "MONITOR_INTERVAL",
+     {"default": 0.1, "type": float, "help": "accepted for compatibility; exits are events, not polled"}),
+    (("--start-method", "--start_method"), "START_METHOD",
+     {"default": "spawn", "choices": ["spawn", "fork", "forkserver"], "help": "accepted for compatibility"}),
+    (("--event-log-handler", "--event_log_handler"), "EVENT_LOG_HANDLER",
+     {"default": "null", "help": "accepted for compatibility: null, console or dynamic_rendezvous"}),
+    (("--role",), "ROLE", {"default": "default", "help": "worker role: ROLE_NAME and the console prefix"}),
+    (("--log-dir", "--log_dir"), "LOG_DIR",
+     {"default": None, "help": "keep per-rank logs in DIR/<run_id>_<rand>/attempt_<n>/<local_rank>/"}),
+    (("-r", "--redirects"), "REDIRECTS",
+     {"default": "0", "help": "send output to files only: 0-3 (1 stdout, 2 stderr, 3 both) or a map 0:3,1:1"}),
+    (("-t", "--tee"), "TEE", {"default": "0", "help": "write output to files and the console: same syntax as -r"}),
+    (("--local-ranks-filter", "--local_ranks_filter"), "LOCAL_RANKS_FILTER",
+     {"default": "", "help": "only these local ranks (comma list) reach the console"}),
+    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "DUPLICATE_STDOUT_FILTERS",
+     {"default": "", "help": "tee'd stdout lines containing any of these (comma list) also go to filtered_stdout.log"}),
+    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "DUPLICATE_STDERR_FILTERS",
+     {"default": "", "help": "the same for stderr and filtered_stderr.log"}),
+    (("--node-rank", "--node_rank"), "NODE_RANK", {"default": 0, "type": int, "help": "this node's rank (static backend)"}),
+    (("--master-addr", "--master_addr"), "MASTER_ADDR",
+     {"default": "127.0.0.1", "help": "address the worker store binds and MASTER_ADDR (static backend)"}),
+    (("--master-port", "--master_port"), "MASTER_PORT",
+     {"default": None, "type": int, "help": "port of the worker store (static backend; 0 lets the OS choose)"}),
+    (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None, "help": "this node's address (default 127.0.0.1)"}),
+    (("--logs-specs", "--logs_specs"), None, {"default": None, "help": "not supported (torchrun LogsSpecs plugins)"}),
+    (("--numa-binding", "--numa_binding"), None,
+     {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"], "help": "not supported yet"}),
+    (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE",
+     {"default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
+    (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT",
+     {"default": None, "type": int, "help": "seconds between the polite signal and SIGKILL (default 30)"}),
     (("--log-line-prefix-template", "--log_line_prefix_template"), None,
      {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
       f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE or {DEFAULT_PREFIX_TEMPLATE!r})"}),
 ]
-_FLAGS: list[tuple[tuple[str, ...], str]] = [
-    (("--standalone",), "STANDALONE"),
-    (("-m", "--module"), "MODULE"),
-    (("--no-python", "--no_python"), "NO_PYTHON"),
-    (("--run-path", "--run_path"), "RUN_PATH"),
-    (("--virtual-local-rank", "--virtual_local_rank"), "VIRTUAL_LOCAL_RANK"),
+_FLAGS: list[tuple[tuple[str, ...], str, str]] = [
+    (("--standalone",), "STANDALONE", "single-node job with its own store on a free port"),
+    (("-m", "--module"), "MODULE", "run the script as a module: python -u -m SCRIPT"),
+    (("--no-python", "--no_python"), "NO_PYTHON", "run SCRIPT as a program, not with python"),
+    (("--run-path", "--run_path"), "RUN_PATH", "run the script with runpy.run_path (exceptions recorded like @record)"),
+    (("--virtual-local-rank", "--virtual_local_rank"), "VIRTUAL_LOCAL_RANK",
+     "LOCAL_RANK=0 for every worker, each with its own CUDA_VISIBLE_DEVICES entry"),
 ]
 
 
@@ -107,14 +123,19 @@ def _env_flag(env: Mapping[str, str], name: str) -> bool:
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = _Parser(prog="rankrun", description="Launch one worker per slot; a drop-in for torchrun.")
+    parser = _Parser(
+        prog="rankrun",
+        usage="rankrun [options] SCRIPT [ARGS...]",
+        description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun.",
+        epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 128+N stopped by signal N",
+    )
     for names, pet, kwargs in _OPTIONS:
         opts = dict(kwargs)
         if pet is not None and f"PET_{pet}" in env:
             opts["default"] = env[f"PET_{pet}"]
         parser.add_argument(*names, **opts)  # type: ignore[arg-type]
-    for names, pet in _FLAGS:
-        parser.add_argument(*names, action="store_true", default=_env_flag(env, pet))
+    for names, pet, text in _FLAGS:
+        parser.add_argument(*names, action="store_true", default=_env_flag(env, pet), help=text)
     parser.add_argument("training_script", help="script, module (-m) or program (--no-python)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser
@@ -127,8 +148,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
 # --------------------------------------------------------------------------- spec building
 
 
-def _entry(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> EntrySpec:
-    del nproc
+def _entry(ns: argparse.Namespace, env: Mapping[str, str]) -> EntrySpec:
     if ns.module and ns.no_python:
         raise UsageError("-m/--module", ns.training_script, "cannot be combined with --no-python")
     kind = EntryKind.SCRIPT
@@ -248,7 +268,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
     _unsupported(ns)
     signals_text = ns.signals_to_handle
     return LaunchSpec(
-        worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank, entry=_entry(ns, env, nproc)),
+        worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank, entry=_entry(ns, env)),
         rendezvous=rdzv,
         store=store,
         restart=_restart(ns, env),

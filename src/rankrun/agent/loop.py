@@ -33,10 +33,20 @@ from rankrun.spec import LaunchSpec
 
 @dataclass
 class AgentDeps:
+    """What the agent acts through: the seams a scenario test replaces."""
+
     spawner: Spawner
     console: Console
     host: str
     watchdog: Watchdog | None = None
+
+    def after_group(self, handles: Sequence[WorkerHandle]) -> None:
+        """Once a group is gone: reap re-parented descendants, then stop watching its process groups."""
+        if self.watchdog is None:
+            return
+        reap_orphans(exclude={self.watchdog.pid, *(h.pid for h in handles)})
+        for h in handles:
+            self.watchdog.unregister(h.pid)
 
 
 def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
@@ -123,7 +133,7 @@ async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
             signals_to_handle=spec.signals_text,
             virtual_local_rank=spec.worker.virtual_local_rank,
         )
-        attempt = await run_attempt(spec, ctx, attempt_dir, deps.spawner, deps.console, signals, _AfterGroup(deps))
+        attempt = await run_attempt(spec, ctx, attempt_dir, deps.spawner, deps.console, signals, deps.after_group)
         decision = decide(
             failed=attempt.outcome.failed,
             interrupted_by=attempt.outcome.interrupted_by,
@@ -138,20 +148,6 @@ async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
             _say_interrupted(deps.console, attempt)
         assert decision.exit_code is not None  # every final action has one
         return _Final(decision.exit_code, restarts, attempt if decision.action is Action.GIVE_UP else None)
-
-
-class _AfterGroup:
-    """Once a group is gone: reap re-parented descendants, then stop watching its process groups."""
-
-    def __init__(self, deps: AgentDeps) -> None:
-        self._deps = deps
-
-    def __call__(self, handles: Sequence[WorkerHandle]) -> None:
-        if self._deps.watchdog is None:
-            return
-        reap_orphans(exclude={self._deps.watchdog.pid, *(h.pid for h in handles)})
-        for h in handles:
-            self._deps.watchdog.unregister(h.pid)
 
 
 def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
