@@ -81,7 +81,7 @@ class Reaper:
         for d in self.pid_dirs:
             for f in d.glob("*"):
                 with contextlib.suppress(ValueError, OSError):
-                    self.pids.add(int(f.read_text().split()[0]))
+                    self.pids.update(int(p) for p in f.read_text().split())
         return self.pids
 
     def cleanup(self) -> list[str]:

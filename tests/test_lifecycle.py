@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 
 def _pids(pid_dir: Path, prefix: str) -> dict[str, int]:
-    return {f.name: int(f.read_text()) for f in pid_dir.glob(f"{prefix}*")}
+    return {f.name: int(f.read_text()) for f in pid_dir.glob(f"{prefix}*") if not f.name.endswith(".tmp")}
 
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"])
@@ -230,3 +230,44 @@ def test_kill_dash_nine_with_stderr_closed_still_kills_the_group(tmp_path, reape
         for pid in escaped:
             os.kill(pid, signal.SIGKILL)
         assert wait_gone(escaped, timeout=5.0) == []
+
+
+def test_children_the_launcher_had_before_are_not_reaped(tmp_path, reaper):
+    """`sidecar & exec rankrun ...` (a container entrypoint): the sidecar is not ours to kill."""
+    script = tmp_path / "ok.py"
+    script.write_text("print('ok')\n")
+    cmd = f"sleep 300 >/dev/null 2>&1 & echo $! > {tmp_path}/sidecar; exec {' '.join(RANKRUN)} --nproc-per-node 2 {script}"
+    res = subprocess.run(["sh", "-c", cmd], env=clean_environ(), capture_output=True, text=True, timeout=60, check=False)
+    sidecar = int((tmp_path / "sidecar").read_text())
+    reaper.pids.add(sidecar)
+    assert res.returncode == 0, res.stderr
+    assert alive(sidecar)
+    os.kill(sidecar, signal.SIGKILL)
+    assert wait_gone([sidecar], 5.0) == []
+
+
+def test_interrupt_while_the_console_does_not_read(tmp_path, reaper):
+    """stdout is a pipe nobody reads; stderr still flows (its own writer), and SIGINT ends the launcher."""
+    script = tmp_path / "flood.py"
+    script.write_text("import sys\nfor i in range(3000):\n    print('y' * 100)\nprint('DONE', file=sys.stderr, flush=True)\n")
+    proc = subprocess.Popen([*RANKRUN, str(script)], env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    reaper.pids.add(proc.pid)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == b"[default0]:DONE\n"  # stderr is not held back by the stalled stdout
+        rc = None
+        for _ in range(20):  # bounded: the first SIGINT may land before the launcher reaches its final flush
+            proc.send_signal(signal.SIGINT)
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert rc == 128 + signal.SIGINT
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -5,8 +5,10 @@ import signal
 import sys
 
 rank = int(os.environ["RANK"])
-with open(os.path.join(os.environ["TEST_PID_DIR"], f"w{rank}-{os.environ['TORCHELASTIC_RESTART_COUNT']}"), "w") as fh:
+pid_file = os.path.join(os.environ["TEST_PID_DIR"], f"w{rank}-{os.environ['TORCHELASTIC_RESTART_COUNT']}")
+with open(pid_file + ".tmp", "w") as fh:  # atomic: a reader never sees an empty pid file
     fh.write(f"{os.getpid()}\n")
+os.replace(pid_file + ".tmp", pid_file)
 signal.alarm(120)
 print(f"READY rank {rank} restart {os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
 if rank == int(os.environ.get("FAIL_RANK", "-1")):

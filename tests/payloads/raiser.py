@@ -5,8 +5,10 @@ import signal
 
 signal.alarm(120)
 rank = int(os.environ["RANK"])
-with open(os.path.join(os.environ["TEST_PID_DIR"], f"r{rank}"), "w") as fh:
+pid_file = os.path.join(os.environ["TEST_PID_DIR"], f"r{rank}")
+with open(pid_file + ".tmp", "w") as fh:  # atomic: a reader never sees an empty pid file
     fh.write(f"{os.getpid()}\n")
+os.replace(pid_file + ".tmp", pid_file)
 
 
 def helper() -> None:

@@ -1,8 +1,8 @@
 """Worker that records its pid (and its children's), prints READY, then waits for signals.
 
 Env knobs: PAYLOAD_IGNORE_TERM=1 ignores SIGTERM; PAYLOAD_CHILDREN=1 starts a child in its
-process group and one in a new session; PAYLOAD_EXIT_RANK=R makes rank R exit 3 after all
-ranks... (no: right after printing READY).
+process group and one in a new session; PAYLOAD_EXIT_RANK=R makes rank R exit 3 right after
+printing READY.
 """
 
 import os
@@ -16,8 +16,10 @@ signal.alarm(120)  # safety net: never outlive a broken test
 
 
 def record(name: str, pid: int) -> None:
-    with open(os.path.join(pid_dir, name), "w") as fh:
+    path = os.path.join(pid_dir, name)
+    with open(path + ".tmp", "w") as fh:  # atomic: a reader never sees an empty pid file
         fh.write(f"{pid}\n")
+    os.replace(path + ".tmp", path)
 
 
 record(f"worker{rank}-{os.environ['TORCHELASTIC_RESTART_COUNT']}", os.getpid())

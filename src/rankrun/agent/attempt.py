@@ -7,6 +7,7 @@ ending of each worker) is made by a pure function elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -92,8 +93,8 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
         for who in identities:
             error_file = RunLogs.error_file(attempt_dir, who.local_rank)
             env = worker_env(spec.base_env, who, ctx, error_file)
-            handle = await spawner.spawn(Command(worker_argv(spec.worker.entry, who.local_rank), env))
             out, err = _routes(spec, who, attempt_dir, console)
+            handle = await spawner.spawn(Command(worker_argv(spec.worker.entry, who.local_rank), env))
             err.tail = Tail()
             out.filtered, out.needles = filtered[0], tuple(f.encode() for f in spec.logs.stdout_filters)
             err.filtered, err.needles = filtered[1], tuple(f.encode() for f in spec.logs.stderr_filters)
@@ -107,7 +108,7 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
         for w in workers:
             w.handle.signal_group(signal.SIGKILL)
         after_group([w.handle for w in workers])
-        await _drain(workers)
+        await _drain(workers, signals, console)
         for fh in filtered:
             if fh is not None:
                 fh.close()
@@ -122,20 +123,33 @@ def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[BinaryI
     return (out, err)
 
 
-async def _drain(workers: list[_Worker]) -> None:
+async def _drain(workers: list[_Worker], signals: SignalStream, console: Console) -> None:
     """Deliver every byte still in the pipes; console writes are never cut short.
 
     Only a pump stuck *reading* for ``DRAIN_TIMEOUT`` (its pipe held open by a process that
-    could not be killed) has its pipes closed. Transports are always closed at the end.
+    could not be killed) has its pipes closed. A signal while draining means the user gave
+    up on a console that does not read: the console is abandoned and the signal re-queued
+    for the restart loop. Transports are always closed at the end.
     """
+    sig_task: asyncio.Task[int] | None = None
     while pending := [t for w in workers for t in w.pumps if not t.done()]:
-        done, _ = await asyncio.wait(pending, timeout=DRAIN_TIMEOUT)
+        sig_task = sig_task or asyncio.ensure_future(signals.next())
+        done, _ = await asyncio.wait([*pending, sig_task], timeout=DRAIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        if sig_task in done:
+            console.abandon()
+            signals.deliver(sig_task.result())
+            sig_task = None
+            continue
         if done:
             continue
         for w in workers:
             live = [route for route, task in zip(w.routes, w.pumps, strict=True) if not task.done()]
             if live and all(route.reading for route in live):
                 w.handle.close()
+    if sig_task is not None:
+        sig_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sig_task
     for w in workers:
         w.handle.close()
 

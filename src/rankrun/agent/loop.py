@@ -9,22 +9,25 @@ dependencies so scenarios can run on a fake spawner.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.env import AttemptContext
 from rankrun.agent.policy import Action, decide
-from rankrun.errors import RankrunError
+from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, RankrunError
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
-from rankrun.proc.early import EarlyCatcher
+from rankrun.proc.early import DEFAULT_SIGNALS, EarlyCatcher
 from rankrun.proc.signals import SignalStream, attach
 from rankrun.proc.spawn import OsSpawner, Spawner, WorkerHandle
-from rankrun.proc.watchdog import Watchdog, become_subreaper, reap_orphans
+from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
 from rankrun.rendezvous.tcpstore import TCPStoreServer
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
@@ -39,32 +42,70 @@ class AgentDeps:
     console: Console
     host: str
     watchdog: Watchdog | None = None
+    keep: frozenset[int] = frozenset()  # children we had before launching (e.g. an entrypoint's sidecar)
 
     def after_group(self, handles: Sequence[WorkerHandle]) -> None:
         """Once a group is gone: reap re-parented descendants, then stop watching its process groups."""
         if self.watchdog is None:
             return
-        reap_orphans(exclude={self.watchdog.pid, *(h.pid for h in handles)})
+        reap_orphans(exclude={self.watchdog.pid, *self.keep, *(h.pid for h in handles)})
         for h in handles:
             self.watchdog.unregister(h.pid)
 
 
 def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     """Run the job to completion in this process; returns the exit code."""
+    # Started by `exec` from a shell that already had children? Those are not ours to reap.
+    keep = frozenset(child_pids(os.getpid()))
     watchdog = Watchdog.start()
     become_subreaper()
     _use_pidfd_child_watcher()
     console = Console()
-    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog)
+    _log_through(console)
+    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep)
+    code = EXIT_LAUNCHER
     try:
-        return asyncio.run(run_agent(spec, deps, catcher))
+        code = asyncio.run(run_agent(spec, deps, catcher))
     except RankrunError as exc:
         console.say(f"error: {exc}")
-        return exc.exit_code
+        code = exc.exit_code
     finally:
-        reap_orphans(exclude={watchdog.pid})
-        console.close()
+        reap_orphans(exclude={watchdog.pid, *keep})
+        interrupted = _close_console(console, spec.signals)
         watchdog.close()
+    return EXIT_SIGNAL_BASE + interrupted if interrupted else code
+
+
+def _close_console(console: Console, signums: tuple[int, ...]) -> int:
+    """Flush the console; a signal meanwhile abandons a console that stopped reading. Returns that signal or 0."""
+    got: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        got.append(signum)
+        console.abandon()
+
+    for signum in {*DEFAULT_SIGNALS, *signums}:
+        signal.signal(signum, on_signal)
+    console.close()
+    return got[0] if got else 0
+
+
+class _ConsoleLogHandler(logging.Handler):
+    """Log records (asyncio's, the store's) go through the console like every other line."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self._console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._console.say(record.getMessage() if not record.exc_info else self.format(record))
+
+
+def _log_through(console: Console) -> None:
+    root = logging.getLogger()
+    root.handlers[:] = [_ConsoleLogHandler(console)]
+    root.setLevel(logging.WARNING)
 
 
 def _use_pidfd_child_watcher() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from rankrun.errors import LauncherError
 from rankrun.logs.console import Console
 from rankrun.logs.lines import LineSplitter, Tail, matching_lines, prefix_lines
 from rankrun.proc.spawn import StreamSource
@@ -48,7 +49,10 @@ class Route:
 
     @classmethod
     def open(cls, plan: RoutePlan, console_fd: int, prefix: bytes, path: Path | None) -> Route:
-        fh = open(path, "wb") if plan.to_file and path is not None else None  # noqa: SIM115 - closed by pump
+        try:
+            fh = open(path, "wb") if plan.to_file and path is not None else None  # noqa: SIM115 - closed by pump
+        except OSError as exc:
+            raise LauncherError(f"cannot open worker log {path}: {exc.strerror or exc}") from exc
         return cls(console_fd if plan.to_console else None, prefix, fh)
 
 

@@ -83,6 +83,8 @@ async def supervise(
             sig_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sig_task
+        elif not sig_task.cancelled() and outcome.interrupted_by is None:
+            outcome.interrupted_by = sig_task.result()  # arrived while the last workers were being killed
         for h in handles:
             h.signal_group(signal.SIGKILL)  # grandchildren left in the group, even after success
     return outcome

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -143,22 +144,40 @@ def child_pids(parent: int) -> list[int]:
     return found
 
 
-def reap_orphans(exclude: set[int], max_rounds: int = 64) -> list[int]:
+def reap_orphans(exclude: set[int], max_rounds: int = 64, patience: float = 2.0) -> list[int]:
     """SIGKILL and reap every child of this process not in ``exclude`` (orphaned descendants).
 
     Killing an orphan re-parents *its* children to us, so repeat until no such child is left
-    (bounded: each round removes one generation).
+    (bounded: each round removes one generation). A child that does not die within
+    ``patience`` seconds (stuck in uninterruptible sleep) is left alone rather than waited for.
     """
     killed: list[int] = []
+    stuck: set[int] = set()
+    deadline = time.monotonic() + patience
     for _ in range(max_rounds):
-        victims = [pid for pid in child_pids(os.getpid()) if pid not in exclude]
+        victims = [pid for pid in child_pids(os.getpid()) if pid not in exclude and pid not in stuck]
         if not victims:
             break
         for pid in victims:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        for pid in victims:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        stuck |= _reap(victims, deadline)
         killed += victims
     return killed
+
+
+def _reap(pids: list[int], deadline: float) -> set[int]:
+    """``waitpid`` each of ``pids`` without blocking past ``deadline``; returns those not reaped."""
+    left = set(pids)
+    while left:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                left.discard(pid)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)  # SIGKILLed processes vanish within microseconds to milliseconds
+    return left
