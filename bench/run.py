@@ -259,7 +259,7 @@ LAUNCH_NOTE = (
     "15 runs, median; ssl is kept out), argparse ~10 ms, dataclasses ~15 ms, partly overlapping — plus ~2 ms per worker "
     "for the full fork() that `PR_SET_PDEATHSIG` needs (no vfork with a pre-exec hook) and ~15 ms of shutdown (orphan "
     "sweep, console flush, watchdog). The gap to the floor therefore shrinks with N (see the ratios) and rankrun stays "
-    "~16x (N=1) to ~5x (N=32) faster than torchrun, which imports torch."
+    "over 10x (N=1) and about 5x (N=32) faster than torchrun, which imports torch."
 )
 
 
