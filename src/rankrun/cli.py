@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rankrun import devices
-from rankrun.errors import EXIT_USAGE, ArgumentError, NotSupportedYetError, RankrunError, UsageError
+from rankrun.errors import ArgumentError, NotSupportedYetError, RankrunError, UsageError
 from rankrun.fsutil import which
 from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
@@ -293,5 +293,5 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None)
     return launch(spec, catcher)
 
 
-__all__ = ["EXIT_USAGE", "main", "spec_from_args"]
+__all__ = ["main", "spec_from_args"]
 

@@ -19,10 +19,8 @@ class SignalStream:
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[int] = asyncio.Queue()
-        self.received: list[int] = []
 
     def deliver(self, signum: int) -> None:
-        self.received.append(signum)
         self._queue.put_nowait(signum)
 
     def take_pending(self) -> int | None:
@@ -34,10 +32,6 @@ class SignalStream:
 
     async def next(self) -> int:
         return await self._queue.get()
-
-    @property
-    def first(self) -> int | None:
-        return self.received[0] if self.received else None
 
 
 def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iterable[int]) -> SignalStream:
