@@ -11,7 +11,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rankrun.proc.spawn import Command, StreamSource
+from rankrun.proc.output import OutputReader, StreamSource
+from rankrun.proc.spawn import Command, Stdio
 
 
 @dataclass
@@ -29,10 +30,10 @@ class FakeHandle:
         self.behaviour = behaviour
         self.signals: list[int] = []
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._out = asyncio.StreamReader()
-        self._err = asyncio.StreamReader()
+        self._out = OutputReader()
+        self._err = OutputReader() if command.stdio is Stdio.PIPES else None
         self._out.feed_data(behaviour.stdout)
-        self._err.feed_data(behaviour.stderr)
+        (self._err or self._out).feed_data(behaviour.stderr)
         if behaviour.exit_status is not None:
             self._finish(behaviour.exit_status)
 
@@ -45,8 +46,12 @@ class FakeHandle:
         return self._out
 
     @property
-    def stderr(self) -> StreamSource:
+    def stderr(self) -> StreamSource | None:
         return self._err
+
+    @property
+    def terminal_fd(self) -> int | None:
+        return None
 
     @property
     def env(self) -> dict[str, str]:
@@ -55,15 +60,15 @@ class FakeHandle:
     def _finish(self, status: int) -> None:
         if not self._exit.done():
             self._exit.set_result(status)
-            self._out.feed_eof()
-            self._err.feed_eof()
+            self.close()
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
 
     def close(self) -> None:
         self._out.feed_eof()
-        self._err.feed_eof()
+        if self._err is not None:
+            self._err.feed_eof()
 
     def signal_group(self, signum: int) -> None:
         self.signals.append(signum)

@@ -25,12 +25,22 @@ def _spec(tmp_path: Path, *flags: str) -> LaunchSpec:
     return spec_from_args([*flags, str(script)], {"PATH": "/usr/bin"})
 
 
+SCENARIO_TIMEOUT = 30.0  # a scenario that hangs (e.g. a missing SIGKILL escalation) fails here, not at pytest's 300 s
+
+
+async def _bounded(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
+    try:
+        return await asyncio.wait_for(run_agent(spec, deps, catcher), SCENARIO_TIMEOUT)
+    except TimeoutError:
+        pytest.fail(f"the agent did not finish within {SCENARIO_TIMEOUT} s; signals sent: {[h.signals for h in deps.spawner.spawned]}")  # type: ignore[attr-defined]
+
+
 def _run(tmp_path: Path, spec: LaunchSpec, spawner: FakeSpawner, catcher: EarlyCatcher | None = None) -> tuple[int, str, str]:
     out, err = tmp_path / "console.out", tmp_path / "console.err"
     with out.open("wb") as o, err.open("wb") as e:
         console = Console(o.fileno(), e.fileno())
         try:
-            rc = asyncio.run(run_agent(spec, AgentDeps(spawner, console, "testhost"), catcher or EarlyCatcher(())))
+            rc = asyncio.run(_bounded(spec, AgentDeps(spawner, console, "testhost"), catcher or EarlyCatcher(())))
         finally:
             console.close()
     return rc, out.read_text(), err.read_text()
@@ -124,7 +134,7 @@ def test_partial_last_line_and_stderr_tail(tmp_path):
     spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=1, stdout=b"no newline", stderr=b"line1\nboom"))
     rc, out, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "1"), spawner)
     assert rc == 1
-    assert out == "[default0]:no newline\n"
+    assert out == "no newline"  # one rank on the console: its bytes exactly, unprefixed, nothing added
     assert "    line1\n    boom\n" in err
 
 
@@ -160,7 +170,7 @@ def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypa
     with err.open("wb") as e:
         console = Console(write_fd, e.fileno())
         try:
-            rc = asyncio.run(run_agent(_spec(tmp_path, "--nproc-per-node", "2"), AgentDeps(spawner, console, "h"), EarlyCatcher(())))
+            rc = asyncio.run(_bounded(_spec(tmp_path, "--nproc-per-node", "2"), AgentDeps(spawner, console, "h"), EarlyCatcher(())))
         finally:
             console.close()
             os.close(write_fd)

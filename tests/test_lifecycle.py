@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -255,7 +256,7 @@ def test_interrupt_while_the_console_does_not_read(tmp_path, reaper):
     reaper.pids.add(proc.pid)
     try:
         assert proc.stderr is not None
-        assert proc.stderr.readline() == b"[default0]:DONE\n"  # stderr is not held back by the stalled stdout
+        assert proc.stderr.readline() == b"DONE\n"  # one rank: unprefixed; stderr is not held back by the stalled stdout
         rc = None
         for _ in range(20):  # bounded: the first SIGINT may land before the launcher reaches its final flush
             proc.send_signal(signal.SIGINT)
@@ -271,3 +272,23 @@ def test_interrupt_while_the_console_does_not_read(tmp_path, reaper):
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _children(pid: int) -> set[int]:
+    return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def test_pdeathsig_alone_kills_the_workers_when_the_watchdog_is_gone_too(launch, tmp_path, private_tmpdir):
+    """Each lifetime layer on its own: with the watchdog killed first, PR_SET_PDEATHSIG must still end the workers."""
+    run = launch("--nproc-per-node", "2", payload("sigwait.py"))
+    run.wait_for(r"READY rank", count=2)
+    workers = set(_pids(tmp_path / "pids", "worker").values())
+    (watchdog,) = _children(run.proc.pid) - workers
+    os.kill(watchdog, signal.SIGKILL)
+    assert wait_gone([watchdog], 5.0) == []
+    assert all(alive(p) for p in workers)  # killing the watchdog alone ends nothing
+    run.proc.kill()
+    run.finish()
+    assert wait_gone(sorted(workers), timeout=2.0) == [], "workers outlived the launcher without the watchdog"
+    for leftover in private_tmpdir.iterdir():  # removing the private dir after kill -9 was the watchdog's job
+        shutil.rmtree(leftover)

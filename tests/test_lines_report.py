@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rankrun.agent.policy import Action, decide
-from rankrun.logs.lines import LineSplitter, Tail, matching_lines, prefix_lines, render_prefix
+from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, prefix_lines, render, render_prefix, split_complete
+from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
-from rankrun.report.failure import Ending, WorkerResult, render_report, root_cause, root_cause_json, traceback_from_tail
+from rankrun.report.failure import Ending, WorkerResult, render_report, root_cause, root_cause_json
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -43,12 +44,90 @@ def test_prefix_template_and_filters_and_tail():
     assert tail.text().endswith("098\n099\n") and len(tail.text()) == 10
 
 
-def test_traceback_from_tail_takes_the_last_traceback():
+def test_explain_takes_the_last_traceback_with_torch_prefixes():
     tail = "noise\nTraceback (most recent call last):\n  old\nOldError\nmore\n[rank1]: Traceback (most recent call last):\n" \
            "[rank1]:   File 'x'\n[rank1]: ValueError: new\n"
-    assert traceback_from_tail(tail) == "[rank1]: Traceback (most recent call last):\n[rank1]:   File 'x'\n[rank1]: ValueError: new"
-    assert traceback_from_tail("a\nb\n") == "a\nb"
-    assert traceback_from_tail("") == ""
+    assert explain(tail) == "[rank1]: Traceback (most recent call last):\n[rank1]:   File 'x'\n[rank1]: ValueError: new"
+    assert explain("a\nb\n") == "a\nb"
+    assert explain("") == ""
+
+
+def test_explain_takes_a_whole_chain():
+    tail = (TB_REAL + "\n\nDuring handling of the above exception, another exception occurred:\n\n"
+            "Traceback (most recent call last):\n  File \"t.py\", line 9, in <module>\n    cleanup()\nOSError: disk\n")
+    assert explain(tail) == tail.rstrip("\n")
+
+
+TB_REAL = 'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\n    raise ValueError("REAL CAUSE")\nValueError: REAL CAUSE'
+TB_ATEXIT = ('Exception ignored in atexit callback: <function noise at 0x7f>\nTraceback (most recent call last):\n'
+             '  File "t.py", line 6, in noise\n    raise RuntimeError("cleanup noise in atexit")\nRuntimeError: cleanup noise in atexit')
+TB_HANDLED = 'Traceback (most recent call last):\n  File "t.py", line 2, in <module>\n    open("/nope")\nFileNotFoundError: /nope'
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        # an atexit callback raised after the real error: Python marks it ignored, so is it here
+        (f"{TB_REAL}\n{TB_ATEXIT}\n", TB_REAL),
+        # a handled traceback (print_exc) and the program went on, then the uncaught one
+        (TB_HANDLED + "\n" + "".join(f"step {i}\n" for i in range(20)) + TB_REAL + "\n", TB_REAL),
+        # a handled traceback, the program went on for a while, then sys.exit("message")
+        (TB_HANDLED + "\n" + "".join(f"step {i}\n" for i in range(20)) + "fatal: giving up\n",
+         "\n".join([*(f"step {i}" for i in range(11, 20)), "fatal: giving up"])),
+        # the uncaught traceback, then a final line (sys.exit message, shutdown noise) is kept with it
+        (f"{TB_REAL}\nwandb: synced\n", f"{TB_REAL}\nwandb: synced"),
+        # "Exception ignored in" without a traceback
+        ("Exception ignored in: <_io.TextIOWrapper>\nBrokenPipeError: [Errno 32] Broken pipe\nbye\n", "bye"),
+    ],
+)
+def test_explain_picks_the_traceback_that_ended_the_process(tail, expected):
+    assert explain(tail) == expected
+
+
+def test_explain_for_a_death_by_signal_quotes_the_last_lines():
+    tail = "step 1\nterminate called after throwing an instance of 'std::runtime_error'\n  what():  boom\n"
+    assert explain(tail, by_signal=True) == "step 1\nterminate called after throwing an instance of 'std::runtime_error'\n  what():  boom"
+
+
+def test_report_golden_atexit_and_handled(utc):
+    atexit = _result(1, Ending.FAILED, 1, 1796002631.25, tail=f"{TB_HANDLED}\n" + "x\n" * 8 + f"{TB_REAL}\n{TB_ATEXIT}\n")
+    aborted = _result(0, Ending.FAILED, -6, 1796002631.5, tail="terminate called after throwing an instance of 'c10::Error'\n"
+                      "  what():  CUDA error\n")
+    text = render_report("train.py", "host1", 0, [aborted, atexit]) + render_report("train.py", "host1", 0, [aborted])
+    assert text == (GOLDEN / "report_atexit_abort.txt").read_text()
+
+
+@given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\x00", b"")), max_size=12))
+def test_render_is_the_same_whatever_the_chunking(chunks):
+    prefix = b"\x00P\x00"
+    whole, _ = render(b"".join(chunks), prefix, LineState.FRESH)
+    state, pieces = LineState.FRESH, []
+    for chunk in chunks:
+        shown, state = render(chunk, prefix, state)
+        pieces.append(shown)
+    assert b"".join(pieces) == whole
+    assert whole.replace(prefix, b"") == b"".join(chunks)  # only prefixes are added
+
+
+@pytest.mark.parametrize(
+    ("data", "state", "shown", "after"),
+    [
+        (b"a\nb\n", LineState.FRESH, b"[p]a\n[p]b\n", LineState.FRESH),
+        (b" 10%\r 20%\r", LineState.FRESH, b"[p] 10%\r[p] 20%\r", LineState.AFTER_CR),  # each redraw keeps the prefix
+        (b" 30%", LineState.AFTER_CR, b"[p] 30%", LineState.MID),
+        (b"\n", LineState.AFTER_CR, b"\n", LineState.FRESH),  # \r\n split across chunks: no prefix between
+        (b"x\r\ny", LineState.FRESH, b"[p]x\r\n[p]y", LineState.MID),
+        (b"\nnext", LineState.ENDED, b"[p]next", LineState.MID),  # the console already ended the line
+        (b" more", LineState.ENDED, b"[p] more", LineState.MID),
+    ],
+)
+def test_render_prefixes_lines_and_redraws(data, state, shown, after):
+    assert render(data, b"[p]", state) == (shown, after)
+
+
+def test_render_without_prefix_passes_bytes_unchanged():
+    assert render(b"a\r b", b"", LineState.MID) == (b"a\r b", LineState.MID)
+    assert split_complete(b"a\nb\nc") == (b"a\nb\n", b"c")
 
 
 def test_error_file_formats():
@@ -99,7 +178,7 @@ def test_policy(failed, signum, done, budget, action, code):
     assert (d.action, d.exit_code) == (action, code)
 
 
-def test_overlong_line_is_cut_not_hoarded():
+def test_filter_splitter_bounds_overlong_lines():
     splitter = LineSplitter(max_line=10)
     assert splitter.feed(b"abcdef") == b""
     assert splitter.feed(b"ghijkl") == b"abcdefghijkl\n"  # past the cap: emitted as a line of its own

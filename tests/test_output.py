@@ -47,8 +47,10 @@ def test_local_ranks_filter_limits_the_console(tmp_path):
     script = tmp_path / "hi.py"
     script.write_text("import os, sys\nprint('out', os.environ['RANK'])\nprint('err', os.environ['RANK'], file=sys.stderr)\n")
     res = run_cli("--nproc-per-node", "3", "--local-ranks-filter", "1", str(script))
-    assert res.stdout.splitlines() == ["[default1]:out 1"]
-    assert res.stderr.splitlines() == ["[default1]:err 1"]
+    assert res.stdout.splitlines() == ["out 1"]  # one rank on the console: raw, as torchrun's default output
+    assert res.stderr.splitlines() == ["err 1"]
+    res = run_cli("--nproc-per-node", "3", "--local-ranks-filter", "0,2", str(script))
+    assert sorted(res.stdout.splitlines()) == ["[default0]:out 0", "[default2]:out 2"]
 
 
 def _tree(base: Path) -> list[str]:

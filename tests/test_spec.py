@@ -123,3 +123,59 @@ def test_not_supported_yet(tmp_path):
         _spec(tmp_path, "--nnodes", "1:2")
     with pytest.raises(NotSupportedYetError):
         _spec(tmp_path, "--numa-binding", "node")
+
+
+def _as_store(spec):
+    return (spec.store.host, spec.store.port)
+
+
+# One row per PET_* variable torchrun reads (23 options + 5 flags): each must change its own setting.
+PET_TABLE = [
+    ("PET_NNODES", "2", [], NotSupportedYetError),
+    ("PET_NPROC_PER_NODE", "3", [], lambda s: s.worker.nproc == 3),
+    ("PET_RDZV_BACKEND", "c10d", ["--rdzv-id", "j"], lambda s: (s.rendezvous.backend, s.rendezvous.endpoint_port) == ("c10d", 29400)),
+    ("PET_RDZV_ENDPOINT", "127.0.0.2:29777", [], lambda s: _as_store(s) == ("127.0.0.2", 29777)),
+    ("PET_RDZV_ID", "job9", ["--master-port", "0"], lambda s: s.rendezvous.run_id == "job9"),
+    ("PET_RDZV_CONF", "join_timeout=5", [], lambda s: s.rendezvous.conf == (("join_timeout", "5"),)),
+    ("PET_MAX_RESTARTS", "2", [], lambda s: s.restart.max_restarts == 2),
+    ("PET_MONITOR_INTERVAL", "0", [], UsageError),
+    ("PET_START_METHOD", "telepathy", [], UsageError),
+    ("PET_EVENT_LOG_HANDLER", "telepathy", [], UsageError),
+    ("PET_ROLE", "trainer", [], lambda s: s.worker.role == "trainer"),
+    ("PET_LOG_DIR", "/dev/null", [], lambda s: s.logs.discard_files),
+    ("PET_REDIRECTS", "3", [], lambda s: s.logs.redirects == (Stream.BOTH,)),
+    ("PET_TEE", "1", [], lambda s: s.logs.tee == (Stream.STDOUT,)),
+    ("PET_LOCAL_RANKS_FILTER", "0", [], lambda s: s.logs.local_ranks_filter == frozenset({0})),
+    ("PET_DUPLICATE_STDOUT_FILTERS", "loss", [], lambda s: s.logs.stdout_filters == ("loss",)),
+    ("PET_DUPLICATE_STDERR_FILTERS", "warn", [], lambda s: s.logs.stderr_filters == ("warn",)),
+    ("PET_NODE_RANK", "1", [], UsageError),  # a node rank beyond --nnodes 1
+    ("PET_MASTER_ADDR", "127.0.0.3", ["--master-port", "29601"], lambda s: _as_store(s) == ("127.0.0.3", 29601)),
+    ("PET_MASTER_PORT", "29602", [], lambda s: _as_store(s) == ("127.0.0.1", 29602) and not s.rendezvous.standalone),
+    ("PET_LOCAL_ADDR", "127.0.0.4", [], lambda s: _as_store(s) == ("127.0.0.4", 0)),
+    ("PET_SIGNALS_TO_HANDLE", "SIGUSR1", [], lambda s: s.signals == (signal.SIGUSR1,)),
+    ("PET_SHUTDOWN_TIMEOUT", "5", [], lambda s: s.restart.shutdown_timeout == 5.0),
+    ("PET_STANDALONE", "1", ["--master-port", "29601"], lambda s: s.rendezvous.standalone and s.store.port == 0),
+    ("PET_MODULE", "1", [], lambda s: s.worker.entry.kind is EntryKind.MODULE),
+    ("PET_NO_PYTHON", "1", [], lambda s: s.worker.entry.kind is EntryKind.BINARY),
+    ("PET_RUN_PATH", "1", [], lambda s: s.worker.entry.kind is EntryKind.RUN_PATH),
+    ("PET_VIRTUAL_LOCAL_RANK", "1", [], lambda s: s.worker.virtual_local_rank),
+]
+
+
+def test_pet_table_covers_every_variable_torchrun_reads():
+    names = {row[0] for row in PET_TABLE}
+    assert len(names) == len(PET_TABLE) == 28
+
+
+@pytest.mark.parametrize(("name", "value", "flags", "check"), PET_TABLE, ids=[row[0] for row in PET_TABLE])
+def test_each_pet_variable_changes_its_setting(tmp_path, name, value, flags, check):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    script.chmod(0o755)  # --no-python needs a program
+    baseline = spec_from_args([*flags, str(script)], {})
+    if isinstance(check, type):
+        with pytest.raises(check):
+            spec_from_args([*flags, str(script)], {name: value})
+        return
+    assert not check(baseline), f"{name}: the row's check already holds without the variable"
+    assert check(spec_from_args([*flags, str(script)], {name: value}))

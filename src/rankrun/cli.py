@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from rankrun import devices
+from rankrun import __version__, devices
 from rankrun.errors import ArgumentError, NotSupportedYetError, RankrunError, UsageError
 from rankrun.fsutil import which
 from rankrun.proc.early import EarlyCatcher
@@ -100,7 +100,8 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
      {"default": None, "type": int, "help": "seconds between the polite signal and SIGKILL (default 30)"}),
     (("--log-line-prefix-template", "--log_line_prefix_template"), None,
      {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
-      f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE or {DEFAULT_PREFIX_TEMPLATE!r})"}),
+      f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else none with one rank on the console and {DEFAULT_PREFIX_TEMPLATE!r} "
+      "with several)"}),
 ]
 _FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--standalone",), "STANDALONE", "single-node job with its own store on a free port"),
@@ -136,6 +137,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         parser.add_argument(*names, **opts)  # type: ignore[arg-type]
     for names, pet, text in _FLAGS:
         parser.add_argument(*names, action="store_true", default=_env_flag(env, pet), help=text)
+    parser.add_argument("--version", action="version", version=f"rankrun {__version__}")
     parser.add_argument("training_script", help="script, module (-m) or program (--no-python)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser
@@ -221,8 +223,8 @@ def _log_dir(value: str | None) -> Path | None:
 
 def _logs(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> LogSpec:
     template = ns.log_line_prefix_template
-    if template is None:
-        template = env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", DEFAULT_PREFIX_TEMPLATE)
+    if template is None:  # None: decided per run (raw with one rank on the console, prefixed with several)
+        template = env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
     return LogSpec(
         log_dir=_log_dir(ns.log_dir),
         redirects=parse_std_map("--redirects", ns.redirects, nproc),
@@ -256,6 +258,8 @@ def _unsupported(ns: argparse.Namespace) -> None:
         raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins are not supported; use --log-dir/-r/-t")
     if ns.numa_binding is not None:
         raise NotSupportedYetError("--numa-binding", ns.numa_binding, "NUMA binding is not supported yet")
+    if ns.start_method not in ("spawn", "fork", "forkserver"):  # argparse checks choices for flags, not PET_ defaults
+        raise UsageError("--start-method", ns.start_method, "expected spawn, fork or forkserver")
     if ns.event_log_handler not in ("null", "console", "dynamic_rendezvous"):
         raise UsageError("--event-log-handler", ns.event_log_handler, "expected null, console or dynamic_rendezvous")
 
@@ -290,6 +294,7 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None)
         return exc.exit_code
     from rankrun.agent.loop import launch  # noqa: PLC0415 - keeps --help and usage errors fast
 
+    catcher.adopt(spec.signals)  # from here on exactly --signals-to-handle; the rest as inherited
     return launch(spec, catcher)
 
 

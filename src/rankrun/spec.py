@@ -97,7 +97,7 @@ class LogSpec:
     redirects: tuple[Stream, ...]  # per local rank
     tee: tuple[Stream, ...]  # per local rank
     local_ranks_filter: frozenset[int] | None  # None: every rank reaches the console
-    prefix_template: str
+    prefix_template: str | None  # None: raw with one rank on the console, DEFAULT_PREFIX_TEMPLATE with several
     stdout_filters: tuple[str, ...] = ()
     stderr_filters: tuple[str, ...] = ()
 

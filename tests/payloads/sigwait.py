@@ -1,6 +1,6 @@
 """Worker that installs its signal handlers, records its pid (and its children's), prints READY, then waits.
 
-Env knobs: PAYLOAD_IGNORE_TERM=1 ignores SIGTERM; PAYLOAD_CHILDREN=1 starts a child in its
+Env knobs: PAYLOAD_IGNORE_TERM=1 ignores SIGTERM (=say: and prints that it did); PAYLOAD_CHILDREN=1 starts a child in its
 process group and one in a new session; PAYLOAD_EXIT_RANK=R makes rank R exit 3 once every
 rank of this attempt has recorded its pid (i.e. has its handlers in place).
 """
@@ -31,7 +31,12 @@ def on_signal(signum: int, frame: object) -> None:
 
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
     signal.signal(s, on_signal)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("PAYLOAD_IGNORE_TERM") == "1" else on_signal)
+def on_term_ignored(signum: int, frame: object) -> None:
+    print(f"IGNORED SIGTERM rank {rank}", flush=True)
+
+
+ignore_term = os.environ.get("PAYLOAD_IGNORE_TERM")
+signal.signal(signal.SIGTERM, {"1": signal.SIG_IGN, "say": on_term_ignored}.get(ignore_term or "", on_signal))
 
 if os.environ.get("PAYLOAD_CHILDREN") == "1":
     same = subprocess.Popen(["sleep", "300"])

@@ -13,20 +13,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rankrun.agent.env import AttemptContext, WorkerIdentity, worker_env
 from rankrun.agent.ranks import NodeSlots, worker_identities
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.lines import Tail, render_prefix
-from rankrun.logs.pump import Route, RoutePlan, plan_route, pump
+from rankrun.logs.pump import Route, pump
+from rankrun.logs.routes import ConsoleFacts, plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupOutcome, supervise
 from rankrun.proc.signals import SignalStream
 from rankrun.proc.spawn import Command, Spawner, WorkerHandle
+from rankrun.proc.terminal import TerminalRelay
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
-from rankrun.spec import EntryKind, EntrySpec, LaunchSpec
+from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
 
 DRAIN_TIMEOUT = 10.0  # after the group is gone, how long output may still take to arrive
 
@@ -61,20 +63,45 @@ class _Worker:
     handle: WorkerHandle
     error_file: str
     tail: Tail
-    routes: tuple[Route, Route]
-    pumps: tuple[asyncio.Task[None], asyncio.Task[None]]
+    tail_label: str
+    routes: tuple[Route, ...]
+    pumps: tuple[asyncio.Task[None], ...]
 
 
-def _routes(spec: LaunchSpec, who: WorkerIdentity, attempt_dir: Path | None, console: Console) -> tuple[Route, Route]:
-    prefix = render_prefix(spec.logs.prefix_template, role=spec.worker.role, rank=who.rank, local_rank=who.local_rank)
-    rank_dir = attempt_dir / str(who.local_rank) if attempt_dir is not None else None
+@dataclass(frozen=True)
+class _Layout:
+    """Per attempt: where output goes (the console, the attempt's directory, the duplicate-filter files)."""
 
-    def route(plan: RoutePlan, name: str, fd: int) -> Route:
-        return Route.open(plan, fd, prefix, rank_dir / f"{name}.log" if rank_dir is not None else None)
+    template: str
+    console: Console
+    attempt_dir: Path | None
+    filtered: tuple[BinaryIO | None, BinaryIO | None]
 
-    out = route(plan_route(spec.logs, who.local_rank, stdout=True), "stdout", console.stdout_fd)
-    err = route(plan_route(spec.logs, who.local_rank, stdout=False), "stderr", console.stderr_fd)
-    return out, err
+
+def _routes(spec: LaunchSpec, layout: _Layout, who: WorkerIdentity, handle: WorkerHandle) -> tuple[Route, ...]:
+    """Routes for the worker's streams: stdout and stderr, or the one stream that carries both."""
+    role, rank, local_rank = spec.worker.role, who.rank, who.local_rank
+    console, attempt_dir = layout.console, layout.attempt_dir
+    prefix = render_prefix(layout.template, role=role, rank=rank, local_rank=local_rank)
+    rank_dir = attempt_dir / str(local_rank) if attempt_dir is not None else None
+
+    def route(stdout: bool) -> Route:
+        plan = plan_route(spec.logs, local_rank, stdout=stdout)
+        name, fd = ("stdout", console.stdout_fd) if stdout else ("stderr", console.stderr_fd)
+        file = Route.open_file(plan, rank_dir / f"{name}.log" if rank_dir is not None else None)
+        filters = spec.logs.stdout_filters if stdout else spec.logs.stderr_filters
+        filter_prefix = render_prefix(layout.template or DEFAULT_PREFIX_TEMPLATE, role=role, rank=rank, local_rank=local_rank)
+        return Route(
+            console.source(fd, prefix) if plan.to_console else None,
+            file,
+            filtered=layout.filtered[0 if stdout else 1],
+            filter_prefix=filter_prefix,
+            needles=tuple(f.encode() for f in filters),
+        )
+
+    if handle.stderr is None:  # merged or a terminal: everything goes where stdout goes
+        return (Route(console.source(console.stdout_fd, prefix)),)
+    return route(stdout=True), route(stdout=False)
 
 
 async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a distinct collaborator
@@ -85,33 +112,42 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
     console: Console,
     signals: SignalStream,
     after_group: Callable[[Sequence[WorkerHandle]], None],
+    facts: ConsoleFacts,
+    terminal_guard: Callable[[list[Any] | None], None] | None = None,
 ) -> AttemptResult:
     identities = worker_identities([NodeSlots(spec.worker.role, spec.worker.nproc)], group_rank=0)
     workers: list[_Worker] = []
-    filtered = _filtered_files(spec, attempt_dir)
+    relays: list[TerminalRelay] = []
+    layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
     try:
         for who in identities:
             error_file = RunLogs.error_file(attempt_dir, who.local_rank)
             env = worker_env(spec.base_env, who, ctx, error_file)
-            out, err = _routes(spec, who, attempt_dir, console)
-            handle = await spawner.spawn(Command(worker_argv(spec.worker.entry, who.local_rank), env))
-            err.tail = Tail()
-            out.filtered, out.needles = filtered[0], tuple(f.encode() for f in spec.logs.stdout_filters)
-            err.filtered, err.needles = filtered[1], tuple(f.encode() for f in spec.logs.stderr_filters)
-            tasks = (
-                asyncio.create_task(pump(handle.stdout, out, console)),
-                asyncio.create_task(pump(handle.stderr, err, console)),
-            )
-            workers.append(_Worker(who, handle, error_file, err.tail, (out, err), tasks))
+            stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
+            argv = worker_argv(spec.worker.entry, who.local_rank)
+            handle = await spawner.spawn(Command(argv, env, stdio, stdin_null))
+            if handle.terminal_fd is not None:
+                relays.append(TerminalRelay(handle.terminal_fd, handle.pid, guard=terminal_guard))
+                relays[-1].start()
+            routes = _routes(spec, layout, who, handle)
+            tail = routes[-1].tail = Tail()
+            sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
+            tasks = tuple(asyncio.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
+            label = "stderr" if handle.stderr is not None else "output"
+            workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
         outcome = await supervise([w.handle for w in workers], signals.next, spec.restart.shutdown_timeout)
     finally:
         for w in workers:
             w.handle.signal_group(signal.SIGKILL)
         after_group([w.handle for w in workers])
-        await _drain(workers, signals, console)
-        for fh in filtered:
-            if fh is not None:
-                fh.close()
+        try:
+            await _drain(workers, signals, console)
+        finally:
+            for relay in relays:
+                relay.stop()
+            for fh in layout.filtered:
+                if fh is not None:
+                    fh.close()
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
 
 
@@ -166,4 +202,5 @@ def _result(w: _Worker, exit_: Exit | None) -> WorkerResult:
         error_file=w.error_file,
         error=read_error_file(w.error_file) if ending is Ending.FAILED else None,
         stderr_tail=w.tail.text(),
+        tail_label=w.tail_label,
     )

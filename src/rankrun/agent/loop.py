@@ -24,9 +24,11 @@ from rankrun.agent.policy import Action, decide
 from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, RankrunError
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
-from rankrun.proc.early import DEFAULT_SIGNALS, EarlyCatcher
+from rankrun.logs.routes import ConsoleFacts
+from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.signals import SignalStream, attach
 from rankrun.proc.spawn import OsSpawner, Spawner, WorkerHandle
+from rankrun.proc.terminal import is_foreground_terminal
 from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
 from rankrun.rendezvous.tcpstore import TCPStoreServer
 from rankrun.report.errorfile import write_error_file
@@ -43,6 +45,7 @@ class AgentDeps:
     host: str
     watchdog: Watchdog | None = None
     keep: frozenset[int] = frozenset()  # children we had before launching (e.g. an entrypoint's sidecar)
+    facts: ConsoleFacts | None = None  # the launcher's stdio; None: the console's own, never interactive
 
     def after_group(self, handles: Sequence[WorkerHandle]) -> None:
         """Once a group is gone: reap re-parented descendants, then stop watching its process groups."""
@@ -62,7 +65,8 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     _use_pidfd_child_watcher()
     console = Console()
     _log_through(console)
-    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep)
+    facts = ConsoleFacts(merged=console.merged, interactive=os.isatty(1) and is_foreground_terminal(0))
+    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep, facts)
     code = EXIT_LAUNCHER
     try:
         code = asyncio.run(run_agent(spec, deps, catcher))
@@ -85,7 +89,7 @@ def _close_console(console: Console, signums: tuple[int, ...]) -> int:
         got.append(signum)
         console.abandon()
 
-    for signum in {*DEFAULT_SIGNALS, *signums}:
+    for signum in signums:  # the handled set only: any other signal keeps its inherited disposition
         signal.signal(signum, on_signal)
     console.close()
     return got[0] if got else 0
@@ -174,7 +178,9 @@ async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
             signals_to_handle=spec.signals_text,
             virtual_local_rank=spec.worker.virtual_local_rank,
         )
-        attempt = await run_attempt(spec, ctx, attempt_dir, deps.spawner, deps.console, signals, deps.after_group)
+        facts = deps.facts or ConsoleFacts(merged=deps.console.merged, interactive=False)
+        guard = deps.watchdog.terminal_modes if deps.watchdog is not None else None
+        attempt = await run_attempt(spec, ctx, attempt_dir, deps.spawner, deps.console, signals, deps.after_group, facts, guard)
         decision = decide(
             failed=attempt.outcome.failed,
             interrupted_by=attempt.outcome.interrupted_by,
@@ -199,13 +205,22 @@ def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_re
 
 def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
     signum = attempt.outcome.interrupted_by or 0
-    stopped = sum(1 for r in attempt.results if r.ending is Ending.STOPPED)
-    console.say(f"received {signal_name(signum)}: forwarded to {stopped} worker(s) and stopped them")
+    stopped = [r for r in attempt.results if r.ending is Ending.STOPPED]
+    killed = sum(1 for r in stopped if r.status == -signal.SIGKILL)
+    if attempt.outcome.second_signal is not None:
+        second = signal_name(attempt.outcome.second_signal)
+        console.say(f"received {signal_name(signum)}, then {second}: killed {killed} worker(s) without waiting "
+                    f"({len(stopped) - killed} had already stopped)")
+    elif killed:
+        console.say(f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s); {killed} did not stop "
+                    "within --shutdown-timeout and were killed")
+    else:
+        console.say(f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s) and stopped them")
 
 
 def _report(spec: LaunchSpec, deps: AgentDeps, attempt: AttemptResult, restarts: int, *, error_files_kept: bool) -> None:
     text = render_report(spec.worker.entry.title, deps.host, restarts, attempt.results, error_files_kept=error_files_kept)
-    deps.console.write_blocking(deps.console.stderr_fd, text.encode())
+    deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
     root = root_cause(attempt.results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")
     if root is not None and own_error_file:

@@ -1,90 +1,107 @@
-"""Move one worker stream from its pipe to its sinks, whole lines only.
+"""Move one worker stream from its pipe (or terminal) to its sinks, as it comes.
 
-Per stream the route is decided once (``plan_route``, pure): console or not (torchrun's
-``-r``/``-t``/``--local-ranks-filter`` table), a per-rank file or not, filter duplicates,
-and a tail kept for the failure report.
+Sinks: the per-rank file (the worker's bytes exactly), the duplicate-filter file (whole
+matching lines, prefixed), the tail kept for the failure report, and the console.
+
+The console gets every chunk at once, with one exception that keeps ranks from being cut into
+pieces: when other sources share its destination, the partial line at the end of a chunk is
+held for up to ``HOLD`` seconds, since the rest of a line usually follows within
+microseconds (``print`` writes the text and the newline separately). A line still open after
+``HOLD`` (a progress bar, a prompt) is shown as it is; a held line past ``HOLD_MAX`` bytes is
+passed on in pieces. Nothing is held for a source alone on its destination.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from rankrun.errors import LauncherError
-from rankrun.logs.console import Console
-from rankrun.logs.lines import LineSplitter, Tail, matching_lines, prefix_lines
-from rankrun.proc.spawn import StreamSource
-from rankrun.spec import LogSpec
+from rankrun.logs.console import Source
+from rankrun.logs.lines import HOLD_MAX, LineSplitter, Tail, matching_lines, prefix_lines, split_complete
+from rankrun.logs.routes import RoutePlan
+from rankrun.proc.output import StreamSource
 
-CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class RoutePlan:
-    to_console: bool
-    to_file: bool
-
-
-def plan_route(spec: LogSpec, local_rank: int, stdout: bool) -> RoutePlan:
-    """torchrun's console/file semantics for one stream of one local rank."""
-    redirect, tee = spec.redirects[local_rank], spec.tee[local_rank]
-    redirected = redirect.has_stdout() if stdout else redirect.has_stderr()
-    teed = tee.has_stdout() if stdout else tee.has_stderr()
-    to_file = (redirected or teed) and not spec.discard_files
-    visible = spec.local_ranks_filter is None or local_rank in spec.local_ranks_filter
-    to_console = visible and (teed or not redirected)
-    return RoutePlan(to_console=to_console, to_file=to_file)
+HOLD = 0.05  # seconds a partial line may wait for its end when ranks share the console
 
 
 @dataclass
 class Route:
-    console_fd: int | None
-    prefix: bytes
+    console: Source | None
     file: BinaryIO | None = None
     filtered: BinaryIO | None = None
+    filter_prefix: bytes = b""
     needles: tuple[bytes, ...] = ()
     tail: Tail | None = None
     reading: bool = False  # waiting on the pipe (not on the console)
 
-    @classmethod
-    def open(cls, plan: RoutePlan, console_fd: int, prefix: bytes, path: Path | None) -> Route:
+    @staticmethod
+    def open_file(plan: RoutePlan, path: Path | None) -> BinaryIO | None:
         try:
-            fh = open(path, "wb") if plan.to_file and path is not None else None  # noqa: SIM115 - closed by pump
+            return open(path, "wb") if plan.to_file and path is not None else None
         except OSError as exc:
             raise LauncherError(f"cannot open worker log {path}: {exc.strerror or exc}") from exc
-        return cls(console_fd if plan.to_console else None, prefix, fh)
 
 
-async def pump(source: StreamSource, route: Route, console: Console) -> None:
-    """Read until EOF; every byte read is delivered, the last partial line with a newline added."""
-    splitter = LineSplitter()
+async def pump(source: StreamSource, route: Route, hold: float = HOLD) -> None:
+    """Read until the stream ends; every byte read is delivered to every sink."""
+    splitter = LineSplitter() if route.filtered is not None and route.needles else None
+    held, deadline = b"", 0.0  # the partial line held back, and when it must be shown at the latest
+    loop = asyncio.get_running_loop()
     try:
         while True:
             route.reading = True
-            chunk = await source.read(CHUNK)
+            chunk = await source.read(max(0.0, deadline - loop.time()) if held else None)
             route.reading = False
+            if chunk is None:  # the held partial line did not end in time: show it as it is
+                held = await _to_console(route, held, b"", hold_partial=False)
+                continue
             if not chunk:
                 break
-            lines = splitter.feed(chunk)
-            if lines:
-                await _deliver(lines, route, console)
-        rest = splitter.flush()
-        if rest:
-            await _deliver(rest, route, console)
+            _to_files(route, chunk, splitter)
+            if route.console is not None:
+                was_held = bool(held)
+                held = await _to_console(route, held, chunk, hold_partial=route.console.shared)
+                if held and (not was_held or b"\n" in chunk):  # a new partial line: its own deadline
+                    deadline = loop.time() + hold
+        if held:
+            await _to_console(route, held, b"", hold_partial=False)
+        if splitter is not None:
+            _filtered(route, splitter.flush())
     finally:
         if route.file is not None:
             route.file.close()
+        if route.console is not None:
+            route.console.close()
 
 
-async def _deliver(lines: bytes, route: Route, console: Console) -> None:
+def _to_files(route: Route, chunk: bytes, splitter: LineSplitter | None) -> None:
     if route.tail is not None:
-        route.tail.add(lines)
+        route.tail.add(chunk)
     if route.file is not None:
-        route.file.write(lines)
-    if route.filtered is not None and route.needles:
+        route.file.write(chunk)
+    if splitter is not None:
+        _filtered(route, splitter.feed(chunk))
+
+
+def _filtered(route: Route, lines: bytes) -> None:
+    if route.filtered is not None and lines:
         hits = matching_lines(lines, route.needles)
         if hits:
-            route.filtered.write(prefix_lines(hits, route.prefix))
-    if route.console_fd is not None:
-        await console.write(route.console_fd, prefix_lines(lines, route.prefix))
+            route.filtered.write(prefix_lines(hits, route.filter_prefix))
+
+
+async def _to_console(route: Route, held: bytes, chunk: bytes, *, hold_partial: bool) -> bytes:
+    """Write ``held + chunk`` (but a partial last line, when holding); return what is held now."""
+    assert route.console is not None
+    data = held + chunk if held else chunk
+    rest = b""
+    if hold_partial:
+        data, rest = split_complete(data)
+        if len(rest) > HOLD_MAX:
+            data, rest = data + rest, b""
+    if data:
+        await route.console.write(data)
+    return rest

@@ -1,30 +1,78 @@
-"""Record death signals from the launcher's first instant.
+"""Record the handled signals from the launcher's first instant; leave every other one alone.
 
-Imports nothing but ``signal`` so the entry points can install it before anything else is
-imported. Until the event loop takes over (``rankrun.proc.signals.attach``), a signal is only
-recorded; the agent then replays it and exits without starting workers.
+Imports nothing but ``signal``, ``os`` and ``sys`` (all loaded with the interpreter) so the
+entry points can install it before anything else is imported. Which signals it catches is
+read cheaply from argv/``PET_SIGNALS_TO_HANDLE`` (torchrun's default set if absent); once the
+CLI has parsed the real value, ``adopt`` makes the set exact: a signal outside it gets back
+the disposition rankrun inherited (``nohup``'s ignored SIGHUP stays ignored) and, if it
+arrived meanwhile, is re-delivered under that disposition, so the early window behaves as
+if the exact set had been installed from the start. Until the event loop takes over
+(``rankrun.proc.signals.attach``), a caught signal is only recorded; the agent then replays
+it and exits without starting workers.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_SPELLINGS = ("--signals-to-handle", "--signals_to_handle")
+_UNHANDLEABLE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)
+
+_Disposition = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+
+
+def requested_signals(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, ...]:
+    """A cheap first reading of ``--signals-to-handle`` (the CLI parses it properly later)."""
+    text = env.get("PET_SIGNALS_TO_HANDLE")
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if len(name) >= 4 and any(s.startswith(name) for s in _SPELLINGS):
+            text = value if eq else (argv[i + 1] if i + 1 < len(argv) else text)
+            break
+    if text is None:
+        return DEFAULT_SIGNALS
+    found: list[int] = []
+    for name in (n.strip() for n in text.split(",")):
+        sig = getattr(signal.Signals, name, None) if name.startswith("SIG") else None
+        if sig is not None and sig not in _UNHANDLEABLE:
+            found.append(int(sig))
+    return tuple(dict.fromkeys(found))
 
 
 class EarlyCatcher:
     def __init__(self, signums: tuple[int, ...]) -> None:
         self.signums = signums
         self.pending: list[int] = []
+        self._inherited: dict[int, _Disposition] = {}
 
     @classmethod
-    def install(cls, signums: Iterable[int] = DEFAULT_SIGNALS) -> EarlyCatcher:
-        catcher = cls(tuple(signums))
-        for signum in catcher.signums:
-            signal.signal(signum, catcher._record)
+    def install(cls, signums: Iterable[int] | None = None) -> EarlyCatcher:
+        wanted = tuple(signums) if signums is not None else requested_signals(sys.argv[1:], os.environ)
+        catcher = cls(())
+        catcher.adopt(wanted)
         return catcher
+
+    def adopt(self, signums: Iterable[int]) -> None:
+        """Catch exactly ``signums`` from now on; give every other signal its inherited disposition back."""
+        wanted = tuple(dict.fromkeys(signums))
+        for signum in wanted:
+            if signum not in self._inherited:
+                self._inherited[signum] = signal.signal(signum, self._record)
+        for signum in [s for s in self._inherited if s not in wanted]:
+            inherited = self._inherited.pop(signum)
+            # Python's own SIGINT handler is not what rankrun inherited from its parent: SIG_DFL was.
+            restored = signal.SIG_DFL if inherited in (signal.default_int_handler, None) else inherited
+            signal.signal(signum, restored)
+            if signum in self.pending:
+                self.pending = [s for s in self.pending if s != signum]
+                if restored == signal.SIG_DFL:
+                    os.kill(os.getpid(), signum)  # what would have happened had we never caught it
+        self.signums = wanted
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         del frame

@@ -34,6 +34,7 @@ class Exit:
 class GroupOutcome:
     exits: dict[int, Exit] = field(default_factory=dict)
     interrupted_by: int | None = None  # signal number, when a signal stopped the group
+    second_signal: int | None = None  # a further signal, which killed the group without grace
     unkillable: list[int] = field(default_factory=list)  # indexes still alive after SIGKILL
 
     @property
@@ -99,6 +100,7 @@ def _on_signal(  # noqa: PLR0917 - private helper of supervise()
     shutdown_timeout: float,
 ) -> None:
     if outcome.interrupted_by is not None:
+        outcome.second_signal = outcome.second_signal or signum
         _kill(handles, waits, stop)  # a second signal: no more patience
         return
     outcome.interrupted_by = signum

@@ -2,8 +2,10 @@
 
 ``EarlyCatcher.install`` runs in the entry point before anything else is imported, so a
 SIGTERM that arrives while arguments are parsed or the store is binding is recorded, not
-fatal. Once the event loop runs, ``attach`` moves delivery onto the loop and replays what
-arrived before; the rest of rankrun only sees ints coming out of ``SignalStream.next()``.
+fatal. Once the event loop runs, ``attach`` moves delivery of exactly the handled set
+(``--signals-to-handle``) onto the loop and replays what arrived before; every other signal
+keeps the disposition rankrun inherited. The rest of rankrun only sees ints coming out of
+``SignalStream.next()``.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ class SignalStream:
 
 
 def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iterable[int]) -> SignalStream:
-    """Deliver ``signums`` (plus the early ones) through a stream on ``loop``, replaying what came early."""
+    """Deliver exactly ``signums`` through a stream on ``loop``, replaying what came early."""
+    catcher.adopt(signums)  # any other signal keeps the disposition rankrun inherited
     stream = SignalStream()
-    for signum in dict.fromkeys((*catcher.signums, *signums)):
+    for signum in catcher.signums:
         loop.add_signal_handler(signum, stream.deliver, signum)
     for signum in catcher.pending:
         stream.deliver(signum)

@@ -1,9 +1,19 @@
-"""Start worker processes: the only user of ``asyncio.create_subprocess_exec`` and ``os.killpg``.
+"""Start worker processes: the only user of ``subprocess_exec`` and ``os.killpg``.
 
 Each worker runs in its own session and process group (so a signal to the group reaches
 everything it started that stayed in the group) with ``PR_SET_PDEATHSIG=SIGKILL`` (so it
-cannot outlive the launcher's main thread). stdout and stderr are pipes read by the agent;
-stdin is inherited, as under torchrun.
+cannot outlive the launcher's main thread). Its output reaches the agent one of three ways
+(``Stdio``, chosen by ``rankrun.logs.routes.plan_stdio``):
+
+- ``PIPES``: stdout and stderr on pipes of their own (they go to different places);
+- ``MERGED``: one pipe for both, when both go to the same console destination anyway, so the
+  order in which the worker wrote them is the order the agent reads them;
+- ``TERMINAL``: a pseudo-terminal for stdin, stdout and stderr, which becomes the worker's
+  controlling terminal: ``isatty()`` is true, line editing and window size work, and the
+  launcher relays it to its own terminal (``rankrun.proc.terminal``).
+
+stdin is inherited, as under torchrun, unless ``Command.stdin_null`` (the other ranks of an
+interactive run, so that no two processes read the user's keystrokes).
 
 ``Spawner`` is the seam: ``OsSpawner`` is the real one, tests drive the agent with a fake.
 """
@@ -13,22 +23,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import enum
+import fcntl
 import os
 import signal
+import subprocess
+import termios
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from rankrun.errors import SpawnError
+from rankrun.proc.output import OutputReader, StreamSource
 
 _PR_SET_PDEATHSIG = 1
-CHUNK_LIMIT = 1 << 16
 
 
-class StreamSource(Protocol):
-    """What the log pumps read from (``asyncio.StreamReader`` fits)."""
-
-    async def read(self, n: int = -1) -> bytes: ...
+class Stdio(enum.Enum):
+    PIPES = "pipes"
+    MERGED = "merged"
+    TERMINAL = "terminal"
 
 
 class WorkerHandle(Protocol):
@@ -38,10 +52,19 @@ class WorkerHandle(Protocol):
     def pid(self) -> int: ...
 
     @property
-    def stdout(self) -> StreamSource: ...
+    def stdout(self) -> StreamSource:
+        """Its stdout, or everything it writes (``MERGED``, ``TERMINAL``)."""
+        ...
 
     @property
-    def stderr(self) -> StreamSource: ...
+    def stderr(self) -> StreamSource | None:
+        """Its stderr, or ``None`` when it shares ``stdout``'s stream."""
+        ...
+
+    @property
+    def terminal_fd(self) -> int | None:
+        """The pseudo-terminal's master (``TERMINAL`` only): write here what the worker should read."""
+        ...
 
     async def wait(self) -> int:
         """Exit status: the exit code, or ``-N`` when killed by signal N."""
@@ -52,7 +75,7 @@ class WorkerHandle(Protocol):
         ...
 
     def close(self) -> None:
-        """Close the output pipes (readers see EOF) and release OS resources. Idempotent."""
+        """Stop reading its output (readers see EOF) and release OS resources. Idempotent."""
         ...
 
 
@@ -60,14 +83,20 @@ class WorkerHandle(Protocol):
 class Command:
     argv: tuple[str, ...]
     env: Mapping[str, str]
+    stdio: Stdio = Stdio.PIPES
+    stdin_null: bool = False
 
 
 class Spawner(Protocol):
     async def spawn(self, command: Command) -> WorkerHandle: ...
 
 
-def _pdeathsig_hook() -> Callable[[], None] | None:
-    """A pre-exec hook with libc's prctl resolved now, in the parent (nothing to look up after fork)."""
+def _preexec_hook(*, controlling_tty: bool) -> Callable[[], None] | None:
+    """A pre-exec hook with libc's prctl resolved now, in the parent (nothing to look up after fork).
+
+    It runs after ``setsid()``; with ``controlling_tty`` it makes the terminal on fd 0 the
+    new session's controlling terminal.
+    """
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
@@ -79,57 +108,70 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the launcher died between fork and prctl: follow it now
             os.kill(os.getpid(), signal.SIGKILL)
+        if controlling_tty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     return hook
 
 
-class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """asyncio's ``Process.wait()`` also waits for the pipes to close, which a grandchild holding
-    them can delay forever; this protocol reports the exit itself, the moment it is reaped."""
+class _ExitProtocol(asyncio.SubprocessProtocol):
+    """Reports the exit the moment the child is reaped (the output fds are not the transport's)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=CHUNK_LIMIT, loop=loop)
         self.exited: asyncio.Future[None] = loop.create_future()
 
     def process_exited(self) -> None:
-        super().process_exited()
         if not self.exited.done():
             self.exited.set_result(None)
 
 
 class _OsWorker:
     def __init__(
-        self, proc: asyncio.subprocess.Process, transport: asyncio.SubprocessTransport, exited: asyncio.Future[None]
+        self,
+        transport: asyncio.SubprocessTransport,
+        exited: asyncio.Future[None],
+        readers: tuple[OutputReader, OutputReader | None],
+        terminal_fd: int | None,
     ) -> None:
-        self._proc = proc
         self._transport = transport
         self._exited = exited
+        self._readers = readers
+        self._terminal_fd = terminal_fd
+        self._pid = transport.get_pid()
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._pid
 
     @property
     def stdout(self) -> StreamSource:
-        assert self._proc.stdout is not None
-        return self._proc.stdout
+        return self._readers[0]
 
     @property
-    def stderr(self) -> StreamSource:
-        assert self._proc.stderr is not None
-        return self._proc.stderr
+    def stderr(self) -> StreamSource | None:
+        return self._readers[1]
+
+    @property
+    def terminal_fd(self) -> int | None:
+        return self._terminal_fd
 
     async def wait(self) -> int:
         await asyncio.shield(self._exited)
-        code = self._proc.returncode
+        code = self._transport.get_returncode()
         assert code is not None
         return code
 
     def signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, signum)
+            os.killpg(self._pid, signum)
 
     def close(self) -> None:
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
+        if self._terminal_fd is not None:
+            os.close(self._terminal_fd)
+            self._terminal_fd = None
         self._transport.close()
 
 
@@ -137,28 +179,80 @@ class OsSpawner:
     """Real processes, each its own process group, bound to the launcher's lifetime."""
 
     def __init__(self, on_spawn: Callable[[int], None] | None = None) -> None:
-        self._hook = _pdeathsig_hook()
+        self._hooks = {tty: _preexec_hook(controlling_tty=tty) for tty in (False, True)}
         self._on_spawn = on_spawn
 
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()
+        fds = _open_stdio(command.stdio)
+        stdin: int | None = fds.child[0] if command.stdio is Stdio.TERMINAL else None
+        if command.stdin_null:
+            stdin = subprocess.DEVNULL
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: _ExitAwareProtocol(loop),
+                lambda: _ExitProtocol(loop),
                 *command.argv,
                 env=dict(command.env),
-                stdin=None,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stdin=stdin,
+                stdout=fds.child[1],
+                stderr=fds.child[2],
                 start_new_session=True,
-                preexec_fn=self._hook,
+                preexec_fn=self._hooks[command.stdio is Stdio.TERMINAL],
             )
         except OSError as exc:
+            fds.close_ours()
             raise SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}") from exc
-        proc = asyncio.subprocess.Process(transport, protocol, loop)
+        finally:
+            fds.close_child()  # the child has its copies; ours would keep the streams from ending
         if self._on_spawn is not None:
-            self._on_spawn(proc.pid)
-        return _OsWorker(proc, transport, protocol.exited)
+            self._on_spawn(transport.get_pid())
+        readers = [await _reader(loop, fd) for fd in fds.read]
+        return _OsWorker(transport, protocol.exited, (readers[0], readers[1] if len(readers) > 1 else None), fds.terminal)
+
+
+@dataclass
+class _Fds:
+    read: tuple[int, ...]  # our read ends: stdout (or everything), then stderr if separate
+    child: tuple[int, int, int]  # the child's stdin (-1: inherit), stdout, stderr
+    terminal: int | None = None  # our write end of the pseudo-terminal (the input relay's)
+
+    def close_child(self) -> None:
+        for fd in {fd for fd in self.child if fd >= 0}:
+            os.close(fd)
+
+    def close_ours(self) -> None:
+        for fd in (*self.read, *([self.terminal] if self.terminal is not None else [])):
+            os.close(fd)
+
+
+def _open_stdio(stdio: Stdio) -> _Fds:
+    if stdio is Stdio.TERMINAL:
+        master, slave = os.openpty()
+        os.set_inheritable(master, False)
+        _copy_terminal(0, slave)
+        writer = os.dup(master)  # the input relay's own fd: the reader's transport owns ``master``
+        os.set_blocking(writer, False)
+        return _Fds((master,), (slave, slave, slave), writer)
+    if stdio is Stdio.MERGED:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        return _Fds((r,), (-1, w, w))
+    r_out, w_out = os.pipe2(os.O_CLOEXEC)
+    r_err, w_err = os.pipe2(os.O_CLOEXEC)
+    return _Fds((r_out, r_err), (-1, w_out, w_err))
+
+
+def _copy_terminal(source: int, target: int) -> None:
+    """Start the worker's terminal with the user's settings and window size (as ``script`` does)."""
+    with contextlib.suppress(OSError, termios.error):
+        termios.tcsetattr(target, termios.TCSANOW, termios.tcgetattr(source))
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(target, termios.TIOCSWINSZ, fcntl.ioctl(source, termios.TIOCGWINSZ, b"\0" * 8))
+
+
+async def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> OutputReader:
+    pipe = open(fd, "rb", buffering=0)  # noqa: SIM115 - owned (and closed) by the transport
+    _, reader = await loop.connect_read_pipe(OutputReader, pipe)
+    return reader
 
 
 def _show(argv: Sequence[str]) -> str:

@@ -8,7 +8,8 @@ Three layers, cheapest first:
    read end of a pipe; the launcher registers each worker's process group on it. When the
    launcher dies for any reason the kernel closes the write end, the watchdog reads EOF and
    SIGKILLs every registered process group (the worker and everything it started that kept
-   its process group), removes the launcher's private temp directory, then exits. A clean
+   its process group), puts the user's terminal modes back if an interactive run had them
+   changed, removes the launcher's private temp directory, then exits. A clean
    launcher exit says ``exit`` first, so nothing is killed twice.
 3. The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): descendants orphaned by a
    worker are re-parented to it, so at the end of each attempt it can kill and reap them
@@ -25,6 +26,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -40,11 +42,14 @@ class Watchdog:
     def start(cls) -> Watchdog:
         """Fork the watchdog. Call before any thread is started."""
         read_fd, write_fd = os.pipe()
+        tty_fd = _dup_terminal()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the forked child
             os.close(write_fd)
-            _watch(read_fd)
+            _watch(read_fd, tty_fd)
         os.close(read_fd)
+        if tty_fd >= 0:
+            os.close(tty_fd)
         os.set_inheritable(write_fd, False)
         return cls(pid, write_fd)
 
@@ -57,6 +62,14 @@ class Watchdog:
 
     def unregister(self, pgid: int) -> None:
         self._send(f"-{pgid}")
+
+    def terminal_modes(self, attrs: list[Any] | None) -> None:
+        """The user's terminal modes to put back if the launcher dies while it holds them changed (None: restored)."""
+        if attrs is None:
+            self._send("T")
+            return
+        cc = [c[0] if isinstance(c, bytes) else int(c) for c in attrs[6]]
+        self._send("t" + ",".join(str(int(v)) for v in [*attrs[:6], *cc]))
 
     def own_dir(self, path: str) -> None:
         """A private directory to remove if the launcher dies without cleaning up."""
@@ -73,7 +86,23 @@ class Watchdog:
             os.waitpid(self.pid, 0)
 
 
-def _watch(read_fd: int) -> None:  # pragma: no cover - runs in the forked child
+def _dup_terminal() -> int:
+    """A copy of the launcher's terminal (stdin) for the watchdog, or -1."""
+    try:
+        return os.dup(0) if os.isatty(0) else -1
+    except OSError:
+        return -1
+
+
+class _State:
+    def __init__(self) -> None:
+        self.groups: set[int] = set()
+        self.dirs: list[str] = []
+        self.modes: list[Any] | None = None  # the user's terminal modes while the launcher has them changed
+        self.clean = False
+
+
+def _watch(read_fd: int, tty_fd: int) -> None:  # pragma: no cover - runs in the forked child
     """The watchdog's whole life: collect process groups until EOF, then kill them."""
     try:
         os.setsid()  # out of the launcher's session: terminal signals must not reach us
@@ -82,39 +111,60 @@ def _watch(read_fd: int) -> None:  # pragma: no cover - runs in the forked child
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        os.closerange(3, read_fd)
-        os.closerange(read_fd + 1, 65536)
-        groups: set[int] = set()
-        dirs: list[str] = []
-        clean = False
+        for low, high in _gaps(sorted({read_fd, tty_fd})):
+            os.closerange(low, high)
+        state = _State()
         buffer = b""
         while chunk := os.read(read_fd, 4096):
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                clean = _apply(line.decode(), groups, dirs) or clean
-        if not clean:
-            for pgid in groups:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
-            from rankrun.fsutil import remove_tree  # noqa: PLC0415 - only on this rare path
-
-            for path in dirs:
-                remove_tree(Path(path))
+                _apply(line.decode(), state)
+        if not state.clean:
+            _clean_up(state, tty_fd)
     finally:
         os._exit(0)
 
 
-def _apply(line: str, groups: set[int], dirs: list[str]) -> bool:  # pragma: no cover - runs in the forked child
+def _gaps(keep: list[int]) -> list[tuple[int, int]]:
+    """fd ranges from 3 up that hold none of ``keep`` (``-1`` entries ignored)."""
+    ranges, low = [], 3
+    for fd in (k for k in keep if k >= 3):
+        ranges.append((low, fd))
+        low = fd + 1
+    return [*ranges, (low, 65536)]
+
+
+def _clean_up(state: _State, tty_fd: int) -> None:  # pragma: no cover - runs in the forked child
+    for pgid in state.groups:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    if state.modes is not None and tty_fd >= 0:
+        import termios  # noqa: PLC0415 - only on this rare path
+
+        with contextlib.suppress(OSError, termios.error):
+            termios.tcsetattr(tty_fd, termios.TCSANOW, state.modes)
+    from rankrun.fsutil import remove_tree  # noqa: PLC0415 - only on this rare path
+
+    for path in state.dirs:
+        remove_tree(Path(path))
+
+
+def _apply(line: str, state: _State) -> None:  # pragma: no cover - runs in the forked child
+    kind, rest = line[:1], line[1:]
     if line == "exit":
-        return True
-    if line[:1] == "+":
-        groups.add(int(line[1:]))
-    elif line[:1] == "-":
-        groups.discard(int(line[1:]))
-    elif line[:1] == "d":
-        dirs.append(line[1:])
-    return False
+        state.clean = True
+    elif kind == "+":
+        state.groups.add(int(rest))
+    elif kind == "-":
+        state.groups.discard(int(rest))
+    elif kind == "d":
+        state.dirs.append(rest)
+    elif kind == "t":
+        values = [int(v) for v in rest.split(",")]
+        state.modes = [*values[:6], values[6:]]
+    elif kind == "T":
+        state.modes = None
 
 
 def become_subreaper() -> bool:

@@ -4,8 +4,9 @@ Root cause = the earliest *failure*: the worker whose non-zero exit the agent no
 first (millisecond wall-clock resolution; exit events, not a polling tick); exits noticed
 together are ordered by rank. Workers that
 ended because rankrun stopped them are listed as stopped, never as failures. The
-exception shown comes from the worker's error file when it used ``@record``, otherwise
-from the last Python traceback in its stderr, so no change to user code is needed.
+exception shown comes from the worker's error file when it used ``@record``, otherwise from
+its last output (``rankrun.report.cause``: the traceback that ended it, never one Python
+marked as ignored), so no change to user code is needed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, error_json
 
 WIDTH = 72
@@ -37,6 +39,7 @@ class WorkerResult:
     error_file: str
     error: WorkerError | None
     stderr_tail: str
+    tail_label: str = "stderr"  # "output" when stdout and stderr were one stream (a terminal, a merged pipe)
 
 
 def describe_status(status: int) -> str:
@@ -57,28 +60,15 @@ def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
     return min(failures, key=lambda r: (r.ended_at, r.rank)) if failures else None
 
 
-def traceback_from_tail(tail: str, max_lines: int = 40) -> str:
-    """The last Python traceback in ``tail`` (prefixes such as torch's ``[rank1]:`` kept); else its last lines."""
-    lines = tail.rstrip("\n").split("\n") if tail.strip() else []
-    start = None
-    for i in range(len(lines) - 1, -1, -1):
-        if "Traceback (most recent call last):" in lines[i]:
-            start = i
-            break
-    picked = lines[start:] if start is not None else lines[-10:]
-    if len(picked) > max_lines:
-        picked = [*picked[:5], f"... ({len(picked) - max_lines + 5} lines omitted) ...", *picked[-(max_lines - 5) :]]
-    return "\n".join(picked)
-
-
 def exception_text(result: WorkerResult) -> tuple[str, str]:
     """(where it came from, the text) for the root cause's exception."""
     if result.error is not None and (result.error.traceback or result.error.message):
         return ("error file", result.error.traceback.rstrip("\n") or result.error.message)
+    quoted = explain(result.stderr_tail, by_signal=result.status < 0)
     if result.status < 0:
-        return ("signal", f"Signal {-result.status} ({signal_name(-result.status)}) received by PID {result.pid}")
-    text = traceback_from_tail(result.stderr_tail)
-    return ("stderr", text) if text else ("stderr", "<the worker wrote nothing to stderr>")
+        line = f"Signal {-result.status} ({signal_name(-result.status)}) received by PID {result.pid}"
+        return ("signal", f"{line}; its last {result.tail_label} lines:\n{quoted}" if quoted else line)
+    return (result.tail_label, quoted or f"<the worker wrote nothing to {result.tail_label}>")
 
 
 def _error_file_line(root: WorkerResult, kept: bool) -> str:

@@ -1,0 +1,109 @@
+"""Which part of a failed worker's last output explains its failure (pure).
+
+The tail is cut into *blocks*: Python tracebacks (a chain of them, joined by "During handling
+of the above exception …" or "The above exception was the direct cause …"), blocks Python
+itself marks as ignored ("Exception ignored in …", e.g. an atexit callback that raised after
+the real error), and plain lines. Then:
+
+- ignored blocks never count;
+- the traceback that ended the process is the last one, if the process stopped soon after it
+  (at most ``AFTER`` more lines: a final ``sys.exit("message")`` line or shutdown noise,
+  quoted with it); a traceback followed by more is one the program printed and went on from
+  (``traceback.print_exc()``), so the last lines are quoted instead;
+- a death by signal quotes the last lines (e.g. C++'s ``terminate called after …``).
+
+Prefixes that torch's excepthook puts on every line (``[rank1]: ``) are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEADER = "Traceback (most recent call last):"
+IGNORED = "Exception ignored"
+CHAINS = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+AFTER = 5  # lines after a traceback that still mean "it ended here"
+LAST = 10  # lines quoted when no traceback explains the end
+MAX_LINES = 40
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # "traceback", "ignored" or "line"
+    lines: tuple[str, ...]
+
+
+def blocks(text: str) -> list[Block]:
+    text = text.replace("\r\n", "\n")  # a terminal's line ends
+    lines = text.rstrip("\n").split("\n") if text.strip() else []
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if IGNORED in line and not line.startswith((" ", "\t")):
+            end = _traceback_end(lines, i + 1) if i + 1 < len(lines) and HEADER in lines[i + 1] else _exception_line(lines, i + 1)
+            out.append(Block("ignored", tuple(lines[i:end])))
+            i = end
+        elif HEADER in line:
+            end = _traceback_end(lines, i)
+            out.append(Block("traceback", tuple(lines[i:end])))
+            i = end
+        else:
+            out.append(Block("line", (line,)))
+            i += 1
+    return out
+
+
+def _traceback_end(lines: list[str], start: int) -> int:
+    """Index after the traceback chain whose header is ``lines[start]``."""
+    prefix = lines[start][: lines[start].index(HEADER)]
+    i = start + 1
+    while True:
+        while i < len(lines) and _body(lines[i], prefix).startswith((" ", "\t")):
+            i += 1  # frames and source lines are indented
+        i = min(i + 1, len(lines))  # the exception line itself
+        rest = [_body(line, prefix).strip() for line in lines[i : i + 4]]
+        # a chained exception: blank, the chain sentence, blank, the next header
+        if len(rest) >= 4 and rest[0] == "" and rest[1] in CHAINS and rest[2] == "" and HEADER in lines[i + 3]:
+            i += 4
+            continue
+        return i
+
+
+def _exception_line(lines: list[str], start: int) -> int:
+    """After an "Exception ignored in" line without a traceback: its one exception line, if any."""
+    if start < len(lines) and lines[start] and not lines[start].startswith((" ", "\t")) and ":" in lines[start]:
+        return start + 1
+    return start
+
+
+def _body(line: str, prefix: str) -> str:
+    return line[len(prefix) :] if prefix and line.startswith(prefix) else line
+
+
+def explain(text: str, *, by_signal: bool = False) -> str:
+    """The lines of ``text`` (a worker's last output) that say why it failed; ``""`` if it wrote nothing."""
+    kept = [b for b in blocks(text) if b.kind != "ignored"]
+    lines = [line for b in kept for line in b.lines]
+    last_tb = max((i for i, b in enumerate(kept) if b.kind == "traceback"), default=None)
+    if by_signal or last_tb is None:
+        return _clip(_last_lines(lines, LAST))
+    after = [line for b in kept[last_tb + 1 :] for line in b.lines]
+    if len([line for line in after if line.strip()]) > AFTER:
+        return _clip(_last_lines(lines, LAST))  # a handled traceback: the program went on
+    return _clip([*kept[last_tb].lines, *after])
+
+
+def _last_lines(lines: list[str], count: int) -> list[str]:
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    return lines[-count:]
+
+
+def _clip(lines: list[str]) -> str:
+    if len(lines) > MAX_LINES:
+        lines = [*lines[:5], f"... ({len(lines) - MAX_LINES + 5} lines omitted) ...", *lines[-(MAX_LINES - 5) :]]
+    return "\n".join(lines).rstrip("\n")
