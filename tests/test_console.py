@@ -296,7 +296,7 @@ def test_kill_dash_nine_during_an_interactive_run_restores_the_terminal(pty_laun
     term = pty_launch("--nproc-per-node", "1", payload("interactive.py"))
     term.wait_screen(r"^name\?$")
     assert not termios.tcgetattr(term.master)[3] & termios.ECHO  # the relay holds the terminal in raw input mode
-    workers = [p for p in _children(term.proc.pid) if "interactive.py" in Path(f"/proc/{p}/cmdline").read_text()]
+    workers = _children_named(term.proc.pid, "interactive.py")
     term.proc.kill()
     term.proc.wait(timeout=30)
     term.wait_until("the watchdog to restore the terminal", lambda: term.modes_now() == term.initial_modes, 10.0)
@@ -305,3 +305,30 @@ def test_kill_dash_nine_during_an_interactive_run_restores_the_terminal(pty_laun
 
 def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]
+
+
+def test_ctrl_z_suspends_the_job_with_the_terminal_restored_and_fg_resumes_it(pty_launch):
+    term = pty_launch("--nproc-per-node", "1", payload("interactive.py"))
+    term.wait_screen(r"^name\?$")
+    (worker,) = _children_named(term.proc.pid, "interactive.py")
+    term.send(b"\x1a")
+    term.wait_until("the job to stop", lambda: _state(term.proc.pid) == "T" and _state(worker) == "T", 10.0)
+    assert term.modes_now() == term.initial_modes  # the shell gets its terminal back while the job is stopped
+    os.killpg(term.proc.pid, signal.SIGCONT)  # what `fg` sends
+    term.wait_until("the job to run again", lambda: _state(worker) != "T" and term.modes_now() != term.initial_modes, 10.0)
+    term.send(b"zed\r")
+    term.wait_screen(r"^hello zed$")
+    term.send(b"\r")
+    assert term.finish() == 0
+
+
+def _children_named(pid: int, name: str) -> list[int]:
+    """Children running ``name`` (not the watchdog, a fork that shares the launcher's command line)."""
+    own = Path(f"/proc/{pid}/cmdline").read_text()
+    cmdlines = {p: Path(f"/proc/{p}/cmdline").read_text() for p in _children(pid)}
+    return [p for p, cmd in cmdlines.items() if name in cmd and cmd != own]

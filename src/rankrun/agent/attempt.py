@@ -137,14 +137,14 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
             workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
         outcome = await supervise([w.handle for w in workers], signals.next, spec.restart.shutdown_timeout)
     finally:
+        for relay in relays:
+            relay.stop()  # the user's terminal as it was, before anything else is printed
         for w in workers:
             w.handle.signal_group(signal.SIGKILL)
         after_group([w.handle for w in workers])
         try:
             await _drain(workers, signals, console)
         finally:
-            for relay in relays:
-                relay.stop()
             for fh in layout.filtered:
                 if fh is not None:
                     fh.close()

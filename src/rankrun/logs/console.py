@@ -156,31 +156,26 @@ class Console:
         if not data or self.abandoned:
             return
         dest = source.destination
+        await self._room(dest)  # first: render and enqueue must be one step, or two sources could swap places
+        if self.abandoned:
+            return
         with self._lock:
             head = dest.end_open_line() if dest.owner is not source else b""
             dest.owner = source
             shown, source.state = render(data, source.prefix, source.state)
             if not source.state.open:
                 dest.owner = None
-            item = head + shown
-        if not item:
-            return
-        await self._put(dest, item)
+            if head or shown:
+                dest.queue.put(head + shown)  # room was checked with no await since; only say() could take it
 
-    async def _put(self, dest: _Destination, item: bytes) -> None:
+    async def _room(self, dest: _Destination) -> None:
         loop = asyncio.get_running_loop()
-        while not self.abandoned:
-            with contextlib.suppress(queue.Full):
-                dest.queue.put_nowait(item)
-                return
+        while dest.queue.full() and not self.abandoned:
             if dest.space is None or self._loop is not loop:
                 self._loop, dest.space = loop, asyncio.Event()
             dest.space.clear()
-            dest.waiting = True  # from here on, every get wakes us: try once more, then wait
-            try:
-                dest.queue.put_nowait(item)
-                return
-            except queue.Full:
+            dest.waiting = True  # from here on, every get wakes us: look once more, then wait
+            if dest.queue.full():
                 await dest.space.wait()
 
     def say(self, message: str) -> None:

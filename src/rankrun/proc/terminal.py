@@ -151,7 +151,10 @@ class TerminalRelay:
     def _suspend(self) -> None:
         """Ctrl-Z: stop the worker's group and then ourselves, the terminal as the user had it."""
         with contextlib.suppress(OSError):
-            os.killpg(self._group, signal.SIGTSTP)
+            os.killpg(self._group, signal.SIGTSTP)  # for programs that tidy up on it
+            # the worker's group is orphaned (its session is its own), so the kernel discards a
+            # stop by SIGTSTP: SIGSTOP is what actually stops it
+            os.killpg(self._group, signal.SIGSTOP)
         self._leave()
         os.kill(os.getpid(), signal.SIGSTOP)  # returns once the shell continues us (fg/bg)
         if self._saved is not None and is_foreground_terminal(self._tty):
