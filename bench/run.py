@@ -25,6 +25,7 @@ import console_bench
 import failure_bench
 import launch_bench
 import rss_bench
+import store_bench
 from harness import (
     DIRECT,
     PYTHON,
@@ -42,7 +43,7 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store")
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,11 @@ class Plan:
     restart_reps: int
     console_reps: int
     console_lines: int
+    store_reps: int
 
 
-FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000)
-QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000)
+FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5)
+QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2)
 
 
 @dataclass
@@ -150,7 +152,11 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = console_bench.run(plan.console_reps, lines)
         return console_bench.rows(r), console_bench.details(r)
 
-    return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console}
+    def store() -> tuple[list[Row], list[str]]:
+        r = store_bench.run(plan.store_reps)
+        return store_bench.rows(r), store_bench.details(r)
+
+    return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store}
 
 
 def warm_up() -> None:
@@ -162,6 +168,7 @@ def warm_up() -> None:
         failure_bench.measure(launcher, restarts=1)
     for launcher in (DIRECT, RANKRUN, TORCHRUN, TORCHRUN_TEE):
         console_bench.measure(launcher, 10, check=False)
+    store_bench.warm_up()
 
 
 def run_all(plan: Plan, only: list[str], lines: int) -> Outcome:
@@ -224,7 +231,7 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         + (". **The machine was shared during this run; absolute times are inflated, compare ratios.**"
            if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
-        f"restart {plan.restart_reps}, console {plan.console_reps}",
+        f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}",
         "",
         "## Summary (medians)",
         "",

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankrun.errors import StoreError
-from rankrun.rendezvous import tcpstore
+from rankrun.rendezvous import keyspace
 from rankrun.rendezvous.tcpstore import TCPStoreServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -431,7 +431,7 @@ def test_parse_int_matches_libc_strtoll(text: bytes) -> None:
     value = strtoll(buf, ctypes.byref(end), 10)
     consumed = ctypes.cast(end, ctypes.c_void_p).value != ctypes.addressof(buf)
     expected = value if consumed and ctypes.get_errno() == 0 else None
-    assert tcpstore._parse_int(text) == expected
+    assert keyspace.parse_int(text) == expected
 
 
 # -- unknown codes and size limits -------------------------------------------------------
@@ -674,7 +674,7 @@ def test_accepted_sockets_have_nodelay_and_keepalive(store: ServedStore) -> None
     async def options() -> list[tuple[int, int]]:
         found = []
         for conn in store.server._connections:
-            sock = conn._writer.get_extra_info("socket")
+            sock = conn._transport.get_extra_info("socket")
             nodelay = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             keepalive = sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
             found.append((nodelay, keepalive))
