@@ -90,7 +90,8 @@ def _routes(spec: LaunchSpec, layout: _Layout, who: WorkerIdentity, handle: Work
         name, fd = ("stdout", console.stdout_fd) if stdout else ("stderr", console.stderr_fd)
         file = Route.open_file(plan, rank_dir / f"{name}.log" if rank_dir is not None else None)
         filters = spec.logs.stdout_filters if stdout else spec.logs.stderr_filters
-        filter_prefix = render_prefix(layout.template or DEFAULT_PREFIX_TEMPLATE, role=role, rank=rank, local_rank=local_rank)
+        template = DEFAULT_PREFIX_TEMPLATE if spec.logs.prefix_template is None else spec.logs.prefix_template
+        filter_prefix = render_prefix(template, role=role, rank=rank, local_rank=local_rank)  # torchrun's tee format
         return Route(
             console.source(fd, prefix) if plan.to_console else None,
             file,
