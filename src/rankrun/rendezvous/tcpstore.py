@@ -316,6 +316,18 @@ class _Connection(asyncio.BufferedProtocol):
         self._need = needed_end - pos
         return -1
 
+    def _pair(self, mv: memoryview, pos: int, end: int) -> tuple[int, int]:
+        """(end of the key, end of the value) of the key/value request at ``pos``; (-1, -1) while incomplete."""
+        k = _span(mv, pos + 1, end, MAX_KEY_LEN, "key")
+        if k < 0 or k > end:
+            return -1, -1
+        v = _span(mv, k, end, MAX_VALUE_LEN, "value")
+        if v < 0:
+            return -1, -1
+        if v > end:
+            return -1, self._more(pos, v)
+        return k, v
+
     def _items(self, mv: memoryview, pos: int, end: int, per_entry: int) -> tuple[list[bytes], int] | None:
         """The key list (``per_entry`` 1) or key/value list (2) of the request at ``pos`` and where it ends.
 
@@ -392,14 +404,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _op_set(self, mv: memoryview, pos: int, end: int) -> int:
         """SET: key, value; no reply."""
-        k = _span(mv, pos + 1, end, MAX_KEY_LEN, "key")
-        if k < 0 or k > end:
+        k, v = self._pair(mv, pos, end)
+        if k < 0:
             return -1
-        v = _span(mv, k, end, MAX_VALUE_LEN, "value")
-        if v < 0:
-            return -1
-        if v > end:
-            return self._more(pos, v)
         self._keyspace.set(mv[pos + 9 : k].tobytes(), mv[k + 8 : v].tobytes())
         return v
 
@@ -470,14 +477,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _op_append(self, mv: memoryview, pos: int, end: int) -> int:
         """APPEND: key, suffix; no reply."""
-        k = _span(mv, pos + 1, end, MAX_KEY_LEN, "key")
-        if k < 0 or k > end:
+        k, v = self._pair(mv, pos, end)
+        if k < 0:
             return -1
-        v = _span(mv, k, end, MAX_VALUE_LEN, "value")
-        if v < 0:
-            return -1
-        if v > end:
-            return self._more(pos, v)
         self._keyspace.append(mv[pos + 9 : k].tobytes(), mv[k + 8 : v].tobytes())
         return v
 
@@ -515,14 +517,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _op_queue_push(self, mv: memoryview, pos: int, end: int) -> int:
         """QUEUE_PUSH: key, value; no reply; wakes one WAIT on the key."""
-        k = _span(mv, pos + 1, end, MAX_KEY_LEN, "key")
-        if k < 0 or k > end:
+        k, v = self._pair(mv, pos, end)
+        if k < 0:
             return -1
-        v = _span(mv, k, end, MAX_VALUE_LEN, "value")
-        if v < 0:
-            return -1
-        if v > end:
-            return self._more(pos, v)
         self._keyspace.push(mv[pos + 9 : k].tobytes(), mv[k + 8 : v].tobytes())
         return v
 
