@@ -312,19 +312,58 @@ def _state(pid: int) -> str:
     return stat[stat.rfind(")") + 2]
 
 
-def test_ctrl_z_suspends_the_job_with_the_terminal_restored_and_fg_resumes_it(pty_launch):
+def test_ctrl_z_without_a_job_control_shell_does_nothing(pty_launch):
+    """Nobody could resume a stopped job here (its process group is orphaned): the kernel would discard SIGTSTP too."""
     term = pty_launch("--nproc-per-node", "1", payload("interactive.py"))
     term.wait_screen(r"^name\?$")
-    (worker,) = _children_named(term.proc.pid, "interactive.py")
     term.send(b"\x1a")
-    term.wait_until("the job to stop", lambda: _state(term.proc.pid) == "T" and _state(worker) == "T", 10.0)
-    assert term.modes_now() == term.initial_modes  # the shell gets its terminal back while the job is stopped
-    os.killpg(term.proc.pid, signal.SIGCONT)  # what `fg` sends
-    term.wait_until("the job to run again", lambda: _state(worker) != "T" and term.modes_now() != term.initial_modes, 10.0)
-    term.send(b"zed\r")
+    term.send(b"zed\r")  # still running, still reading its terminal
     term.wait_screen(r"^hello zed$")
+    assert _state(term.proc.pid) != "T"
     term.send(b"\r")
     assert term.finish() == 0
+
+
+def test_ctrl_z_fg_and_bg_from_a_job_control_shell(tmp_path, reaper):
+    env = clean_environ() | {"PS1": "$ ", "TEST_PID_DIR": str(reaper.watch_dir(tmp_path / "pids"))}
+    shell = PtyLauncher(["bash", "--norc", "--noprofile", "-i"], env, tmp_path)
+    reaper.pids.add(shell.proc.pid)
+    try:
+        shell.wait_screen(r"^\$$")
+        for resume in ("fg", "bg"):
+            _suspend_and_resume(shell, resume, tmp_path, reaper)
+        shell.send(b"exit\r")
+        assert shell.finish() == 0
+    finally:
+        shell.close()
+
+
+def _suspend_and_resume(shell: PtyLauncher, resume: str, tmp_path: Path, reaper: Reaper) -> None:
+    command = " ".join([*RANKRUN, "--nproc-per-node", "2", "--local-ranks-filter", "0", payload("job.py")])
+    shell.send(command.encode() + b"\r")
+    shell.wait_screen(r"^name\?$")
+    (launcher,) = _children(shell.proc.pid)
+    workers = _children_named(launcher, "job.py")
+    assert len(workers) == 2
+    reaper.pids.update([launcher, *workers])
+    everyone = [launcher, *workers]
+    shell.send(b"\x1a")
+    shell.wait_until("the whole job to stop", lambda: {_state(p) for p in everyone} == {"T"}, 10.0)
+    shell.wait_screen(r"Stopped")
+    shell.send(resume.encode() + b"\r")
+    shell.wait_until("the workers to go on", lambda: {_state(p) for p in workers} != {"T"}, 10.0)
+    if resume == "bg":
+        shell.send(b"echo shell-has-it\r")  # in the background the job leaves the terminal to the shell
+        shell.wait_screen(r"^shell-has-it$")
+        assert _state(launcher) != "T"  # not stopped by SIGTTIN
+        shell.send(b"fg\r")
+    shell.wait_until("the job to be in front again", lambda: _state(launcher) != "T", 10.0)
+    shell.send(b"zed\r")  # typed into the worker's terminal again: raw mode is back
+    shell.wait_screen(r"^hello zed$")
+    shell.wait_until("the job to end", lambda: not Path(f"/proc/{launcher}").exists() or _state(launcher) == "Z", 30.0)
+    (tmp_path / "pids" / "answered").unlink()
+    shell.send(b"clear\r")
+    shell.wait_until("a clear screen", lambda: not any("hello" in line for line in shell.display()), 10.0)
 
 
 def _children_named(pid: int, name: str) -> list[int]:
@@ -332,3 +371,15 @@ def _children_named(pid: int, name: str) -> list[int]:
     own = Path(f"/proc/{pid}/cmdline").read_text()
     cmdlines = {p: Path(f"/proc/{p}/cmdline").read_text() for p in _children(pid)}
     return [p for p, cmd in cmdlines.items() if name in cmd and cmd != own]
+
+
+def test_only_the_worker_terminal_processes_its_output(pty_launch, tmp_path):
+    script = tmp_path / "rawout.py"
+    script.write_text("import sys, tty\nprint('one', flush=True)\ntty.setraw(1)\nsys.stdout.write('abc\\ndef\\r\\n')\n")
+    term = pty_launch(str(script))
+    assert term.finish() == 0
+    assert b"one\r\n" in term.raw and b"\r\r\n" not in term.raw  # \n became \r\n once, in the worker's terminal
+    lines = term.display()
+    at = lines.index("abc")
+    assert lines[at + 1] == "   def"  # output processing off in the worker's terminal: a bare \n, as on a real one
+    assert term.modes_now() == term.initial_modes

@@ -26,7 +26,7 @@ def test_another_source_ends_an_open_line_which_resumes_under_its_prefix(tmp_pat
         await b.write(b"\r 50%")
 
     out, _ = _run(tmp_path, merged=False, script=script)
-    assert out == b"[a]loading\n[b]ready\n[a] done\n[a]next\n\r[b] 50%\n"  # the last open line is ended at close
+    assert out == b"[a]loading\n[b]ready\n[a] done\n[a]next\n[b]\r[b] 50%\n"  # the last open line is ended at close
 
 
 def test_a_raw_open_line_is_left_as_the_worker_wrote_it(tmp_path):

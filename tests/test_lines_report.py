@@ -73,7 +73,13 @@ TB_HANDLED = 'Traceback (most recent call last):\n  File "t.py", line 2, in <mod
         (TB_HANDLED + "\n" + "".join(f"step {i}\n" for i in range(20)) + TB_REAL + "\n", TB_REAL),
         # a handled traceback, the program went on for a while, then sys.exit("message")
         (TB_HANDLED + "\n" + "".join(f"step {i}\n" for i in range(20)) + "fatal: giving up\n",
-         "\n".join([*(f"step {i}" for i in range(11, 20)), "fatal: giving up"])),
+         "\n".join(["(the last traceback, 21 lines before the end, was: FileNotFoundError: /nope)",
+                    *(f"step {i}" for i in range(11, 20)), "fatal: giving up"])),
+        # a thread died: its traceback keeps the line that says so
+        ("Exception in thread Thread-1 (t):\n" + TB_REAL + "\n", "Exception in thread Thread-1 (t):\n" + TB_REAL),
+        # a progress bar was open when it raised: the quote shows what a terminal showed, not the redraws
+        ("\r 10%\r 20%Traceback (most recent call last):\n  File \"t.py\", line 1\nOSError: x\n",
+         ' 20%Traceback (most recent call last):\n  File "t.py", line 1\nOSError: x'),
         # the uncaught traceback, then a final line (sys.exit message, shutdown noise) is kept with it
         (f"{TB_REAL}\nwandb: synced\n", f"{TB_REAL}\nwandb: synced"),
         # "Exception ignored in" without a traceback
@@ -117,6 +123,8 @@ def test_render_is_the_same_whatever_the_chunking(chunks):
         (b" 30%", LineState.AFTER_CR, b"[p] 30%", LineState.MID),
         (b"\n", LineState.AFTER_CR, b"\n", LineState.FRESH),  # \r\n split across chunks: no prefix between
         (b"x\r\ny", LineState.FRESH, b"[p]x\r\n[p]y", LineState.MID),
+        (b"a\r\n\r\nb\r\n", LineState.FRESH, b"[p]a\r\n[p]\r\n[p]b\r\n", LineState.FRESH),  # a blank CRLF line too
+        (b"\r 5%", LineState.FRESH, b"[p]\r[p] 5%", LineState.MID),
         (b"\nnext", LineState.ENDED, b"[p]next", LineState.MID),  # the console already ended the line
         (b" more", LineState.ENDED, b"[p] more", LineState.MID),
     ],

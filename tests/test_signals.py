@@ -145,3 +145,12 @@ def test_version():
     from rankrun import __version__  # noqa: PLC0415
 
     assert res.stdout == f"rankrun {__version__}\n"
+
+
+def test_sigint_outside_the_set_ends_rankrun_silently_with_its_default_action(tmp_path, reaper):
+    proc, worker = _start(tmp_path, reaper, "--signals-to-handle=SIGTERM", payload("sigwait.py"), ignore_hup=False)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGINT
+    assert err == b""  # no KeyboardInterrupt traceback
+    assert wait_gone([worker], 5.0) == []

@@ -128,7 +128,7 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
             argv = worker_argv(spec.worker.entry, who.local_rank)
             handle = await spawner.spawn(Command(argv, env, stdio, stdin_null))
             if handle.terminal_fd is not None:
-                relays.append(TerminalRelay(handle.terminal_fd, handle.pid, guard=terminal_guard))
+                relays.append(TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers], guard=terminal_guard))
                 relays[-1].start()
             routes = _routes(spec, layout, who, handle)
             tail = routes[-1].tail = Tail()
@@ -138,14 +138,14 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
             workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
         outcome = await supervise([w.handle for w in workers], signals.next, spec.restart.shutdown_timeout)
     finally:
-        for relay in relays:
-            relay.stop()  # the user's terminal as it was, before anything else is printed
         for w in workers:
             w.handle.signal_group(signal.SIGKILL)
         after_group([w.handle for w in workers])
         try:
-            await _drain(workers, signals, console)
+            await _drain(workers, signals, console)  # the terminal worker's last bytes, still relayed raw
         finally:
+            for relay in relays:
+                relay.stop()  # the user's terminal as it was, before rankrun prints anything of its own
             for fh in layout.filtered:
                 if fh is not None:
                     fh.close()

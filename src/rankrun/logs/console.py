@@ -28,6 +28,7 @@ import contextlib
 import os
 import queue
 import stat
+import termios
 import threading
 from dataclasses import dataclass, field
 
@@ -116,6 +117,14 @@ class _Destination:
         return b"\n"
 
 
+def _raw_terminal(fd: int) -> bool:
+    """A terminal with output processing off (an interactive worker's relay): rankrun's own lines need \\r\\n."""
+    try:
+        return os.isatty(fd) and not termios.tcgetattr(fd)[1] & termios.OPOST
+    except (OSError, termios.error):
+        return False
+
+
 def _write_all(fd: int, data: bytes) -> bool:
     view = memoryview(data)
     while view:
@@ -188,7 +197,8 @@ class Console:
             return
         dest = self._destinations[fd]
         with self._lock:
-            dest.queue.put(dest.end_open_line() + data)
+            text = dest.end_open_line() + data
+            dest.queue.put(text.replace(b"\n", b"\r\n") if _raw_terminal(dest.fd) else text)
 
     def set_epilogue(self, data: bytes) -> None:
         """Text for stderr that ``close()`` writes after everything else (the failure report)."""

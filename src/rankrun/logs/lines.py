@@ -15,8 +15,8 @@ from string import Template
 
 HOLD_MAX = 1 << 16  # a held partial line longer than this is passed on at once (memory stays bounded)
 
-# where a prefix goes inside a chunk: after \n or after a redraw's \r (not the \r of \r\n), unless \r comes next
-_LINE_START = re.compile(rb"\n(?=[^\r])|\r(?=[^\n\r])")
+# where a prefix goes inside a chunk: after \n, and after a redraw's \r (not the \r of \r\n, nor one before another \r)
+_LINE_START = re.compile(rb"\n(?=[\s\S])|\r(?=[^\n\r])")
 
 
 class LineState(enum.Enum):
@@ -57,11 +57,9 @@ def render(data: bytes, prefix: bytes, state: LineState) -> tuple[bytes, LineSta
     end = end_state(data)
     if not prefix:
         return data, end
-    if state is LineState.FRESH:
-        head = b"" if data[0] == 0x0D else prefix  # a leading \r: the redraw's own prefix follows it
-    else:
-        head = prefix if state is LineState.AFTER_CR and data[0] not in (0x0A, 0x0D) else b""
-    if b"\r" in data:  # a line start is after \n or a redraw's \r, but not before a \r (its own prefix follows)
+    redraw = state is LineState.AFTER_CR and data[0] not in (0x0A, 0x0D)  # the \r was a redraw, not \r\n
+    head = prefix if state is LineState.FRESH or redraw else b""
+    if b"\r" in data:  # a line starts after \n, and a redraw after a \r that is not part of \r\n
         body = _LINE_START.sub(lambda m: m.group(0) + prefix, data)
     else:  # the hot path: one replace
         body = data.replace(b"\n", b"\n" + prefix)

@@ -72,6 +72,10 @@ class EarlyCatcher:
                 self.pending = [s for s in self.pending if s != signum]
                 if restored == signal.SIG_DFL:
                     os.kill(os.getpid(), signum)  # what would have happened had we never caught it
+        if signal.SIGINT not in wanted and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # Python's KeyboardInterrupt handler is the interpreter's, not what rankrun inherited (SIG_DFL):
+            # left in place, a Ctrl-C outside the set would end rankrun with a traceback
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
         self.signums = wanted
 
     def _record(self, signum: int, frame: FrameType | None) -> None:

@@ -8,8 +8,11 @@ the real error), and plain lines. Then:
 - ignored blocks never count;
 - the traceback that ended the process is the last one, if the process stopped soon after it
   (at most ``AFTER`` more lines: a final ``sys.exit("message")`` line or shutdown noise,
-  quoted with it); a traceback followed by more is one the program printed and went on from
-  (``traceback.print_exc()``), so the last lines are quoted instead;
+  quoted with it); a traceback followed by more is taken as one the program printed and went
+  on from (``traceback.print_exc()``): the last lines are quoted instead, after a note naming
+  that traceback's exception (in case it was the real one, followed by much exit noise);
+- a thread's traceback keeps its "Exception in thread …" line, so it does not read as the
+  main thread's;
 - a death by signal quotes the last lines (e.g. C++'s ``terminate called after …``).
 
 Prefixes that torch's excepthook puts on every line (``[rank1]: ``) are kept.
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 HEADER = "Traceback (most recent call last):"
 IGNORED = "Exception ignored"
+THREAD = "Exception in thread "
 CHAINS = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
@@ -49,7 +53,9 @@ def blocks(text: str) -> list[Block]:
             i = end
         elif HEADER in line:
             end = _traceback_end(lines, i)
-            out.append(Block("traceback", tuple(lines[i:end])))
+            # threading's excepthook names the thread on the line before: keep it with its traceback
+            head = out.pop().lines if out and out[-1].kind == "line" and THREAD in out[-1].lines[0] else ()
+            out.append(Block("traceback", (*head, *lines[i:end])))
             i = end
         else:
             out.append(Block("line", (line,)))
@@ -92,8 +98,11 @@ def explain(text: str, *, by_signal: bool = False) -> str:
     if by_signal or last_tb is None:
         return _clip(_last_lines(lines, LAST))
     after = [line for b in kept[last_tb + 1 :] for line in b.lines]
-    if len([line for line in after if line.strip()]) > AFTER:
-        return _clip(_last_lines(lines, LAST))  # a handled traceback: the program went on
+    went_on = [line for line in after if line.strip()]
+    if len(went_on) > AFTER:  # the program went on after it (a handled traceback), or a lot followed it
+        raised = next((line.strip() for line in reversed(kept[last_tb].lines) if line.strip()), "")
+        note = f"(the last traceback, {len(went_on)} lines before the end, was: {raised})"
+        return _clip([note, *_last_lines(lines, LAST)])
     return _clip([*kept[last_tb].lines, *after])
 
 
@@ -104,6 +113,7 @@ def _last_lines(lines: list[str], count: int) -> list[str]:
 
 
 def _clip(lines: list[str]) -> str:
+    lines = [line.rsplit("\r", 1)[-1] for line in lines]  # a \r redraw: what a terminal would show
     if len(lines) > MAX_LINES:
         lines = [*lines[:5], f"... ({len(lines) - MAX_LINES + 5} lines omitted) ...", *lines[-(MAX_LINES - 5) :]]
     return "\n".join(lines).rstrip("\n")
