@@ -43,6 +43,14 @@ CASES: list[tuple[list[str], str]] = [
     (["--rdzv-endpoint", "h", "ok.py"], "--rdzv-endpoint 'h': the static backend needs HOST:PORT"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "ok.py"],
      "--rdzv-endpoint 'h:99999': port must be a number from 0 to 65535"),
+    (["--rdzv-conf", "secret=hunter2", "ok.py"],
+     "--rdzv-conf 'secret=<hidden>': never put a secret on the command line: use secret_file=PATH or RANKRUN_RDZV_SECRET"),
+    (["--rdzv-conf", "join_timeout=soon", "ok.py"], "--rdzv-conf 'join_timeout=soon': expected a number"),
+    (["--rdzv-conf", "is_host=maybe", "ok.py"], "--rdzv-conf 'is_host=maybe': expected 1/0, true/false, yes/no"),
+    (["--rdzv-conf", "jion_timeout=5", "ok.py"],
+     "--rdzv-conf 'jion_timeout=5': unknown key 'jion_timeout' (accepted: ca_cert, cacert, cert, close_timeout, etcd_prefix, "
+     "heartbeat_timeout, is_host, join_timeout, keep_alive_interval, keep_alive_max_attempt, key, last_call_timeout, "
+     "password_file, protocol, rank, read_timeout, secret_file, ssl_cert, ssl_cert_key, store_type, timeout, user)"),
     (["--node-rank", "2", "ok.py"], "--node-rank 2: must be from 0 to 0 with --nnodes 1:1"),
     (["--nnodes", "2", "ok.py"], "--nnodes '2': multi-node jobs are not supported yet (use 1)"),
     (["--rdzv-backend", "etcd", "ok.py"], "--rdzv-backend 'etcd': not supported yet (multi-node rendezvous comes in a later release)"),

@@ -11,7 +11,11 @@ from hypothesis import strategies as st
 from rankrun.cli import spec_from_args
 from rankrun.errors import NotSupportedYetError, UsageError
 from rankrun.spec import (
+    DynamicRendezvous,
     EntryKind,
+    RendezvousConf,
+    Standalone,
+    StaticRendezvous,
     Stream,
     parse_endpoint,
     parse_filters,
@@ -70,7 +74,9 @@ def test_uuid4_from_matches_the_uuid_module(raw):
 
 
 def test_rdzv_conf_and_endpoint_and_filters():
-    assert parse_rdzv_conf(" a = 1 , b=x ") == (("a", "1"), ("b", "x"))
+    conf = parse_rdzv_conf(" join_timeout = 5 , is_host=no,keep_alive_max_attempt=4,cacert=/ca.pem ")
+    assert (conf.join_timeout, conf.is_host, conf.keep_alive_max_attempt, str(conf.ca_cert)) == (5.0, False, 4, "/ca.pem")
+    assert parse_rdzv_conf("") == RendezvousConf()  # torchrun's defaults
     assert parse_endpoint("node1", 29400) == ("node1", 29400)
     assert parse_endpoint("node1:0", 29400) == ("node1", 0)
     assert parse_endpoint("[::1]:5", 29400) == ("::1", 5)
@@ -94,11 +100,12 @@ def test_script_args_are_passed_verbatim(tmp_path):
 
 def test_implicit_standalone_static_and_c10d(tmp_path):
     implicit = _spec(tmp_path)
-    assert implicit.rendezvous.standalone and implicit.store.port == 0 and implicit.rendezvous.run_id != "none"
+    assert isinstance(implicit.rendezvous, Standalone) and implicit.store.port == 0 and implicit.rendezvous.run_id != "none"
     static = _spec(tmp_path, "--master-port", "29601")
-    assert not static.rendezvous.standalone and static.rendezvous.run_id == "none"
+    assert isinstance(static.rendezvous, StaticRendezvous) and static.rendezvous.run_id == "none"
     assert (static.store.host, static.store.port) == ("127.0.0.1", 29601)
     c10d = _spec(tmp_path, "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "job1")
+    assert isinstance(c10d.rendezvous, DynamicRendezvous)
     assert (c10d.rendezvous.endpoint_host, c10d.rendezvous.run_id, c10d.store.port) == ("localhost", "job1", 0)
     empty_id = _spec(tmp_path, "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "")
     assert empty_id.rendezvous.run_id.isdigit()
@@ -108,7 +115,7 @@ def test_pet_environment_defaults_and_cli_wins(tmp_path):
     env = {"PET_NPROC_PER_NODE": "3", "PET_MAX_RESTARTS": "2", "PET_STANDALONE": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7"}
     spec = _spec(tmp_path, env=env)
     assert (spec.worker.nproc, spec.restart.max_restarts, spec.restart.shutdown_timeout) == (3, 2, 7.0)
-    assert spec.rendezvous.standalone
+    assert isinstance(spec.rendezvous, Standalone)
     assert _spec(tmp_path, "--nproc-per-node", "1", env=env).worker.nproc == 1
 
 
@@ -133,10 +140,11 @@ def _as_store(spec):
 PET_TABLE = [
     ("PET_NNODES", "2", [], NotSupportedYetError),
     ("PET_NPROC_PER_NODE", "3", [], lambda s: s.worker.nproc == 3),
-    ("PET_RDZV_BACKEND", "c10d", ["--rdzv-id", "j"], lambda s: (s.rendezvous.backend, s.rendezvous.endpoint_port) == ("c10d", 29400)),
+    ("PET_RDZV_BACKEND", "c10d", ["--rdzv-id", "j"], lambda s: isinstance(s.rendezvous, DynamicRendezvous)
+     and (s.rendezvous.backend, s.rendezvous.endpoint_port) == ("c10d", 29400)),
     ("PET_RDZV_ENDPOINT", "127.0.0.2:29777", [], lambda s: _as_store(s) == ("127.0.0.2", 29777)),
     ("PET_RDZV_ID", "job9", ["--master-port", "0"], lambda s: s.rendezvous.run_id == "job9"),
-    ("PET_RDZV_CONF", "join_timeout=5", [], lambda s: s.rendezvous.conf == (("join_timeout", "5"),)),
+    ("PET_RDZV_CONF", "join_timeout=5", [], lambda s: s.rendezvous.conf.join_timeout == 5.0),
     ("PET_MAX_RESTARTS", "2", [], lambda s: s.restart.max_restarts == 2),
     ("PET_MONITOR_INTERVAL", "0", [], UsageError),
     ("PET_START_METHOD", "telepathy", [], UsageError),
@@ -150,11 +158,11 @@ PET_TABLE = [
     ("PET_DUPLICATE_STDERR_FILTERS", "warn", [], lambda s: s.logs.stderr_filters == ("warn",)),
     ("PET_NODE_RANK", "1", [], UsageError),  # a node rank beyond --nnodes 1
     ("PET_MASTER_ADDR", "127.0.0.3", ["--master-port", "29601"], lambda s: _as_store(s) == ("127.0.0.3", 29601)),
-    ("PET_MASTER_PORT", "29602", [], lambda s: _as_store(s) == ("127.0.0.1", 29602) and not s.rendezvous.standalone),
+    ("PET_MASTER_PORT", "29602", [], lambda s: _as_store(s) == ("127.0.0.1", 29602) and isinstance(s.rendezvous, StaticRendezvous)),
     ("PET_LOCAL_ADDR", "127.0.0.4", [], lambda s: _as_store(s) == ("127.0.0.4", 0)),
     ("PET_SIGNALS_TO_HANDLE", "SIGUSR1", [], lambda s: s.signals == (signal.SIGUSR1,)),
     ("PET_SHUTDOWN_TIMEOUT", "5", [], lambda s: s.restart.shutdown_timeout == 5.0),
-    ("PET_STANDALONE", "1", ["--master-port", "29601"], lambda s: s.rendezvous.standalone and s.store.port == 0),
+    ("PET_STANDALONE", "1", ["--master-port", "29601"], lambda s: isinstance(s.rendezvous, Standalone) and s.store.port == 0),
     ("PET_MODULE", "1", [], lambda s: s.worker.entry.kind is EntryKind.MODULE),
     ("PET_NO_PYTHON", "1", [], lambda s: s.worker.entry.kind is EntryKind.BINARY),
     ("PET_RUN_PATH", "1", [], lambda s: s.worker.entry.kind is EntryKind.RUN_PATH),

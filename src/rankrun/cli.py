@@ -22,12 +22,15 @@ from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     DEFAULT_SIGNALS,
+    DynamicRendezvous,
     EntryKind,
     EntrySpec,
     LaunchSpec,
     LogSpec,
     RendezvousSpec,
     RestartPolicy,
+    Standalone,
+    StaticRendezvous,
     StoreSpec,
     WorkerSpec,
     check_port,
@@ -176,7 +179,7 @@ def _nproc(value: str, env: Mapping[str, str]) -> int:
 
 
 def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
-    """torchrun's backend resolution (its §2), reduced to what one node needs."""
+    """torchrun's backend resolution (its §2) into one of the three rendezvous kinds."""
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     backend = resolve_backend(ns.rdzv_backend)
     conf = parse_rdzv_conf(ns.rdzv_conf)
@@ -189,8 +192,7 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None
     local_host = ns.local_addr or "127.0.0.1"
     if ns.standalone or implicit:
-        rdzv = RendezvousSpec("c10d", None, 0, uuid4_from(os.urandom(16)), min_nodes, max_nodes, 0, conf, standalone=True)
-        return rdzv, StoreSpec(local_host, 0)
+        return Standalone(uuid4_from(os.urandom(16)), conf, min_nodes, max_nodes), StoreSpec(local_host, 0)
     # torchrun: an empty --rdzv-id becomes a random uuid4's integer value
     run_id = ns.rdzv_id if ns.rdzv_id else str(int(uuid4_from(os.urandom(16)).replace("-", ""), 16))
     if backend == "static":
@@ -199,12 +201,11 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
             host, port = parse_endpoint(ns.rdzv_endpoint, -1)
             if port < 0:
                 raise UsageError("--rdzv-endpoint", ns.rdzv_endpoint, "the static backend needs HOST:PORT")
-        rdzv = RendezvousSpec("static", None, 0, run_id, min_nodes, max_nodes, ns.node_rank, conf, standalone=False)
-        return rdzv, StoreSpec(host, port)
+        node_rank = conf.rank if conf.rank is not None else ns.node_rank
+        return StaticRendezvous(run_id, max_nodes, node_rank, host, port, conf), StoreSpec(host, port)
     # torchrun's default for an empty c10d endpoint: localhost:29400
     host, port = parse_endpoint(ns.rdzv_endpoint or "localhost", C10D_DEFAULT_PORT)
-    rdzv = RendezvousSpec("c10d", host, port, run_id, min_nodes, max_nodes, 0, conf, standalone=False)
-    return rdzv, StoreSpec(local_host, 0)
+    return DynamicRendezvous(backend, host, port, run_id, min_nodes, max_nodes, conf), StoreSpec(local_host, 0)
 
 
 def _log_dir(value: str | None) -> Path | None:

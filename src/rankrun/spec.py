@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from rankrun.errors import NotSupportedYetError, UsageError
 
@@ -61,18 +63,74 @@ class EntrySpec:
 
 
 @dataclass(frozen=True)
-class RendezvousSpec:
-    """Where and how this node meets the others (single node in this version)."""
+class RendezvousConf:
+    """``--rdzv-conf``, typed; torchrun's keys and defaults (c10d / static / etcd), plus rankrun's ``secret_file``."""
 
-    backend: str  # "c10d" or "static" after resolution
-    endpoint_host: str | None  # c10d endpoint to hold open; None when there is none
+    join_timeout: float = 600.0
+    last_call_timeout: float = 30.0
+    close_timeout: float = 30.0
+    heartbeat_timeout: float = 5.0
+    keep_alive_interval: float = 5.0
+    keep_alive_max_attempt: int = 3
+    read_timeout: float = 60.0
+    is_host: bool | None = None  # None: inferred from the endpoint's address
+    store_type: str = "tcp"
+    timeout: float | None = None  # the static backend's store timeout (torchrun: 600 s when absent)
+    rank: int | None = None  # static only; --node-rank otherwise
+    secret_file: Path | None = None  # the per-job secret, read at start (never on argv)
+    etcd_prefix: str | None = None
+    protocol: str = "http"
+    ca_cert: Path | None = None
+    ssl_cert: Path | None = None
+    ssl_cert_key: Path | None = None
+    user: str | None = None
+    password_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Standalone:
+    """One node with its own store on an OS-chosen port (``--standalone``, or no rendezvous options)."""
+
+    run_id: str
+    conf: RendezvousConf = RendezvousConf()
+    min_nodes: int = 1
+    max_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class StaticRendezvous:
+    """``--nnodes N --node-rank R --master-addr A --master-port P`` (the static backend)."""
+
+    run_id: str
+    nodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    conf: RendezvousConf = RendezvousConf()
+
+    @property
+    def min_nodes(self) -> int:
+        return self.nodes
+
+    @property
+    def max_nodes(self) -> int:
+        return self.nodes
+
+
+@dataclass(frozen=True)
+class DynamicRendezvous:
+    """``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --nnodes MIN:MAX``."""
+
+    backend: str  # "c10d"
+    endpoint_host: str
     endpoint_port: int
     run_id: str
     min_nodes: int
     max_nodes: int
-    node_rank: int
-    conf: tuple[tuple[str, str], ...]
-    standalone: bool
+    conf: RendezvousConf = RendezvousConf()
+
+
+RendezvousSpec = Standalone | StaticRendezvous | DynamicRendezvous
 
 
 @dataclass(frozen=True)
@@ -199,18 +257,105 @@ def parse_ranks_filter(value: str) -> frozenset[int] | None:
         raise UsageError("--local-ranks-filter", value, "expected a comma-separated list of integers") from None
 
 
-def parse_rdzv_conf(value: str) -> tuple[tuple[str, str], ...]:
-    """``k1=v1,k2=v2``; blanks around keys and values are dropped; values stay strings."""
-    pairs: list[tuple[str, str]] = []
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise ValueError("must be greater than 0")
+    return number
+
+
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+_TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
+
+
+def _bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no")
+
+
+def _rank(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 or more")
+    return number
+
+
+def _store_type(value: str) -> str:
+    if value not in ("tcp", "file"):
+        raise ValueError("expected tcp or file")
+    return value
+
+
+def _protocol(value: str) -> str:
+    if value not in ("http", "https"):
+        raise ValueError("expected http or https")
+    return value
+
+
+_CONF_KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "join_timeout": ("join_timeout", _seconds),
+    "last_call_timeout": ("last_call_timeout", _seconds),
+    "close_timeout": ("close_timeout", _seconds),
+    "heartbeat_timeout": ("heartbeat_timeout", _seconds),
+    "keep_alive_interval": ("keep_alive_interval", _seconds),
+    "keep_alive_max_attempt": ("keep_alive_max_attempt", _count),
+    "read_timeout": ("read_timeout", _seconds),
+    "is_host": ("is_host", _bool),
+    "store_type": ("store_type", _store_type),
+    "timeout": ("timeout", _seconds),
+    "rank": ("rank", _rank),
+    "secret_file": ("secret_file", Path),
+    "etcd_prefix": ("etcd_prefix", str),
+    "protocol": ("protocol", _protocol),
+    "ca_cert": ("ca_cert", Path),
+    "cacert": ("ca_cert", Path),  # the legacy etcd backend's spellings
+    "ssl_cert": ("ssl_cert", Path),
+    "cert": ("ssl_cert", Path),
+    "ssl_cert_key": ("ssl_cert_key", Path),
+    "key": ("ssl_cert_key", Path),
+    "user": ("user", str),
+    "password_file": ("password_file", Path),
+}
+
+
+def parse_rdzv_conf(value: str) -> RendezvousConf:
+    """``k1=v1,k2=v2`` → typed settings; blanks around keys and values are dropped.
+
+    Every key torchrun accepts is accepted; an unknown key is an error listing them. A secret
+    is never taken from the command line (it would show in ``ps``): ``secret_file=`` or
+    ``RANKRUN_RDZV_SECRET``.
+    """
+    fields: dict[str, Any] = {}
     for item in value.split(","):
         if not item.strip():
             continue
         key, sep, val = item.partition("=")
         key, val = key.strip(), val.strip()
+        if key in ("secret", "password"):
+            shown = f"{key}=<hidden>"
+            raise UsageError("--rdzv-conf", shown, f"never put a {key} on the command line: use "
+                             + ("secret_file=PATH or RANKRUN_RDZV_SECRET" if key == "secret" else "password_file=PATH"))
         if not sep or not key or not val:
             raise UsageError("--rdzv-conf", value, f"{item.strip()!r} is not key=value")
-        pairs.append((key, val))
-    return tuple(pairs)
+        if key not in _CONF_KEYS:
+            raise UsageError("--rdzv-conf", value, f"unknown key {key!r} (accepted: {', '.join(sorted(_CONF_KEYS))})")
+        name, parse = _CONF_KEYS[key]
+        try:
+            fields[name] = parse(val)
+        except ValueError as exc:
+            why = str(exc) if str(exc).startswith(("must", "expected")) else "expected a number"  # int()/float()'s own
+            raise UsageError("--rdzv-conf", f"{key}={val}", why) from None
+    return replace(RendezvousConf(), **fields)
 
 
 def parse_endpoint(value: str, default_port: int) -> tuple[str, int]:

@@ -33,7 +33,7 @@ from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_o
 from rankrun.rendezvous.tcpstore import TCPStoreServer
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
-from rankrun.spec import LaunchSpec
+from rankrun.spec import DynamicRendezvous, LaunchSpec
 
 
 @dataclass
@@ -132,7 +132,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
     store, endpoint = TCPStoreServer(), TCPStoreServer()
     final: _Final | None = None
     try:
-        if spec.rendezvous.endpoint_host is not None:
+        if isinstance(spec.rendezvous, DynamicRendezvous):
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
             await endpoint.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
         port = await store.start(spec.store.host, spec.store.port)
