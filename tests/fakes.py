@@ -87,8 +87,7 @@ class FakeSpawner:
     spawned: list[FakeHandle] = field(default_factory=list)
 
     async def spawn(self, command: Command) -> FakeHandle:
-        env = dict(command.env)
-        attempt, local_rank = int(env["TORCHELASTIC_RESTART_COUNT"]), int(env["LOCAL_RANK"])
+        attempt, local_rank = command.attempt, int(command.env["LOCAL_RANK"])
         handle = FakeHandle(10_000 + len(self.spawned), command, self.plan(attempt, local_rank))
         self.spawned.append(handle)
         if self.after_spawn is not None:
@@ -96,4 +95,4 @@ class FakeSpawner:
         return handle
 
     def attempt(self, n: int) -> list[FakeHandle]:
-        return [h for h in self.spawned if h.env["TORCHELASTIC_RESTART_COUNT"] == str(n)]
+        return [h for h in self.spawned if h.command.attempt == n]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rankrun.agent.policy import Action, decide
+from rankrun.agent.policy import Action, Failed, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, prefix_lines, render, render_prefix, split_complete
 from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
@@ -177,13 +177,17 @@ def test_report_golden(utc):
 
 
 @pytest.mark.parametrize(
-    ("failed", "signum", "done", "budget", "action", "code"),
-    [(False, None, 0, 0, Action.SUCCEED, 0), (True, None, 0, 1, Action.RESTART, None), (True, None, 1, 1, Action.GIVE_UP, 1),
-     (True, 15, 0, 5, Action.INTERRUPTED, 143), (False, 2, 0, 0, Action.INTERRUPTED, 130)],
+    ("event", "done", "budget", "action"),
+    [
+        (Succeeded(), 0, 0, Action.FINISH),
+        (Failed(), 0, 1, Action.RESTART),
+        (Failed(), 1, 1, Action.GIVE_UP),
+        (Signalled(15), 0, 5, Action.SHUT_DOWN),
+        (MembershipChanged("node 3 joined"), 5, 5, Action.REGROUP),  # never counted: a spent budget does not matter
+    ],
 )
-def test_policy(failed, signum, done, budget, action, code):
-    d = decide(failed=failed, interrupted_by=signum, restarts_done=done, max_restarts=budget)
-    assert (d.action, d.exit_code) == (action, code)
+def test_policy(event, done, budget, action):
+    assert decide(event, done, budget) is action
 
 
 def test_filter_splitter_bounds_overlong_lines():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANKRUN, alive, clean_environ, payload, wait_gone
+from conftest import RANKRUN, alive, clean_environ, payload, wait_empty, wait_gone
 from rankrun.proc.early import DEFAULT_SIGNALS, EarlyCatcher, requested_signals
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
@@ -59,11 +59,12 @@ def test_nohup_ignored_sighup_is_left_alone_when_not_in_the_set(tmp_path, reaper
     assert out == b"finished\n"
 
 
-def test_sighup_outside_the_set_keeps_its_default_action(tmp_path, reaper):
+def test_sighup_outside_the_set_keeps_its_default_action(tmp_path, reaper, private_tmpdir):
     proc, worker = _start(tmp_path, reaper, "--signals-to-handle=SIGTERM", payload("sigwait.py"), ignore_hup=False)
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(timeout=30) == -signal.SIGHUP  # killed by it, as any program that does not handle it
     assert wait_gone([worker], 5.0) == []  # and the watchdog took the workers with it
+    assert wait_empty(private_tmpdir, 5.0) == []  # and removed the private temp dir
     proc.communicate(timeout=30)
 
 
@@ -147,10 +148,11 @@ def test_version():
     assert res.stdout == f"rankrun {__version__}\n"
 
 
-def test_sigint_outside_the_set_ends_rankrun_silently_with_its_default_action(tmp_path, reaper):
+def test_sigint_outside_the_set_ends_rankrun_silently_with_its_default_action(tmp_path, reaper, private_tmpdir):
     proc, worker = _start(tmp_path, reaper, "--signals-to-handle=SIGTERM", payload("sigwait.py"), ignore_hup=False)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGINT
     assert err == b""  # no KeyboardInterrupt traceback
     assert wait_gone([worker], 5.0) == []
+    assert wait_empty(private_tmpdir, 5.0) == []

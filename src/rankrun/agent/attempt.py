@@ -9,22 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from rankrun.agent.env import AttemptContext, WorkerIdentity, worker_env
-from rankrun.agent.ranks import NodeSlots, worker_identities
+from rankrun.agent.deps import AgentDeps
+from rankrun.agent.env import WorkerIdentity, worker_env
+from rankrun.agent.plan import AttemptPlan, attempt_context
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.lines import Tail, render_prefix
 from rankrun.logs.pump import Route, pump
-from rankrun.logs.routes import ConsoleFacts, plan_route, plan_stdio, prefix_template
+from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupOutcome, supervise
-from rankrun.proc.signals import SignalStream
-from rankrun.proc.spawn import Command, Spawner, WorkerHandle
+from rankrun.proc.signals import Interrupted, Stop, StopStream
+from rankrun.proc.spawn import Command, WorkerHandle
 from rankrun.proc.terminal import TerminalRelay
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
@@ -105,18 +105,12 @@ def _routes(spec: LaunchSpec, layout: _Layout, who: WorkerIdentity, handle: Work
     return route(stdout=True), route(stdout=False)
 
 
-async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a distinct collaborator
-    spec: LaunchSpec,
-    ctx: AttemptContext,
-    attempt_dir: Path | None,
-    spawner: Spawner,
-    console: Console,
-    signals: SignalStream,
-    after_group: Callable[[Sequence[WorkerHandle]], None],
-    facts: ConsoleFacts,
-    terminal_guard: Callable[[list[Any] | None], None] | None = None,
+async def run_attempt(
+    spec: LaunchSpec, plan: AttemptPlan, attempt_dir: Path | None, deps: AgentDeps, stops: StopStream
 ) -> AttemptResult:
-    identities = worker_identities([NodeSlots(spec.worker.role, spec.worker.nproc)], group_rank=0)
+    console, facts = deps.console, deps.console_facts
+    ctx = attempt_context(spec, plan)
+    identities = plan.identities
     workers: list[_Worker] = []
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
@@ -126,23 +120,24 @@ async def run_attempt(  # noqa: PLR0917 - one call site; every argument is a dis
             env = worker_env(spec.base_env, who, ctx, error_file)
             stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
             argv = worker_argv(spec.worker.entry, who.local_rank)
-            handle = await spawner.spawn(Command(argv, env, stdio, stdin_null))
+            handle = await deps.spawner.spawn(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
             if handle.terminal_fd is not None:
-                relays.append(TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers], guard=terminal_guard))
-                relays[-1].start()
+                relay = TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers], guard=deps.terminal_guard)
+                relay.start()
+                relays.append(relay)
             routes = _routes(spec, layout, who, handle)
             tail = routes[-1].tail = Tail()
             sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
             tasks = tuple(asyncio.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
             label = "stderr" if handle.stderr is not None else "output"
             workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
-        outcome = await supervise([w.handle for w in workers], signals.next, spec.restart.shutdown_timeout)
+        outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout, deps.clock.wall)
     finally:
         for w in workers:
             w.handle.signal_group(signal.SIGKILL)
-        after_group([w.handle for w in workers])
+        await deps.after_group([w.handle for w in workers])
         try:
-            await _drain(workers, signals, console)  # the terminal worker's last bytes, still relayed raw
+            await _drain(workers, stops, console)  # the terminal worker's last bytes, still relayed raw
         finally:
             for relay in relays:
                 relay.stop()  # the user's terminal as it was, before rankrun prints anything of its own
@@ -160,7 +155,7 @@ def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[BinaryI
     return (out, err)
 
 
-async def _drain(workers: list[_Worker], signals: SignalStream, console: Console) -> None:
+async def _drain(workers: list[_Worker], stops: StopStream, console: Console) -> None:
     """Deliver every byte still in the pipes; console writes are never cut short.
 
     Only a pump stuck *reading* for ``DRAIN_TIMEOUT`` (its pipe held open by a process that
@@ -168,13 +163,15 @@ async def _drain(workers: list[_Worker], signals: SignalStream, console: Console
     up on a console that does not read: the console is abandoned and the signal re-queued
     for the restart loop. Transports are always closed at the end.
     """
-    sig_task: asyncio.Task[int] | None = None
+    sig_task: asyncio.Task[Stop] | None = None
     while pending := [t for w in workers for t in w.pumps if not t.done()]:
-        sig_task = sig_task or asyncio.ensure_future(signals.next())
+        sig_task = sig_task or asyncio.ensure_future(stops.next())
         done, _ = await asyncio.wait([*pending, sig_task], timeout=DRAIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
         if sig_task in done:
-            console.abandon()
-            signals.deliver(sig_task.result())
+            stop = sig_task.result()
+            if isinstance(stop, Interrupted):
+                console.abandon()
+            stops.put_back(stop)
             sig_task = None
             continue
         if done:

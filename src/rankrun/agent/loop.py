@@ -1,9 +1,11 @@
-"""The restart loop: store → attempt → decide → restart / finish / give up / shut down → report.
+"""The restart loop: store → plan → attempt → decide → restart / regroup / finish / give up / shut down → report.
 
 ``launch`` owns the process-wide setup that must happen in order: fork the lifetime
 watchdog before any thread exists, become a child subreaper, start the console thread,
 then run the async agent. ``run_agent`` is one screen of sequencing over injected
-dependencies so scenarios can run on a fake spawner.
+dependencies (``AgentDeps``: spawner, console, stores, clock) so scenarios can run on
+fakes; every decision (``plan``, ``decide``, ``group_ended``) is a pure function, and exit
+codes are chosen here, at the edge.
 """
 
 from __future__ import annotations
@@ -14,46 +16,26 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
-from rankrun.agent.env import AttemptContext
-from rankrun.agent.policy import Action, decide
-from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, RankrunError
+from rankrun.agent.deps import AgentDeps
+from rankrun.agent.plan import AttemptPlan, Membership, single_node
+from rankrun.agent.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
+from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, RankrunError
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
-from rankrun.proc.signals import SignalStream, attach
-from rankrun.proc.spawn import OsSpawner, Spawner, WorkerHandle
+from rankrun.proc.group import GroupOutcome
+from rankrun.proc.signals import Interrupted, StopStream, attach
+from rankrun.proc.spawn import OsSpawner
 from rankrun.proc.terminal import is_foreground_terminal
 from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
-from rankrun.rendezvous.tcpstore import TCPStoreServer
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec
-
-
-@dataclass
-class AgentDeps:
-    """What the agent acts through: the seams a scenario test replaces."""
-
-    spawner: Spawner
-    console: Console
-    host: str
-    watchdog: Watchdog | None = None
-    keep: frozenset[int] = frozenset()  # children we had before launching (e.g. an entrypoint's sidecar)
-    facts: ConsoleFacts | None = None  # the launcher's stdio; None: the console's own, never interactive
-
-    def after_group(self, handles: Sequence[WorkerHandle]) -> None:
-        """Once a group is gone: reap re-parented descendants, then stop watching its process groups."""
-        if self.watchdog is None:
-            return
-        reap_orphans(exclude={self.watchdog.pid, *self.keep, *(h.pid for h in handles)})
-        for h in handles:
-            self.watchdog.unregister(h.pid)
 
 
 def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
@@ -125,27 +107,26 @@ def _use_pidfd_child_watcher() -> None:
 
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
-    signals = attach(catcher, asyncio.get_running_loop(), spec.signals)
+    stops = attach(catcher, asyncio.get_running_loop(), spec.signals)
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     if deps.watchdog is not None and logs.base is not None and not logs.keep:
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
-    store, endpoint = TCPStoreServer(), TCPStoreServer()
     final: _Final | None = None
     try:
         if isinstance(spec.rendezvous, DynamicRendezvous):
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
-            await endpoint.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
-        port = await store.start(spec.store.host, spec.store.port)
-        final = await _attempts(spec, deps, signals, logs, store, port)
+            await deps.endpoint_store.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
+        port = await deps.worker_store.start(spec.store.host, spec.store.port)
+        final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
-        await store.close()
-        await endpoint.close()
+        await deps.worker_store.close()
+        await deps.endpoint_store.close()
         kept = logs.finish()
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")
     # Last of all, after every other line: the report (the private log dir is gone by now).
-    if final.attempt is not None:
-        _report(spec, deps, final.attempt, final.restarts, error_files_kept=kept is not None)
+    if final.report is not None:
+        _report(spec, deps, final.report, final.restarts, error_files_kept=kept is not None)
     return final.exit_code
 
 
@@ -153,48 +134,45 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
 class _Final:
     exit_code: int
     restarts: int
-    attempt: AttemptResult | None  # set when a failure report is due
+    report: AttemptResult | None  # set when a failure report is due
 
 
-async def _attempts(  # noqa: PLR0917 - private; the pieces run_agent set up
-    spec: LaunchSpec, deps: AgentDeps, signals: SignalStream, logs: RunLogs, store: TCPStoreServer, port: int
-) -> _Final:
-    restarts = 0
+def group_ended(outcome: GroupOutcome) -> GroupEnded:
+    """How a group ended, for ``decide`` (pure)."""
+    if outcome.interrupted_by is not None:
+        return Signalled(outcome.interrupted_by)
+    if outcome.regrouped is not None:
+        return MembershipChanged(outcome.regrouped)
+    return Failed() if outcome.failed else Succeeded()
+
+
+async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, membership: Membership) -> _Final:
+    restarts, attempt = 0, -1
     while True:
-        early = signals.take_pending()
-        if early is not None:
-            when = "before the workers started" if restarts == 0 else f"before restart {restarts}"
-            deps.console.say(f"received {signal_name(early)} {when}; exiting")
-            return _Final(128 + early, restarts, None)
-        await store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
-        attempt_dir = logs.attempt_dir(restarts, spec.worker.nproc)
-        ctx = AttemptContext(
-            role=spec.worker.role,
-            master_addr=spec.store.host,
-            master_port=port,
-            restart_count=restarts,
-            max_restarts=spec.restart.max_restarts,
-            run_id=spec.rendezvous.run_id,
-            signals_to_handle=spec.signals_text,
-            virtual_local_rank=spec.worker.virtual_local_rank,
-        )
-        facts = deps.facts or ConsoleFacts(merged=deps.console.merged, interactive=False)
-        guard = deps.watchdog.terminal_modes if deps.watchdog is not None else None
-        attempt = await run_attempt(spec, ctx, attempt_dir, deps.spawner, deps.console, signals, deps.after_group, facts, guard)
-        decision = decide(
-            failed=attempt.outcome.failed,
-            interrupted_by=attempt.outcome.interrupted_by,
-            restarts_done=restarts,
-            max_restarts=spec.restart.max_restarts,
-        )
-        if decision.action is Action.RESTART:
-            _say_restart(deps.console, attempt, restarts, spec.restart.max_restarts)
+        attempt += 1
+        early = stops.take_pending()
+        if isinstance(early, Interrupted):
+            when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
+            deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
+            return _Final(EXIT_SIGNAL_BASE + early.signum, restarts, None)
+        await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
+        plan = AttemptPlan(attempt, restarts, membership)
+        attempt_dir = logs.attempt_dir(attempt, spec.worker.nproc)
+        result = await run_attempt(spec, plan, attempt_dir, deps, stops)
+        event = group_ended(result.outcome)
+        action = decide(event, restarts, spec.restart.max_restarts)
+        if action is Action.RESTART:
+            _say_restart(deps.console, result, restarts, spec.restart.max_restarts)
             restarts += 1
             continue
-        if decision.action is Action.INTERRUPTED:
-            _say_interrupted(deps.console, attempt)
-        assert decision.exit_code is not None  # every final action has one
-        return _Final(decision.exit_code, restarts, attempt if decision.action is Action.GIVE_UP else None)
+        if action is Action.REGROUP:
+            continue  # a new membership (multi-node): not counted against --max-restarts
+        if isinstance(event, Signalled):
+            _say_interrupted(deps.console, result)
+            return _Final(EXIT_SIGNAL_BASE + event.signum, restarts, None)
+        if action is Action.GIVE_UP:
+            return _Final(EXIT_WORKERS_FAILED, restarts, result)
+        return _Final(EXIT_SUCCESS, restarts, None)
 
 
 def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
@@ -230,4 +208,4 @@ def _report(spec: LaunchSpec, deps: AgentDeps, attempt: AttemptResult, restarts:
             deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
 
 
-__all__ = ["AgentDeps", "launch", "run_agent"]
+__all__ = ["AgentDeps", "group_ended", "launch", "run_agent"]

@@ -1,32 +1,56 @@
-"""The agent's decisions, as a pure function of what just happened."""
+"""The agent's decisions, as a pure function from how a worker group ended to what to do next.
+
+Exit codes are not decided here: they belong to the edge (``rankrun.agent.loop``), which
+turns the final action into one.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
 
-from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 
-
-class Action(Enum):
-    SUCCEED = "succeed"
-    RESTART = "restart"
-    GIVE_UP = "give_up"
-    INTERRUPTED = "interrupted"
+@dataclass(frozen=True)
+class Succeeded:
+    """Every worker exited 0."""
 
 
 @dataclass(frozen=True)
-class Decision:
-    action: Action
-    exit_code: int | None  # None while the job goes on
+class Failed:
+    """A worker failed (on this node, or, across nodes, anywhere in the job)."""
 
 
-def decide(*, failed: bool, interrupted_by: int | None, restarts_done: int, max_restarts: int) -> Decision:
-    """What to do after an attempt ended. A signal wins over everything; failures use the restart budget."""
-    if interrupted_by is not None:
-        return Decision(Action.INTERRUPTED, EXIT_SIGNAL_BASE + interrupted_by)
-    if not failed:
-        return Decision(Action.SUCCEED, EXIT_SUCCESS)
-    if restarts_done < max_restarts:
-        return Decision(Action.RESTART, None)
-    return Decision(Action.GIVE_UP, EXIT_WORKERS_FAILED)
+@dataclass(frozen=True)
+class Signalled:
+    """A handled signal stopped the group."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class MembershipChanged:
+    """Nodes joined or left: the workers were stopped to re-form the group."""
+
+    reason: str
+
+
+GroupEnded = Succeeded | Failed | Signalled | MembershipChanged
+
+
+class Action(Enum):
+    FINISH = "finish"  # the job is done (exit 0)
+    RESTART = "restart"  # run the workers again, one restart of the budget used
+    REGROUP = "regroup"  # re-form the group with the new membership; the budget is untouched
+    GIVE_UP = "give_up"  # failed and the budget is spent (report, exit 1)
+    SHUT_DOWN = "shut_down"  # a signal: stop everything (exit 128+N)
+
+
+def decide(event: GroupEnded, restarts_done: int, max_restarts: int) -> Action:
+    """What to do after a group ended. A signal wins over everything; only failures use the restart budget."""
+    if isinstance(event, Signalled):
+        return Action.SHUT_DOWN
+    if isinstance(event, MembershipChanged):
+        return Action.REGROUP
+    if isinstance(event, Succeeded):
+        return Action.FINISH
+    return Action.RESTART if restarts_done < max_restarts else Action.GIVE_UP

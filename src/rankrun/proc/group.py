@@ -1,11 +1,13 @@
-"""Supervise one worker group: wait for the first of {a failure, all done, a signal}, then stop it.
+"""Supervise one worker group: wait for the first of {a failure, all done, a stop}, then stop it.
 
-Exits are events (``handle.wait()`` tasks), not a polling tick. Stopping is one path:
-send the polite signal (SIGTERM after a failure, the received signal after an interrupt)
-to every worker's process group, wait until all have exited or the single monotonic
-deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. A second interrupt
-skips the grace period. Whatever happens, every process group gets a final SIGKILL so
-background children of workers that already exited are cleaned up too.
+Exits are events (``handle.wait()`` tasks), not a polling tick. A stop comes from the
+``StopStream``: a signal (``Interrupted``) or a membership change (``Regroup``). Stopping is
+one path: send the polite signal (SIGTERM after a failure or a regroup, the received signal
+after an interrupt) to every worker's process group, wait until all have exited or the single
+monotonic deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. Workers that end
+after the stop began count as stopped, not failed. A second interrupt skips the grace period.
+Whatever happens, every process group gets a final SIGKILL so background children of workers
+that already exited are cleaned up too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from rankrun.proc.signals import Interrupted, Regroup, Stop
 from rankrun.proc.spawn import WorkerHandle
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the kernel to report exits
@@ -35,6 +39,7 @@ class GroupOutcome:
     exits: dict[int, Exit] = field(default_factory=dict)
     interrupted_by: int | None = None  # signal number, when a signal stopped the group
     second_signal: int | None = None  # a further signal, which killed the group without grace
+    regrouped: str | None = None  # why the membership changed, when that stopped the group
     unkillable: list[int] = field(default_factory=list)  # indexes still alive after SIGKILL
 
     @property
@@ -44,37 +49,37 @@ class GroupOutcome:
 
 @dataclass
 class _Stop:
-    deadline: float | None = None  # monotonic
+    deadline: float | None = None  # on the event loop's clock
     killed: bool = False
 
 
 async def supervise(
     handles: Sequence[WorkerHandle],
-    next_signal: Callable[[], Awaitable[int]],
+    next_stop: Callable[[], Awaitable[Stop]],
     shutdown_timeout: float,
     wall: Callable[[], float] = time.time,
 ) -> GroupOutcome:
     outcome = GroupOutcome()
     waits = {asyncio.ensure_future(_wait(h)): i for i, h in enumerate(handles)}
-    sig_task: asyncio.Future[int] = asyncio.ensure_future(next_signal())
+    sig_task: asyncio.Future[Stop] = asyncio.ensure_future(next_stop())
     stop = _Stop()
     try:
         while waits:
-            timeout = None if stop.deadline is None else max(0.0, stop.deadline - time.monotonic())
-            watched: set[asyncio.Future[int]] = set[asyncio.Future[int]](waits) | ({sig_task} if not sig_task.done() else set())
+            timeout = None if stop.deadline is None else max(0.0, stop.deadline - asyncio.get_running_loop().time())
+            watched: set[asyncio.Future[Any]] = {*waits, *([sig_task] if not sig_task.done() else [])}
             done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             # Exits noticed together happened before anything we do now: none of them was "stopped".
             stopping, now = stop.deadline is not None, wall()
-            exited = sorted((waits.pop(t), t.result()) for t in done if t is not sig_task)  # type: ignore[call-overload]
+            exited = sorted((waits.pop(t), int(t.result())) for t in done if t is not sig_task)  # type: ignore[call-overload]
             for index, status in exited:
                 outcome.exits[index] = Exit(index, status, now, after_stop=stopping)
             if not stopping and any(status != 0 for _, status in exited):
                 _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
             if sig_task in done:
-                _on_signal(sig_task.result(), handles, waits, outcome, stop, shutdown_timeout)
+                _on_stop(sig_task.result(), handles, waits, outcome, stop, shutdown_timeout)
                 if not stop.killed:
-                    sig_task = asyncio.ensure_future(next_signal())
-            if stop.deadline is not None and not stop.killed and time.monotonic() >= stop.deadline:
+                    sig_task = asyncio.ensure_future(next_stop())
+            if stop.deadline is not None and not stop.killed and asyncio.get_running_loop().time() >= stop.deadline:
                 _kill(handles, waits, stop)
             if stop.killed and waits:
                 outcome.unkillable = await _wait_killed(waits, outcome, wall)
@@ -84,21 +89,28 @@ async def supervise(
             sig_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sig_task
-        elif not sig_task.cancelled() and outcome.interrupted_by is None:
-            outcome.interrupted_by = sig_task.result()  # arrived while the last workers were being killed
+        elif not sig_task.cancelled() and isinstance(last := sig_task.result(), Interrupted) and outcome.interrupted_by is None:
+            outcome.interrupted_by = last.signum  # arrived while the last workers were being killed
         for h in handles:
             h.signal_group(signal.SIGKILL)  # grandchildren left in the group, even after success
     return outcome
 
 
-def _on_signal(  # noqa: PLR0917 - private helper of supervise()
-    signum: int,
+def _on_stop(  # noqa: PLR0917 - private helper of supervise()
+    request: Stop,
     handles: Sequence[WorkerHandle],
     waits: dict[asyncio.Task[int], int],
     outcome: GroupOutcome,
     stop: _Stop,
     shutdown_timeout: float,
 ) -> None:
+    if isinstance(request, Regroup):
+        if outcome.regrouped is None and outcome.interrupted_by is None:
+            outcome.regrouped = request.reason
+            if stop.deadline is None:
+                _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+        return
+    signum = request.signum
     if outcome.interrupted_by is not None:
         outcome.second_signal = outcome.second_signal or signum
         _kill(handles, waits, stop)  # a second signal: no more patience
@@ -114,7 +126,7 @@ def _on_signal(  # noqa: PLR0917 - private helper of supervise()
 def _begin_stop(
     signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop, grace: float
 ) -> None:
-    stop.deadline = time.monotonic() + grace
+    stop.deadline = asyncio.get_running_loop().time() + grace
     for index in waits.values():
         handles[index].signal_group(signum)
 

@@ -4,42 +4,68 @@
 SIGTERM that arrives while arguments are parsed or the store is binding is recorded, not
 fatal. Once the event loop runs, ``attach`` moves delivery of exactly the handled set
 (``--signals-to-handle``) onto the loop and replays what arrived before; every other signal
-keeps the disposition rankrun inherited. The rest of rankrun only sees ints coming out of
-``SignalStream.next()``.
+keeps the disposition rankrun inherited. The rest of rankrun sees signals only as
+``Interrupted`` events on the ``StopStream``, the one stream of reasons to stop a worker group
+(membership changes arrive there too, as ``Regroup``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rankrun.proc.early import EarlyCatcher
 
 
-class SignalStream:
-    """An async stream of received signal numbers."""
+@dataclass(frozen=True)
+class Interrupted:
+    """A handled signal arrived: forward it, stop the job, exit 128+N."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """The membership changed (a node joined or left): stop the workers, who count as stopped, then re-form."""
+
+    reason: str
+
+
+Stop = Interrupted | Regroup
+
+
+class StopStream:
+    """Every reason to stop a worker group, in arrival order: signals and membership changes, one consumer at a time."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[int] = asyncio.Queue()
+        self._queue: asyncio.Queue[Stop] = asyncio.Queue()
 
     def deliver(self, signum: int) -> None:
-        self._queue.put_nowait(signum)
+        self._queue.put_nowait(Interrupted(signum))
 
-    def take_pending(self) -> int | None:
-        """A signal that arrived and nobody consumed yet, if any."""
+    def regroup(self, reason: str) -> None:
+        self._queue.put_nowait(Regroup(reason))
+
+    def put_back(self, stop: Stop) -> None:
+        """Re-queue a stop a consumer took but cannot act on (the next consumer will)."""
+        self._queue.put_nowait(stop)
+
+    def take_pending(self) -> Stop | None:
+        """A stop that arrived and nobody consumed yet, if any."""
         try:
             return self._queue.get_nowait()
         except asyncio.QueueEmpty:
             return None
 
-    async def next(self) -> int:
+    async def next(self) -> Stop:
         return await self._queue.get()
 
 
-def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iterable[int]) -> SignalStream:
+def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iterable[int]) -> StopStream:
     """Deliver exactly ``signums`` through a stream on ``loop``, replaying what came early."""
     catcher.adopt(signums)  # any other signal keeps the disposition rankrun inherited
-    stream = SignalStream()
+    stream = StopStream()
     for signum in catcher.signums:
         loop.add_signal_handler(signum, stream.deliver, signum)
     for signum in catcher.pending:

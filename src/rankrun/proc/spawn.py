@@ -85,6 +85,7 @@ class Command:
     env: Mapping[str, str]
     stdio: Stdio = Stdio.PIPES
     stdin_null: bool = False
+    attempt: int = 0  # which of this node's worker groups it belongs to (a tag, for logs and fakes)
 
 
 class Spawner(Protocol):

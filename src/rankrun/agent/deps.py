@@ -1,0 +1,46 @@
+"""What the agent acts through: the seams a scenario test replaces (spawner, console, stores, clock)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankrun.clock import Clock, SystemClock
+from rankrun.logs.console import Console
+from rankrun.logs.routes import ConsoleFacts
+from rankrun.proc.spawn import Spawner, WorkerHandle
+from rankrun.proc.watchdog import Watchdog, reap_orphans
+from rankrun.rendezvous.tcpstore import TCPStoreServer
+
+
+@dataclass
+class AgentDeps:
+    spawner: Spawner
+    console: Console
+    host: str
+    watchdog: Watchdog | None = None
+    keep: frozenset[int] = frozenset()  # children we had before launching (e.g. an entrypoint's sidecar)
+    facts: ConsoleFacts | None = None  # the launcher's stdio; None: the console's own, never interactive
+    worker_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # what env:// connects to
+    endpoint_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # holds a single-node c10d endpoint
+    clock: Clock = field(default_factory=SystemClock)
+
+    @property
+    def console_facts(self) -> ConsoleFacts:
+        return self.facts or ConsoleFacts(merged=self.console.merged, interactive=False)
+
+    @property
+    def terminal_guard(self) -> Callable[[list[Any] | None], None] | None:
+        return self.watchdog.terminal_modes if self.watchdog is not None else None
+
+    async def after_group(self, handles: Sequence[WorkerHandle]) -> None:
+        """Once a group is gone: reap re-parented descendants (off the event loop, which also serves
+        the stores), then stop watching its process groups."""
+        if self.watchdog is None:
+            return
+        exclude = {self.watchdog.pid, *self.keep, *(h.pid for h in handles)}
+        await asyncio.to_thread(reap_orphans, exclude)
+        for h in handles:
+            self.watchdog.unregister(h.pid)

@@ -1,0 +1,56 @@
+"""One attempt's plan, built purely from the rendezvous result and the restart counters.
+
+Three counters that used to be one integer are kept apart: the rendezvous *round* (which
+membership this is), the *restarts* used from ``--max-restarts`` (``TORCHELASTIC_RESTART_COUNT``),
+and the *attempt* index of this node's worker groups (the log directory's ``attempt_<n>``; a
+regroup is a new attempt but not a restart, so it never overwrites the previous attempt's logs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rankrun.agent.env import AttemptContext, WorkerIdentity
+from rankrun.agent.ranks import NodeSlots, worker_identities
+from rankrun.spec import LaunchSpec
+
+
+@dataclass(frozen=True)
+class Membership:
+    """What a completed rendezvous round says about this node and the job."""
+
+    round: int
+    group_rank: int
+    nodes: tuple[NodeSlots, ...]  # every node of the round, in group-rank order
+    master_addr: str  # the worker store (hosted by group rank 0)
+    master_port: int
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    attempt: int
+    restarts: int
+    membership: Membership
+
+    @property
+    def identities(self) -> list[WorkerIdentity]:
+        return worker_identities(self.membership.nodes, self.membership.group_rank)
+
+
+def single_node(spec: LaunchSpec, master_port: int) -> Membership:
+    """The membership of a job that is this node alone (standalone, or one node of any backend)."""
+    return Membership(0, 0, (NodeSlots(spec.worker.role, spec.worker.nproc),), spec.store.host, master_port)
+
+
+def attempt_context(spec: LaunchSpec, plan: AttemptPlan) -> AttemptContext:
+    """What every worker of the attempt shares (for ``worker_env``)."""
+    return AttemptContext(
+        role=spec.worker.role,
+        master_addr=plan.membership.master_addr,
+        master_port=plan.membership.master_port,
+        restart_count=plan.restarts,
+        max_restarts=spec.restart.max_restarts,
+        run_id=spec.rendezvous.run_id,
+        signals_to_handle=spec.signals_text,
+        virtual_local_rank=spec.worker.virtual_local_rank,
+    )
