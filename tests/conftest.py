@@ -1,5 +1,9 @@
 """Shared fixtures: a clean environment, a tracked launcher process, and a PID reaper.
 
+Tests live in one folder per layer (``unit`` pure functions, ``agent`` the restart loop on
+fakes, ``contract`` one suite per seam run against every implementation, ``integration`` real
+processes, ``e2e`` the CLI with real torch); each folder is also a marker: ``pytest -m unit``.
+
 Nothing here sleeps to synchronise: tests wait for READY lines (bounded) or for process
 exit (bounded). Every PID a test learns about is killed at teardown if it still lives;
 nothing is ever killed by name.
@@ -22,6 +26,8 @@ from pathlib import Path
 import pytest
 
 PAYLOADS = Path(__file__).parent / "payloads"
+GOLDEN_DIR = Path(__file__).parent / "golden"
+LAYERS = ("unit", "agent", "contract", "integration", "e2e")  # tests/<layer>/, each also a marker (pytest -m unit)
 PY = sys.executable
 RANKRUN = (PY, "-m", "rankrun")
 
@@ -98,6 +104,14 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its layer, from the folder it lives in."""
+    for item in items:
+        layer = item.path.parent.name
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ if not dist.is_available():
 pytestmark = pytest.mark.timeout(120)
 
 HOST = "127.0.0.1"
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 WORLD_SIZE = 4
 STEP_TIMEOUT_S = 10.0
 JOB_TIMEOUT_S = 60.0

@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from rankrun.rendezvous.tcpstore import MAX_KEY_COUNT, MAX_VALUE_LEN, TCPStoreServer, _Connection
 from test_tcpstore_protocol import (
     CANCEL_WAIT,
     LIST_KEYS,
@@ -46,6 +44,8 @@ from test_tcpstore_protocol import (
     validate,
     wait,
 )
+
+from rankrun.rendezvous.tcpstore import MAX_KEY_COUNT, MAX_VALUE_LEN, TCPStoreServer, _Connection
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import GOLDEN_DIR
 from rankrun.agent.env import AttemptContext, worker_env
 from rankrun.agent.ranks import NodeSlots, assign_node_ranks, worker_identities
 
-GOLDEN = Path(__file__).parent / "golden" / "env_pure_nproc4.json"
+GOLDEN = GOLDEN_DIR / "env_pure_nproc4.json"
 BASE = {"HOME": "/home/u", "TORCHELASTIC_ERROR_FILE": "/outer/error.json", "CUDA_VISIBLE_DEVICES": "3,5,6,7"}
 CTX = AttemptContext(role="default", master_addr="127.0.0.1", master_port=29555, restart_count=1, max_restarts=3,
                      run_id="job", signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, payload, run_cli
+from conftest import GOLDEN_DIR, clean_environ, payload, run_cli
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 pytest.importorskip("torch")
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = GOLDEN_DIR
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
