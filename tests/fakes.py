@@ -7,6 +7,7 @@ react to it (exit, or ignore SIGTERM until SIGKILL). Nothing here sleeps.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,3 +97,38 @@ class FakeSpawner:
 
     def attempt(self, n: int) -> list[FakeHandle]:
         return [h for h in self.spawned if h.command.attempt == n]
+
+
+class FakeTimers:
+    """``rankrun.rendezvous.memory.Timers`` on a clock that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self._due: list[tuple[float, int, _FakeTimer]] = []
+        self._seq = 0
+
+    def now(self) -> float:
+        return self.time
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _FakeTimer:
+        timer = _FakeTimer(callback)
+        self._seq += 1
+        heapq.heappush(self._due, (when, self._seq, timer))
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on, firing (in order) every callback that falls due."""
+        self.time += seconds
+        while self._due and self._due[0][0] <= self.time:
+            _, _, timer = heapq.heappop(self._due)
+            if not timer.cancelled:
+                timer.callback()
+
+
+@dataclass(eq=False)
+class _FakeTimer:
+    callback: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True

@@ -1,0 +1,259 @@
+"""The in-memory store: the reference implementation of ``rendezvous.store.Store`` and its test double.
+
+Everything happens synchronously inside one event loop, so each operation is atomic. Lease
+expiry runs on an injected ``Timers`` (the event loop's clock by default; tests advance a fake
+one), never on a sleep. The embedded server (``rendezvous.server``) serves exactly this object
+to its peers, so what the contract suite pins here is what the wire delivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rankrun.rendezvous.store import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timers(Protocol):
+    """A clock that can call back: the event loop's (``LoopTimers``) or a fake one in tests."""
+
+    def now(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Cancellable: ...
+
+
+class LoopTimers:
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Cancellable:
+        return asyncio.get_running_loop().call_at(when, callback)
+
+
+@dataclass(eq=False)
+class _LeaseState:
+    id: int
+    ttl: float
+    keys: set[str] = field(default_factory=set)
+    timer: Cancellable | None = None
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class MemoryLease:
+    def __init__(self, store: MemoryStore, state: _LeaseState) -> None:
+        self._store = store
+        self._state = state
+
+    @property
+    def id(self) -> int:
+        return self._state.id
+
+    @property
+    def ttl(self) -> float:
+        return self._state.ttl
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._state.lost
+
+    async def keep_alive(self) -> None:
+        self._store.refresh(self._state.id)
+
+    async def revoke(self) -> None:
+        self._store.revoke(self._state.id)
+
+
+class MemoryWatch:
+    def __init__(self, store: MemoryStore, prefix: str) -> None:
+        self._store = store
+        self.prefix = prefix
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._closed = False
+
+    def push(self, event: Event) -> None:
+        if not self._closed:
+            self._queue.put_nowait(event)
+
+    def end(self) -> None:
+        """The store went away: the iteration ends with ``StoreUnavailable``."""
+        if not self._closed:
+            self._queue.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while not self._closed:
+            event = await self._queue.get()
+            if event is None:
+                raise StoreUnavailable("the store was closed")
+            yield event
+
+    async def close(self) -> None:
+        self._closed = True
+        self._store.unwatch(self)
+
+
+class MemoryStore:
+    def __init__(self, timers: Timers | None = None) -> None:
+        self._timers = timers or LoopTimers()
+        self._data: dict[str, Entry] = {}
+        self._revision = 0
+        self._history: list[Event] = []
+        self._compacted = 0  # history before this revision is gone
+        self._watches: list[MemoryWatch] = []
+        self._leases: dict[int, _LeaseState] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    # -- reads
+
+    async def get(self, key: str) -> Entry | None:
+        self._check_open()
+        return self._data.get(key)
+
+    async def range(self, prefix: str) -> tuple[list[Entry], int]:
+        self._check_open()
+        return [self._data[k] for k in sorted(k for k in self._data if k.startswith(prefix))], self._revision
+
+    # -- writes
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        self._check_open()
+        return self._write(key, value, lease)
+
+    async def compare_and_set(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int | None:
+        self._check_open()
+        current = self._data.get(key)
+        if (current.mod_revision if current is not None else 0) != revision:
+            return None
+        return self._write(key, value, lease)
+
+    async def delete(self, key: str) -> bool:
+        self._check_open()
+        return self._remove(key)
+
+    def _write(self, key: str, value: bytes, lease: int) -> int:
+        if lease and lease not in self._leases:
+            raise LeaseLost(f"lease {lease:x} is gone")
+        previous = self._data.get(key)
+        if previous is not None and previous.lease and previous.lease != lease and previous.lease in self._leases:
+            self._leases[previous.lease].keys.discard(key)
+        self._revision += 1
+        created = previous.create_revision if previous is not None else self._revision
+        self._data[key] = Entry(key, value, created, self._revision, lease)
+        if lease:
+            self._leases[lease].keys.add(key)
+        self._publish(Event(EventKind.PUT, key, value, self._revision))
+        return self._revision
+
+    def _remove(self, key: str) -> bool:
+        entry = self._data.pop(key, None)
+        if entry is None:
+            return False
+        if entry.lease in self._leases:
+            self._leases[entry.lease].keys.discard(key)
+        self._revision += 1
+        self._publish(Event(EventKind.DELETE, key, b"", self._revision))
+        return True
+
+    # -- watches
+
+    async def watch(self, prefix: str, after: int) -> MemoryWatch:
+        self._check_open()
+        if after < self._compacted:
+            raise Compacted(f"revision {after} is compacted (oldest kept: {self._compacted})")
+        watch = MemoryWatch(self, prefix)
+        for event in self._history[self._index_after(after) :]:
+            if event.key.startswith(prefix):
+                watch.push(event)
+        self._watches.append(watch)
+        return watch
+
+    def unwatch(self, watch: MemoryWatch) -> None:
+        if watch in self._watches:
+            self._watches.remove(watch)
+
+    def _index_after(self, revision: int) -> int:
+        """Index in ``_history`` of the first event with a revision greater than ``revision``."""
+        lo, hi = 0, len(self._history)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._history[mid].revision <= revision:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _publish(self, event: Event) -> None:
+        self._history.append(event)
+        for watch in self._watches:
+            if event.key.startswith(watch.prefix):
+                watch.push(event)
+
+    def compact(self, revision: int) -> None:
+        """Forget history up to ``revision`` (watches from before it get ``Compacted``)."""
+        self._history = self._history[self._index_after(revision) :]
+        self._compacted = max(self._compacted, revision)
+
+    # -- leases
+
+    async def grant(self, ttl: float) -> MemoryLease:
+        self._check_open()
+        state = _LeaseState(next(self._ids), ttl)
+        self._leases[state.id] = state
+        self._arm(state)
+        return MemoryLease(self, state)
+
+    def refresh(self, lease_id: int) -> None:
+        state = self._leases.get(lease_id)
+        if state is None:
+            raise LeaseLost(f"lease {lease_id:x} is gone")
+        self._arm(state)
+
+    def revoke(self, lease_id: int) -> None:
+        """End a lease now: its keys are deleted, each as one event. Idempotent."""
+        state = self._leases.pop(lease_id, None)
+        if state is None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+        for key in sorted(state.keys):
+            self._remove(key)
+        state.lost.set()
+
+    def lease_ids(self) -> list[int]:
+        return list(self._leases)
+
+    def _arm(self, state: _LeaseState) -> None:
+        if state.timer is not None:
+            state.timer.cancel()
+        state.timer = self._timers.call_at(self._timers.now() + state.ttl, lambda: self.revoke(state.id))
+
+    # -- lifetime
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for state in self._leases.values():
+            if state.timer is not None:
+                state.timer.cancel()
+            state.lost.set()
+        for watch in list(self._watches):
+            watch.end()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the store was closed")

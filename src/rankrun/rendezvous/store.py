@@ -1,0 +1,126 @@
+"""The rendezvous store seam, shaped like etcd v3 so that an etcd backend is a thin client of it.
+
+Vocabulary (etcd's): every write bumps the store's *revision*; each key remembers the revision
+that created it and the one that last wrote it. A *lease* is a session: granted with a TTL,
+kept alive by its owner, and when it expires (or its owner's connection is gone) every key
+attached to it is deleted, as one event each. A *watch* delivers, in revision order, every
+change under a prefix after a given revision: nothing is missed between a ``range`` and a
+``watch`` started from the revision the range returned.
+
+Implementations: ``rendezvous.memory.MemoryStore`` (the reference and the test double) and
+``rendezvous.client.StoreClient`` (the embedded store, over the wire to ``rendezvous.server``);
+one contract suite (``tests/contract/test_store_contract.py``) runs against each.
+
+Errors (all ``rankrun.errors.StoreUnavailable`` or below): the store cannot be reached or the
+connection was lost; ``LeaseLost`` for an operation on a lease that no longer exists;
+``Compacted`` for a watch from a revision the store no longer has. No call takes a timeout:
+callers bound them (``asyncio.timeout``), and every call may be cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from rankrun.errors import LauncherError
+
+
+class StoreUnavailable(LauncherError):
+    """The rendezvous store cannot be reached, or the connection to it was lost."""
+
+
+class LeaseLost(StoreUnavailable):
+    """The lease expired or was revoked: its keys are gone."""
+
+
+class Compacted(StoreUnavailable):
+    """A watch asked for history the store no longer keeps."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int = 0  # 0: not attached to a lease
+
+
+class EventKind(Enum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    key: str
+    value: bytes  # empty for DELETE
+    revision: int  # the revision of this change
+
+
+class Watch(Protocol):
+    """Changes under a prefix, in revision order; ``async for`` them, ``close()`` to stop."""
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    async def close(self) -> None: ...
+
+
+class Lease(Protocol):
+    """A session: keys attached to it live as long as it does."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def ttl(self) -> float: ...
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set once the lease is gone (expired, revoked, or the connection that kept it dropped)."""
+        ...
+
+    async def keep_alive(self) -> None:
+        """Refresh the TTL once; ``LeaseLost`` if it is already gone."""
+        ...
+
+    async def revoke(self) -> None:
+        """End it now: its keys are deleted. Idempotent."""
+        ...
+
+
+class Store(Protocol):
+    async def get(self, key: str) -> Entry | None: ...
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        """Write ``key``; returns the new revision."""
+        ...
+
+    async def compare_and_set(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int | None:
+        """Write ``key`` only if its ``mod_revision`` is ``revision`` (0: only if it does not exist).
+
+        Returns the new revision, or ``None`` when the comparison failed (nothing written).
+        """
+        ...
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+        ...
+
+    async def range(self, prefix: str) -> tuple[list[Entry], int]:
+        """Every entry whose key starts with ``prefix`` (in key order), and the store's revision then."""
+        ...
+
+    async def watch(self, prefix: str, after: int) -> Watch:
+        """Every change under ``prefix`` with a revision greater than ``after``, from now on and from history."""
+        ...
+
+    async def grant(self, ttl: float) -> Lease:
+        """A new lease that expires ``ttl`` seconds after its last keep-alive."""
+        ...
+
+    async def close(self) -> None: ...

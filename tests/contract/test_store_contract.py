@@ -1,0 +1,229 @@
+"""One contract for every ``rankrun.rendezvous.store.Store``: the in-memory store and the embedded one over TCP.
+
+Each test runs against each implementation (the etcd backend joins this list). Lease expiry is
+driven by a fake clock on the serving side, so nothing here waits on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from fakes import FakeTimers
+from rankrun.rendezvous.memory import MemoryStore
+from rankrun.rendezvous.store import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
+
+BOUND = 20.0  # every test is one asyncio.run under this bound
+
+
+@dataclass
+class Harness:
+    store: Store
+    timers: FakeTimers
+    backing: MemoryStore  # the store's state as its server holds it
+
+
+@contextlib.asynccontextmanager
+async def _memory() -> AsyncIterator[Harness]:
+    timers = FakeTimers()
+    store = MemoryStore(timers)
+    try:
+        yield Harness(store, timers, store)
+    finally:
+        await store.close()
+
+
+IMPLEMENTATIONS: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[Harness]]] = {"memory": _memory}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def run(request: pytest.FixtureRequest) -> Callable[[Callable[[Harness], Awaitable[None]]], None]:
+    make = IMPLEMENTATIONS[request.param]
+
+    def runner(body: Callable[[Harness], Awaitable[None]]) -> None:
+        async def main() -> None:
+            async with make() as harness:
+                await body(harness)
+
+        asyncio.run(asyncio.wait_for(main(), BOUND))
+
+    return runner
+
+
+async def _next(events: AsyncIterator[Event], count: int) -> list[Event]:
+    return [await anext(events) for _ in range(count)]
+
+
+def test_put_get_and_revisions(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        assert await s.get("/a") is None
+        r1 = await s.put("/a", b"1")
+        r2 = await s.put("/a", b"2")
+        assert r2 > r1
+        entry = await s.get("/a")
+        assert entry is not None
+        assert (entry.value, entry.create_revision, entry.mod_revision, entry.lease) == (b"2", r1, r2, 0)
+
+    run(body)
+
+
+def test_compare_and_set_on_revisions(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        created = await s.compare_and_set("/k", b"first", revision=0)  # 0: only if absent
+        assert created is not None
+        assert await s.compare_and_set("/k", b"again", revision=0) is None
+        assert await s.compare_and_set("/k", b"stale", revision=created - 1) is None
+        updated = await s.compare_and_set("/k", b"second", revision=created)
+        assert updated is not None and updated > created
+        entry = await s.get("/k")
+        assert entry is not None and entry.value == b"second"
+
+    run(body)
+
+
+def test_delete_and_range_by_prefix(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        for key in ("/j/nodes/b", "/j/nodes/a", "/j/round", "/other"):
+            await s.put(key, key.encode())
+        assert await s.delete("/j/round") is True
+        assert await s.delete("/j/round") is False
+        entries, revision = await s.range("/j/nodes/")
+        assert [e.key for e in entries] == ["/j/nodes/a", "/j/nodes/b"]
+        assert [e.value for e in entries] == [b"/j/nodes/a", b"/j/nodes/b"]
+        other = await s.get("/other")
+        assert other is not None and revision == other.mod_revision + 1  # the store's revision: the delete came last
+        assert await s.range("/none/") == ([], revision)
+
+    run(body)
+
+
+def test_binary_values_pass_unchanged(run):
+    async def body(h: Harness) -> None:
+        value = bytes(range(256)) * 3
+        await h.store.put("/bin", value)
+        entry = await h.store.get("/bin")
+        assert entry is not None and entry.value == value
+
+    run(body)
+
+
+def test_watch_from_a_revision_misses_nothing_and_repeats_nothing(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        await s.put("/w/x", b"before")
+        _, revision = await s.range("/w/")
+        await s.put("/w/x", b"after-range")  # between range and watch: must be delivered
+        await s.put("/elsewhere", b"no")
+        watch = await s.watch("/w/", after=revision)
+        try:
+            events = watch.__aiter__()
+            await s.delete("/w/x")
+            await s.put("/w/y", b"live")
+            got = await _next(events, 3)
+            assert [(e.kind, e.key, e.value) for e in got] == [
+                (EventKind.PUT, "/w/x", b"after-range"),
+                (EventKind.DELETE, "/w/x", b""),
+                (EventKind.PUT, "/w/y", b"live"),
+            ]
+            assert [e.revision for e in got] == sorted({e.revision for e in got})
+        finally:
+            await watch.close()
+
+    run(body)
+
+
+def test_two_watches_each_get_every_event(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        first, second = await s.watch("/p/", after=0), await s.watch("/p/", after=0)
+        try:
+            for i in range(50):
+                await s.put(f"/p/{i % 5}", str(i).encode())
+            for watch in (first, second):
+                got = await _next(watch.__aiter__(), 50)
+                assert [e.value for e in got] == [str(i).encode() for i in range(50)]
+        finally:
+            await first.close()
+            await second.close()
+
+    run(body)
+
+
+def test_leased_keys_vanish_when_the_lease_expires(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        lease = await s.grant(10.0)
+        await s.put("/n/mine", b"x", lease=lease.id)
+        await s.put("/n/other", b"y")
+        _, revision = await s.range("/n/")
+        watch = await s.watch("/n/", after=revision)
+        try:
+            h.timers.advance(6.0)
+            await lease.keep_alive()  # refreshed: the TTL counts from now
+            h.timers.advance(6.0)
+            assert await s.get("/n/mine") is not None
+            h.timers.advance(5.0)  # 11 s since the keep-alive
+            (gone,) = await _next(watch.__aiter__(), 1)
+            assert (gone.kind, gone.key) == (EventKind.DELETE, "/n/mine")
+            assert await s.get("/n/mine") is None and await s.get("/n/other") is not None
+            await asyncio.wait_for(lease.lost.wait(), BOUND)
+            with pytest.raises(LeaseLost):
+                await lease.keep_alive()
+            with pytest.raises(LeaseLost):
+                await s.put("/n/late", b"z", lease=lease.id)
+        finally:
+            await watch.close()
+
+    run(body)
+
+
+def test_revoke_deletes_the_keys_at_once(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        lease = await s.grant(60.0)
+        for i in range(3):
+            await s.put(f"/r/{i}", b"v", lease=lease.id)
+        await s.put("/r/0", b"moved")  # re-put without the lease: no longer the lease's
+        await lease.revoke()
+        await lease.revoke()  # idempotent
+        entries, _ = await s.range("/r/")
+        assert [(e.key, e.value) for e in entries] == [("/r/0", b"moved")]
+        assert lease.lost.is_set()
+
+    run(body)
+
+
+def test_watch_from_compacted_history_is_refused(run):
+    async def body(h: Harness) -> None:
+        for i in range(5):
+            await h.store.put("/c", str(i).encode())
+        h.backing.compact(3)
+        with pytest.raises(Compacted):
+            await h.store.watch("/c", after=1)
+        watch = await h.store.watch("/c", after=3)
+        try:
+            got = await _next(watch.__aiter__(), 2)
+            assert [e.value for e in got] == [b"3", b"4"]
+        finally:
+            await watch.close()
+
+    run(body)
+
+
+def test_a_closed_store_says_so(run):
+    async def body(h: Harness) -> None:
+        watch = await h.store.watch("/x", after=0)
+        await h.backing.close()
+        with pytest.raises(StoreUnavailable):
+            await anext(watch.__aiter__())
+        with pytest.raises(StoreUnavailable):
+            await h.store.get("/x")
+
+    run(body)
