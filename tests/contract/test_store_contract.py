@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import pytest
 
 from fakes import FakeTimers
+from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.memory import MemoryStore
+from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
 
 BOUND = 20.0  # every test is one asyncio.run under this bound
@@ -37,7 +39,26 @@ async def _memory() -> AsyncIterator[Harness]:
         await store.close()
 
 
-IMPLEMENTATIONS: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[Harness]]] = {"memory": _memory}
+@contextlib.asynccontextmanager
+async def _embedded() -> AsyncIterator[Harness]:
+    """The embedded store: a client over TCP to a server that serves the in-memory store."""
+    timers = FakeTimers()
+    backing = MemoryStore(timers)
+    server = StoreServer(backing, secret=b"contract-secret")
+    port = await server.start("127.0.0.1", 0)
+    client = await StoreClient.connect("127.0.0.1", port, secret=b"contract-secret")
+    try:
+        yield Harness(client, timers, backing)
+    finally:
+        await client.close()
+        await server.close()
+        await backing.close()
+
+
+IMPLEMENTATIONS: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[Harness]]] = {
+    "memory": _memory,
+    "embedded": _embedded,
+}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))

@@ -44,6 +44,7 @@ class _LeaseState:
     keys: set[str] = field(default_factory=set)
     timer: Cancellable | None = None
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    on_lost: list[Callable[[], None]] = field(default_factory=list)
 
 
 class MemoryLease:
@@ -74,8 +75,10 @@ class MemoryWatch:
     def __init__(self, store: MemoryStore, prefix: str) -> None:
         self._store = store
         self.prefix = prefix
+        self.token = 0
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._closed = False
+        store.on_close(self.end)
 
     def push(self, event: Event) -> None:
         if not self._closed:
@@ -98,7 +101,7 @@ class MemoryWatch:
 
     async def close(self) -> None:
         self._closed = True
-        self._store.unwatch(self)
+        self._store.unsubscribe(self.token)
 
 
 class MemoryStore:
@@ -108,7 +111,8 @@ class MemoryStore:
         self._revision = 0
         self._history: list[Event] = []
         self._compacted = 0  # history before this revision is gone
-        self._watches: list[MemoryWatch] = []
+        self._watches: dict[int, tuple[str, Callable[[Event], None]]] = {}
+        self._closing: list[Callable[[], None]] = []
         self._leases: dict[int, _LeaseState] = {}
         self._ids = itertools.count(1)
         self._closed = False
@@ -117,30 +121,53 @@ class MemoryStore:
     def revision(self) -> int:
         return self._revision
 
-    # -- reads
+    # -- the Store protocol (async, as every implementation; nothing here ever suspends)
 
     async def get(self, key: str) -> Entry | None:
+        return self.read(key)
+
+    async def range(self, prefix: str) -> tuple[list[Entry], int]:
+        return self.scan(prefix)
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        return self.write(key, value, lease)
+
+    async def compare_and_set(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int | None:
+        return self.cas(key, value, revision, lease)
+
+    async def delete(self, key: str) -> bool:
+        return self.remove(key)
+
+    async def watch(self, prefix: str, after: int) -> MemoryWatch:
+        watch = MemoryWatch(self, prefix)
+        watch.token = self.subscribe(prefix, after, watch.push)
+        return watch
+
+    async def grant(self, ttl: float) -> MemoryLease:
+        return MemoryLease(self, self._leases[self.new_lease(ttl)])
+
+    # -- the synchronous core (what the embedded server calls)
+
+    def read(self, key: str) -> Entry | None:
         self._check_open()
         return self._data.get(key)
 
-    async def range(self, prefix: str) -> tuple[list[Entry], int]:
+    def scan(self, prefix: str) -> tuple[list[Entry], int]:
         self._check_open()
         return [self._data[k] for k in sorted(k for k in self._data if k.startswith(prefix))], self._revision
 
-    # -- writes
-
-    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+    def write(self, key: str, value: bytes, lease: int = 0) -> int:
         self._check_open()
         return self._write(key, value, lease)
 
-    async def compare_and_set(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int | None:
+    def cas(self, key: str, value: bytes, revision: int, lease: int = 0) -> int | None:
         self._check_open()
         current = self._data.get(key)
         if (current.mod_revision if current is not None else 0) != revision:
             return None
         return self._write(key, value, lease)
 
-    async def delete(self, key: str) -> bool:
+    def remove(self, key: str) -> bool:
         self._check_open()
         return self._remove(key)
 
@@ -170,20 +197,24 @@ class MemoryStore:
 
     # -- watches
 
-    async def watch(self, prefix: str, after: int) -> MemoryWatch:
+    def subscribe(self, prefix: str, after: int, sink: Callable[[Event], None]) -> int:
+        """Call ``sink`` with every change under ``prefix`` after revision ``after`` (history first); a token."""
         self._check_open()
         if after < self._compacted:
             raise Compacted(f"revision {after} is compacted (oldest kept: {self._compacted})")
-        watch = MemoryWatch(self, prefix)
         for event in self._history[self._index_after(after) :]:
             if event.key.startswith(prefix):
-                watch.push(event)
-        self._watches.append(watch)
-        return watch
+                sink(event)
+        token = next(self._ids)
+        self._watches[token] = (prefix, sink)
+        return token
 
-    def unwatch(self, watch: MemoryWatch) -> None:
-        if watch in self._watches:
-            self._watches.remove(watch)
+    def unsubscribe(self, token: int) -> None:
+        self._watches.pop(token, None)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once when the store closes (watchers and servers learn of it)."""
+        self._closing.append(callback)
 
     def _index_after(self, revision: int) -> int:
         """Index in ``_history`` of the first event with a revision greater than ``revision``."""
@@ -198,9 +229,9 @@ class MemoryStore:
 
     def _publish(self, event: Event) -> None:
         self._history.append(event)
-        for watch in self._watches:
-            if event.key.startswith(watch.prefix):
-                watch.push(event)
+        for prefix, sink in list(self._watches.values()):
+            if event.key.startswith(prefix):
+                sink(event)
 
     def compact(self, revision: int) -> None:
         """Forget history up to ``revision`` (watches from before it get ``Compacted``)."""
@@ -209,12 +240,20 @@ class MemoryStore:
 
     # -- leases
 
-    async def grant(self, ttl: float) -> MemoryLease:
+    def new_lease(self, ttl: float) -> int:
         self._check_open()
         state = _LeaseState(next(self._ids), ttl)
         self._leases[state.id] = state
         self._arm(state)
-        return MemoryLease(self, state)
+        return state.id
+
+    def on_lease_lost(self, lease_id: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the lease is gone (at once if it already is)."""
+        state = self._leases.get(lease_id)
+        if state is None:
+            callback()
+        else:
+            state.on_lost.append(callback)
 
     def refresh(self, lease_id: int) -> None:
         state = self._leases.get(lease_id)
@@ -232,6 +271,8 @@ class MemoryStore:
         for key in sorted(state.keys):
             self._remove(key)
         state.lost.set()
+        for callback in state.on_lost:
+            callback()
 
     def lease_ids(self) -> list[int]:
         return list(self._leases)
@@ -251,8 +292,9 @@ class MemoryStore:
             if state.timer is not None:
                 state.timer.cancel()
             state.lost.set()
-        for watch in list(self._watches):
-            watch.end()
+        self._watches.clear()
+        for callback in self._closing:
+            callback()
 
     def _check_open(self) -> None:
         if self._closed:

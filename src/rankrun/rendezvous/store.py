@@ -11,8 +11,9 @@ Implementations: ``rendezvous.memory.MemoryStore`` (the reference and the test d
 ``rendezvous.client.StoreClient`` (the embedded store, over the wire to ``rendezvous.server``);
 one contract suite (``tests/contract/test_store_contract.py``) runs against each.
 
-Errors (all ``rankrun.errors.StoreUnavailable`` or below): the store cannot be reached or the
-connection was lost; ``LeaseLost`` for an operation on a lease that no longer exists;
+Errors (all ``StoreUnavailable``, a ``rankrun.errors.LauncherError``, or below): the store cannot
+be reached or the connection was lost; ``AuthenticationFailed`` when the secrets do not match;
+``LeaseLost`` for an operation on a lease that no longer exists;
 ``Compacted`` for a watch from a revision the store no longer has. No call takes a timeout:
 callers bound them (``asyncio.timeout``), and every call may be cancelled.
 """
@@ -30,6 +31,10 @@ from rankrun.errors import LauncherError
 
 class StoreUnavailable(LauncherError):
     """The rendezvous store cannot be reached, or the connection to it was lost."""
+
+
+class AuthenticationFailed(StoreUnavailable):
+    """The two sides do not share this job's secret (or only one of them has one)."""
 
 
 class LeaseLost(StoreUnavailable):

@@ -1,0 +1,263 @@
+"""The embedded store server: one agent serves a ``MemoryStore`` to its peers over TCP.
+
+One ``asyncio.Protocol`` per connection, no task per request: a request is answered
+synchronously from the store's core (``MemoryStore.read``/``write``/...), so a join costs the
+server a few microseconds and no allocation beyond the frames. Leases belong to the connection
+that granted them: when it goes (the peer died, its host froze and the kernel reset the socket,
+or it simply closed), they are revoked and their keys deleted, exactly as if they had expired.
+Watches push their events as they happen.
+
+With a secret, a connection must complete the challenge-response of ``rendezvous.wire`` before
+any operation; a peer that fails is told so in one frame, closed, and logged once per address.
+Bound once by ``start()`` on the given address only (never all interfaces unless asked) and held
+until ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from rankrun.errors import StoreError
+from rankrun.rendezvous import wire
+from rankrun.rendezvous.memory import MemoryStore
+from rankrun.rendezvous.store import Compacted, Event, LeaseLost, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+_BACKLOG = 4096  # thousands of agents connect within a second of each other
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: StoreServer) -> None:
+        self._server = server
+        self._store = server.store
+        self._transport: asyncio.Transport | None = None
+        self._prefix = b""  # bytes before the frames start (the magic)
+        self._frames = wire.FrameReader()
+        self._state = "magic"  # magic → hello → proof → ready
+        self._nonce = b""
+        self._challenge = b""
+        self._leases: set[int] = set()
+        self._watches: dict[int, int] = {}  # client's watch id → store token
+        self.peer = "?"
+
+    # -- transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._state == "magic":
+            self._prefix += data
+            if len(self._prefix) < len(wire.MAGIC):
+                return
+            if self._prefix[: len(wire.MAGIC)] != wire.MAGIC:
+                self._close("not a rankrun rendezvous client")
+                return
+            data, self._prefix = self._prefix[len(wire.MAGIC) :], b""
+            self._state = "hello"
+        try:
+            for request in self._frames.feed(data):
+                self._handle(request)
+                if self._transport is None or self._transport.is_closing():
+                    return
+        except wire.FrameError as exc:
+            self._close(f"protocol error: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        del exc
+        self._server.connections.discard(self)
+        for token in self._watches.values():
+            self._store.unsubscribe(token)
+        self._watches.clear()
+        leases, self._leases = self._leases, set()
+        for lease_id in leases:  # the owner is gone: its keys go with it
+            self._store.revoke(lease_id)
+        self._transport = None
+
+    # -- handshake
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        if self._state == "ready":
+            self._request(msg)
+        elif self._state == "hello":
+            if msg.get("hello") != wire.VERSION:
+                self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
+                return
+            self._nonce = wire.unb64(msg.get("nonce", ""))
+            self._challenge = os.urandom(16)
+            self._state = "proof"
+            self._send({"version": wire.VERSION, "challenge": wire.b64(self._challenge), "auth": self._server.secret is not None})
+        elif self._state == "proof":
+            secret = self._server.secret
+            expected = wire.client_proof(secret, self._challenge, self._nonce) if secret is not None else ""
+            if secret is not None and not wire.proof_matches(expected, msg.get("proof")):
+                self._server.rejected(self.peer)
+                self._send({"ok": False, "error": "authentication failed: this job's rendezvous needs its secret"})
+                self._close("")
+                return
+            self._state = "ready"
+            proof = wire.server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
+            self._send({"ok": True, "proof": proof})
+
+    # -- requests
+
+    def _request(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        try:
+            result = self._dispatch(str(msg.get("op")), msg)
+        except LeaseLost as exc:
+            self._send({"id": rid, "err": "lease_lost", "msg": str(exc)})
+        except Compacted as exc:
+            self._send({"id": rid, "err": "compacted", "msg": str(exc)})
+        except StoreUnavailable as exc:
+            self._send({"id": rid, "err": "unavailable", "msg": str(exc)})
+        except (KeyError, TypeError, ValueError) as exc:
+            self._send({"id": rid, "err": "bad_request", "msg": f"{type(exc).__name__}: {exc}"})
+        else:
+            self._send({"id": rid, "r": result})
+
+    def _dispatch(self, op: str, msg: dict[str, Any]) -> Any:
+        handler = _OPS.get(op)
+        if handler is None:
+            raise ValueError(f"unknown operation {op!r}")
+        return handler(self, msg)
+
+    def _get(self, msg: dict[str, Any]) -> Any:
+        entry = self._store.read(str(msg["k"]))
+        return wire.entry_to_wire(entry) if entry is not None else None
+
+    def _put(self, msg: dict[str, Any]) -> Any:
+        return self._store.write(str(msg["k"]), wire.unb64(msg["v"]), int(msg.get("l", 0)))
+
+    def _cas(self, msg: dict[str, Any]) -> Any:
+        return self._store.cas(str(msg["k"]), wire.unb64(msg["v"]), int(msg["rev"]), int(msg.get("l", 0)))
+
+    def _delete(self, msg: dict[str, Any]) -> Any:
+        return self._store.remove(str(msg["k"]))
+
+    def _range(self, msg: dict[str, Any]) -> Any:
+        entries, revision = self._store.scan(str(msg["p"]))
+        return {"e": [wire.entry_to_wire(e) for e in entries], "rev": revision}
+
+    def _watch(self, msg: dict[str, Any]) -> Any:
+        wid = int(msg["w"])
+        self._watches[wid] = self._store.subscribe(str(msg["p"]), int(msg["after"]), self._sink(wid))
+        return True
+
+    def _unwatch(self, msg: dict[str, Any]) -> Any:
+        token = self._watches.pop(int(msg["w"]), None)
+        if token is not None:
+            self._store.unsubscribe(token)
+        return True
+
+    def _grant(self, msg: dict[str, Any]) -> Any:
+        lease_id = self._store.new_lease(float(msg["ttl"]))
+        self._leases.add(lease_id)
+        self._store.on_lease_lost(lease_id, lambda: self._lease_gone(lease_id))
+        return lease_id
+
+    def _keepalive(self, msg: dict[str, Any]) -> Any:
+        self._store.refresh(int(msg["l"]))
+        return True
+
+    def _revoke(self, msg: dict[str, Any]) -> Any:
+        self._store.revoke(int(msg["l"]))
+        return True
+
+    def _sink(self, wid: int) -> Callable[[Event], None]:
+        def push(event: Event) -> None:
+            self._send({"watch": wid, "ev": wire.event_to_wire(event)})
+
+        return push
+
+    def _lease_gone(self, lease_id: int) -> None:
+        if lease_id in self._leases:
+            self._leases.discard(lease_id)
+            self._send({"lease_lost": lease_id})
+
+    # -- output
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(wire.frame(obj))
+
+    def _close(self, why: str) -> None:
+        if why:
+            logger.debug("closing rendezvous connection from %s: %s", self.peer, why)
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+
+_OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
+    "get": _Connection._get,
+    "put": _Connection._put,
+    "cas": _Connection._cas,
+    "delete": _Connection._delete,
+    "range": _Connection._range,
+    "watch": _Connection._watch,
+    "unwatch": _Connection._unwatch,
+    "grant": _Connection._grant,
+    "keepalive": _Connection._keepalive,
+    "revoke": _Connection._revoke,
+}
+
+
+class StoreServer:
+    """Serves ``store`` on one listening socket, bound once and held until ``close()``."""
+
+    def __init__(self, store: MemoryStore, secret: bytes | None = None) -> None:
+        self.store = store
+        self.secret = secret
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._rejected: set[str] = set()
+        store.on_close(self._store_closed)
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` (0: the OS picks) and serve; returns the port."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=_BACKLOG, reuse_address=True)
+        except OSError as exc:
+            raise StoreError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def rejected(self, peer: str) -> None:
+        """A peer failed authentication: logged once per address, not once per attempt."""
+        host = peer.rsplit(":", 1)[0]
+        if host not in self._rejected:
+            self._rejected.add(host)
+            logger.warning("rendezvous: rejected a connection from %s that does not know this job's secret", host)
+
+    def _store_closed(self) -> None:
+        for connection in list(self.connections):
+            connection.abort()
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for connection in list(self.connections):
+            connection.abort()
+        if server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 5.0)

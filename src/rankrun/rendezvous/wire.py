@@ -1,0 +1,117 @@
+"""The embedded store's wire format and handshake (pure: bytes in, bytes out; no sockets here).
+
+A connection starts with the client sending ``RKRN`` (its first byte is never ``0x00``, so one
+listening port can also serve torch's TCPStore clients, which always start with ``0x00``:
+``tcpstore-protocol.md`` §5). After that both sides exchange *frames*: a 4-byte big-endian
+length, then that many bytes of UTF-8 JSON (one object). Byte strings (keys are text, values are
+bytes) travel as base64. Never pickle.
+
+Handshake (versioned; with a per-job secret it is a mutual HMAC-SHA256 challenge-response,
+the secret is never sent, and each side's fresh nonce makes a recorded exchange useless)::
+
+    client → server   RKRN {"hello": 1, "nonce": <16 random bytes>}
+    server → client   {"version": 1, "challenge": <16 random bytes>, "auth": true|false}
+    client → server   {"proof": HMAC(secret, "rankrun-client" | challenge | nonce)}   ("" without a secret)
+    server → client   {"ok": true, "proof": HMAC(secret, "rankrun-server" | nonce | challenge)}
+                      or {"ok": false, "error": "..."} and the connection is closed
+
+Then requests ``{"id": n, "op": "...", ...}`` get replies ``{"id": n, "r": ...}`` or
+``{"id": n, "err": kind, "msg": text}``; the server also pushes ``{"watch": w, "ev": [...]}``
+and ``{"lease_lost": id}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import struct
+from typing import Any
+
+from rankrun.rendezvous.store import Entry, Event, EventKind
+
+MAGIC = b"RKRN"
+VERSION = 1
+MAX_FRAME = 16 << 20
+_LEN = struct.Struct(">I")
+
+
+class FrameError(ValueError):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def frame(obj: dict[str, Any]) -> bytes:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return _LEN.pack(len(body)) + body
+
+
+class FrameReader:
+    """Cuts a byte stream into decoded frames."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        out: list[dict[str, Any]] = []
+        view = self._buffer
+        pos = 0
+        while len(view) - pos >= _LEN.size:
+            (size,) = _LEN.unpack_from(view, pos)
+            if size > MAX_FRAME:
+                raise FrameError(f"a frame of {size} bytes (limit {MAX_FRAME})")
+            if len(view) - pos - _LEN.size < size:
+                break
+            start = pos + _LEN.size
+            try:
+                obj = json.loads(bytes(view[start : start + size]))
+            except ValueError as exc:
+                raise FrameError(f"not JSON: {exc}") from None
+            if not isinstance(obj, dict):
+                raise FrameError("a frame that is not an object")
+            out.append(obj)
+            pos = start + size
+        del self._buffer[:pos]
+        return out
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: object) -> bytes:
+    if not isinstance(text, str):
+        raise FrameError("expected base64 text")
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise FrameError("bad base64") from None
+
+
+def client_proof(secret: bytes, challenge: bytes, nonce: bytes) -> str:
+    return hmac.new(secret, b"rankrun-client" + challenge + nonce, hashlib.sha256).hexdigest()
+
+
+def server_proof(secret: bytes, challenge: bytes, nonce: bytes) -> str:
+    return hmac.new(secret, b"rankrun-server" + nonce + challenge, hashlib.sha256).hexdigest()
+
+
+def proof_matches(expected: str, given: object) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(expected, given)
+
+
+def entry_to_wire(entry: Entry) -> dict[str, Any]:
+    return {"k": entry.key, "v": b64(entry.value), "c": entry.create_revision, "m": entry.mod_revision, "l": entry.lease}
+
+
+def entry_from_wire(obj: dict[str, Any]) -> Entry:
+    return Entry(str(obj["k"]), unb64(obj["v"]), int(obj["c"]), int(obj["m"]), int(obj["l"]))
+
+
+def event_to_wire(event: Event) -> dict[str, Any]:
+    return {"t": event.kind.value, "k": event.key, "v": b64(event.value), "r": event.revision}
+
+
+def event_from_wire(obj: dict[str, Any]) -> Event:
+    return Event(EventKind(obj["t"]), str(obj["k"]), unb64(obj["v"]), int(obj["r"]))

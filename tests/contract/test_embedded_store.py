@@ -1,0 +1,151 @@
+"""What only the embedded store has: connections that own leases, authentication, the wire, binding."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pytest
+
+from fakes import FakeTimers
+from rankrun.rendezvous import wire
+from rankrun.rendezvous.client import StoreClient
+from rankrun.rendezvous.memory import MemoryStore
+from rankrun.rendezvous.server import StoreServer
+from rankrun.rendezvous.store import AuthenticationFailed, EventKind, StoreUnavailable
+
+BOUND = 20.0
+SECRET = b"s3cret-of-this-job"
+
+
+def _run(body) -> None:
+    async def main() -> None:
+        store = MemoryStore(FakeTimers())
+        server = StoreServer(store, secret=SECRET)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            await body(store, server, port)
+        finally:
+            await server.close()
+            await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+def test_a_connection_that_goes_takes_its_leased_keys_with_it():
+    async def body(store, server, port):
+        owner = await StoreClient.connect("127.0.0.1", port, SECRET)
+        peer = await StoreClient.connect("127.0.0.1", port, SECRET)
+        lease = await owner.grant(3600.0)  # would not expire for an hour
+        await owner.put("/job/nodes/a", b"a", lease=lease.id)
+        _, revision = await peer.range("/job/nodes/")
+        watch = await peer.watch("/job/nodes/", after=revision)
+        owner.lost("simulated crash")  # the socket is reset, as when the owner's host dies
+        event = await anext(watch.__aiter__())
+        assert (event.kind, event.key) == (EventKind.DELETE, "/job/nodes/a")
+        assert await peer.get("/job/nodes/a") is None
+        assert lease.lost.is_set()
+        await watch.close()
+        await peer.close()
+
+    _run(body)
+
+
+def test_wrong_missing_or_unexpected_secrets_are_refused_with_the_endpoint_named(caplog):
+    async def body(store, server, port):
+        for _ in range(3):
+            with pytest.raises(AuthenticationFailed, match=rf"rendezvous 127\.0\.0\.1:{port}: authentication failed"):
+                await StoreClient.connect("127.0.0.1", port, b"not the secret")
+        with pytest.raises(AuthenticationFailed, match=r"needs a secret .*RANKRUN_RDZV_SECRET"):
+            await StoreClient.connect("127.0.0.1", port, None)
+        open_server = StoreServer(store, secret=None)
+        open_port = await open_server.start("127.0.0.1", 0)
+        with pytest.raises(AuthenticationFailed, match="does not authenticate, but this node has a secret"):
+            await StoreClient.connect("127.0.0.1", open_port, SECRET)
+        await open_server.close()
+        assert store.revision == 0  # nothing was done by anyone who was refused
+
+    with caplog.at_level(logging.WARNING, logger="rankrun.rendezvous.server"):
+        _run(body)
+    rejections = [r for r in caplog.records if "rejected a connection from 127.0.0.1" in r.getMessage()]
+    assert len(rejections) == 1  # logged once per address, not once per attempt
+
+
+async def _raw_handshake(port: int, proof_for) -> tuple[bytes, dict]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    frames = wire.FrameReader()
+    nonce = b"n" * 16
+    writer.write(wire.MAGIC + wire.frame({"hello": wire.VERSION, "nonce": wire.b64(nonce)}))
+
+    async def next_frame() -> dict:
+        while True:
+            got = frames.feed(await reader.read(4096))
+            if got:
+                return got[0]
+
+    hello = await next_frame()
+    challenge = wire.unb64(hello["challenge"])
+    writer.write(wire.frame({"proof": proof_for(challenge, nonce)}))
+    answer = await next_frame()
+    writer.close()
+    return challenge, answer
+
+
+def test_a_recorded_proof_cannot_be_replayed():
+    async def body(store, server, port):
+        recorded: list[str] = []
+
+        def honest(challenge: bytes, nonce: bytes) -> str:
+            recorded.append(wire.client_proof(SECRET, challenge, nonce))
+            return recorded[-1]
+
+        first_challenge, answer = await _raw_handshake(port, honest)
+        assert answer["ok"] is True
+        second_challenge, replayed = await _raw_handshake(port, lambda c, n: recorded[0])
+        assert second_challenge != first_challenge
+        assert replayed["ok"] is False
+
+    _run(body)
+
+
+def test_a_foreign_protocol_is_closed_and_harmless():
+    async def body(store, server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\n\r\n")
+        assert await asyncio.wait_for(reader.read(), BOUND) == b""  # closed without a word
+        writer.close()
+        client = await StoreClient.connect("127.0.0.1", port, SECRET)  # the server still serves
+        assert await client.put("/x", b"1") == 1
+        await client.close()
+
+    _run(body)
+
+
+def test_the_server_binds_only_the_address_it_was_given():
+    async def body(store, server, port):
+        sockets = server._server.sockets  # what the kernel bound
+        assert {s.getsockname()[0] for s in sockets} == {"127.0.0.1"}
+        alias = StoreServer(store)
+        alias_port = await alias.start("127.0.0.2", 0)  # another loopback "node" address
+        with socket.create_connection(("127.0.0.2", alias_port), timeout=BOUND):
+            pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", alias_port), timeout=BOUND).close()
+        await alias.close()
+
+    _run(body)
+
+
+def test_an_unreachable_endpoint_is_named():
+    async def main() -> None:
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = holder.getsockname()[1]
+        try:
+            with pytest.raises(StoreUnavailable, match=rf"rendezvous 127\.0\.0\.1:{port}: Connection refused"):
+                await StoreClient.connect("127.0.0.1", port, SECRET)
+        finally:
+            holder.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
