@@ -1,0 +1,179 @@
+"""The rendezvous decisions, as pure functions of what the coordinator knows (no I/O, ``now`` is an argument).
+
+One coordinator per job (the agent that hosts the store) turns the live node keys and the
+round's results into the next step; every other node only reads its own assignment and the
+small round key. ``place`` orders a round's members, ``next_step`` says what to do about the
+round. Both are property-tested (ranks dense and unique, MIN/MAX respected, survivors keep their
+ranks, the host is group rank 0).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One joined node, as its node key says (written once, when it joins)."""
+
+    id: str
+    joined: int  # the store revision that created its key: the join order, the same for every observer
+    nproc: int
+    role: str
+    addr: str  # the address other nodes reach it on (MASTER_ADDR when it is group rank 0)
+    host: str  # its hostname, for messages
+    static_rank: int | None = None  # --node-rank in static mode
+    is_host: bool = False  # it hosts the store: group rank 0 of every round (dynamic mode)
+
+
+@dataclass(frozen=True)
+class Settings:
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout: float
+    max_restarts: int
+    static: bool = False
+
+
+class Phase(enum.Enum):
+    FORMING = "forming"
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class Result:
+    """A node's workers ended in a round."""
+
+    ok: bool
+    revision: int  # when the store got it: "first failure" is decided by the store, never by clocks
+    summary: str = ""  # the failure in a few lines (rank, host, exit, exception)
+
+
+@dataclass(frozen=True)
+class View:
+    """What the coordinator knows when it decides."""
+
+    nodes: tuple[NodeInfo, ...]  # the live nodes (their leases hold)
+    phase: Phase
+    round: int
+    members: tuple[str, ...]  # node ids of the current (or last) round, in group-rank order
+    restarts: int  # restarts used by the whole job
+    min_since: float | None = None  # when enough nodes (MIN) were first there in this forming phase
+    results: Mapping[str, Result] | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    members: tuple[str, ...]  # group-rank order
+    spares: tuple[str, ...]
+
+
+# --- steps
+
+
+@dataclass(frozen=True)
+class Wait:
+    until: float | None  # a deadline on the coordinator's clock, or None: until something changes
+
+
+@dataclass(frozen=True)
+class Start:
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """Stop the running round and form the next one; not counted against --max-restarts."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A worker failed somewhere: stop every node's workers, run the round again (counted once, for the job)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    ok: bool
+    reason: str
+
+
+Step = Wait | Start | Regroup | Restart | Finish
+
+
+def place(nodes: Sequence[NodeInfo], previous: Sequence[str], settings: Settings) -> Placement:
+    """The members of the next round in group-rank order, and the spares (pure).
+
+    Static: ordered by node rank. Dynamic: the store host is group rank 0; earlier members keep
+    their ranks where they can (a node that left leaves its place to the first newcomer, in join
+    order); remaining gaps close up; newcomers follow in join order; beyond MAX are spares.
+    """
+    if settings.static:
+        ranked = sorted((n for n in nodes if n.static_rank is not None), key=lambda n: n.static_rank or 0)
+        return Placement(tuple(n.id for n in ranked[: settings.max_nodes]), tuple(n.id for n in ranked[settings.max_nodes :]))
+    alive = {n.id: n for n in nodes}
+    newcomers = [n.id for n in sorted(nodes, key=lambda n: n.joined) if n.id not in previous]
+    order: list[str] = []
+    for member in previous:
+        if member in alive:
+            order.append(member)
+        elif newcomers:
+            order.append(newcomers.pop(0))  # the newcomer takes the leaver's place: the others keep theirs
+    order += newcomers
+    hosts = [i for i in order if alive[i].is_host]
+    if hosts:
+        order.remove(hosts[0])
+        order.insert(0, hosts[0])
+    return Placement(tuple(order[: settings.max_nodes]), tuple(order[settings.max_nodes :]))
+
+
+def next_step(view: View, settings: Settings, now: float) -> Step:
+    """What the coordinator does now (pure)."""
+    if view.phase is Phase.ENDED:
+        return Wait(None)
+    if view.phase is Phase.FORMING:
+        return _forming(view, settings, now)
+    return _running(view, settings)
+
+
+def enough(view: View, settings: Settings) -> bool:
+    """Whether a round could start with the live nodes (MIN dynamic; every node rank static)."""
+    if settings.static:
+        return {n.static_rank for n in view.nodes} >= set(range(settings.max_nodes))
+    return len(view.nodes) >= settings.min_nodes
+
+
+def _forming(view: View, settings: Settings, now: float) -> Step:
+    if not enough(view, settings):
+        return Wait(None)
+    placement = place(view.nodes, view.members, settings)
+    if settings.static or len(view.nodes) >= settings.max_nodes:
+        return Start(placement)
+    deadline = (view.min_since if view.min_since is not None else now) + settings.last_call_timeout
+    return Start(placement) if now >= deadline else Wait(deadline)
+
+
+def _running(view: View, settings: Settings) -> Step:
+    alive = {n.id for n in view.nodes}
+    results = view.results or {}
+    lost = [m for m in view.members if m not in alive and m not in results]
+    failures = sorted((r.revision, m) for m, r in results.items() if not r.ok)
+    if failures or (lost and settings.static):
+        why = f"node {failures[0][1]} reported a worker failure" if failures else f"node {lost[0]} was lost"
+        if view.restarts < settings.max_restarts:
+            return Restart(why)
+        return Finish(False, why)
+    if lost:
+        return Regroup(f"node {lost[0]} was lost" + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""))
+    if all(m in results for m in view.members):
+        return Finish(True, "every node's workers succeeded")
+    joined = [n for n in view.nodes if n.id not in view.members]
+    if joined and len(view.members) < settings.max_nodes and not settings.static:
+        return Regroup(f"node {joined[0].id} joined")
+    return Wait(None)
