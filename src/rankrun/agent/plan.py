@@ -11,17 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rankrun.agent.env import AttemptContext, WorkerIdentity
-from rankrun.agent.ranks import NodeSlots, worker_identities
+from rankrun.agent.ranks import NodeRanks, NodeSlots, assign_node_ranks, identities
 from rankrun.spec import LaunchSpec
 
 
 @dataclass(frozen=True)
 class Membership:
-    """What a completed rendezvous round says about this node and the job."""
+    """What a completed rendezvous round says about this node (all it needs of the others: O(1))."""
 
     round: int
     group_rank: int
-    nodes: tuple[NodeSlots, ...]  # every node of the round, in group-rank order
+    group_world_size: int
+    local_world_size: int
+    ranks: NodeRanks  # this node's first rank and the world's sizes
     master_addr: str  # the worker store (hosted by group rank 0)
     master_port: int
 
@@ -34,12 +36,14 @@ class AttemptPlan:
 
     @property
     def identities(self) -> list[WorkerIdentity]:
-        return worker_identities(self.membership.nodes, self.membership.group_rank)
+        m = self.membership
+        return identities(m.ranks, m.group_rank, m.group_world_size, m.local_world_size)
 
 
 def single_node(spec: LaunchSpec, master_port: int) -> Membership:
     """The membership of a job that is this node alone (standalone, or one node of any backend)."""
-    return Membership(0, 0, (NodeSlots(spec.worker.role, spec.worker.nproc),), spec.store.host, master_port)
+    (ranks,) = assign_node_ranks([NodeSlots(spec.worker.role, spec.worker.nproc)])
+    return Membership(0, 0, 1, spec.worker.nproc, ranks, spec.store.host, master_port)
 
 
 def attempt_context(spec: LaunchSpec, plan: AttemptPlan) -> AttemptContext:

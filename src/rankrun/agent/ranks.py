@@ -45,18 +45,21 @@ def assign_node_ranks(nodes: Sequence[NodeSlots]) -> list[NodeRanks]:
 
 def worker_identities(nodes: Sequence[NodeSlots], group_rank: int) -> list[WorkerIdentity]:
     """The identities of the workers of node ``group_rank``."""
-    mine = assign_node_ranks(nodes)[group_rank]
-    lws = nodes[group_rank].local_world_size
+    return identities(assign_node_ranks(nodes)[group_rank], group_rank, len(nodes), nodes[group_rank].local_world_size)
+
+
+def identities(mine: NodeRanks, group_rank: int, group_world_size: int, local_world_size: int) -> list[WorkerIdentity]:
+    """The identities of one node's workers from its own ranks (all a node needs to know of the others)."""
     return [
         WorkerIdentity(
             local_rank=i,
             rank=mine.base_rank + i,
             group_rank=group_rank,
             role_rank=mine.base_role_rank + i,
-            local_world_size=lws,
+            local_world_size=local_world_size,
             world_size=mine.world_size,
-            group_world_size=len(nodes),
+            group_world_size=group_world_size,
             role_world_size=mine.role_world_size,
         )
-        for i in range(lws)
+        for i in range(local_world_size)
     ]
