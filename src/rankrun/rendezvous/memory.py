@@ -111,7 +111,11 @@ class MemoryStore:
         self._revision = 0
         self._history: list[Event] = []
         self._compacted = 0  # history before this revision is gone
-        self._watches: dict[int, tuple[str, Callable[[Event], None]]] = {}
+        # watches indexed by prefix, and the prefix lengths in use: an event finds its watchers with one
+        # dict lookup per distinct length, not a scan of every watch (thousands of nodes each watch a key)
+        self._watches: dict[int, str] = {}
+        self._by_prefix: dict[str, dict[int, Callable[[Event], None]]] = {}
+        self._lengths: dict[int, int] = {}
         self._closing: list[Callable[[], None]] = []
         self._leases: dict[int, _LeaseState] = {}
         self._ids = itertools.count(1)
@@ -206,11 +210,22 @@ class MemoryStore:
             if event.key.startswith(prefix):
                 sink(event)
         token = next(self._ids)
-        self._watches[token] = (prefix, sink)
+        self._watches[token] = prefix
+        self._by_prefix.setdefault(prefix, {})[token] = sink
+        self._lengths[len(prefix)] = self._lengths.get(len(prefix), 0) + 1
         return token
 
     def unsubscribe(self, token: int) -> None:
-        self._watches.pop(token, None)
+        prefix = self._watches.pop(token, None)
+        if prefix is None:
+            return
+        sinks = self._by_prefix[prefix]
+        del sinks[token]
+        if not sinks:
+            del self._by_prefix[prefix]
+        self._lengths[len(prefix)] -= 1
+        if not self._lengths[len(prefix)]:
+            del self._lengths[len(prefix)]
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once when the store closes (watchers and servers learn of it)."""
@@ -229,9 +244,11 @@ class MemoryStore:
 
     def _publish(self, event: Event) -> None:
         self._history.append(event)
-        for prefix, sink in list(self._watches.values()):
-            if event.key.startswith(prefix):
-                sink(event)
+        key = event.key
+        for length in list(self._lengths):
+            if length <= len(key):
+                for sink in list(self._by_prefix.get(key[:length], {}).values()):
+                    sink(event)
 
     def compact(self, revision: int) -> None:
         """Forget history up to ``revision`` (watches from before it get ``Compacted``)."""
@@ -293,6 +310,8 @@ class MemoryStore:
                 state.timer.cancel()
             state.lost.set()
         self._watches.clear()
+        self._by_prefix.clear()
+        self._lengths.clear()
         for callback in self._closing:
             callback()
 

@@ -1,0 +1,429 @@
+"""The rendezvous algorithm over a ``Store``: one coordinator decides, every node reads only its own part.
+
+Keys under ``/rankrun/<run id>/`` (all small; none is rewritten by more than one writer)::
+
+    nodes/<node>            a node's description, written once when it joins, bound to its lease
+    round                   the coordinator's word on the current round: number, phase, restarts, why
+    assign/<node>           this node's place in a round: group rank, first rank, sizes, MASTER_ADDR/PORT
+    result/<round>/<node>   how a node's workers ended in a round (and its failure, in a few lines)
+    status                  who has joined so far, for the "3/4 nodes joined" line of waiting nodes
+    closed                  the job is over: late joiners are turned away
+
+A join costs a node a fixed handful of operations (grant, put, range, two watches) and a few
+hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone. The
+coordinator (the agent hosting the store, or node rank 0 in static mode) learns of joins, leaves
+(a lease expiring deletes the node key) and results through watches, asks the pure
+``rendezvous.round.next_step`` what to do, and writes each member its assignment. Waiting is
+always on a watch or a deadline, never a polling loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rankrun.rendezvous.round import (
+    Finish,
+    NodeInfo,
+    NodeRanks,
+    NodeSlots,
+    Phase,
+    Regroup,
+    Restart,
+    Result,
+    Settings,
+    Start,
+    View,
+    Wait,
+    assign_node_ranks,
+    next_step,
+)
+from rankrun.rendezvous.store import Event, EventKind, Lease, Store, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Keys:
+    root: str
+
+    @classmethod
+    def for_run(cls, run_id: str) -> Keys:
+        return cls(f"/rankrun/{run_id}/")
+
+    @property
+    def nodes(self) -> str:
+        return self.root + "nodes/"
+
+    @property
+    def round(self) -> str:
+        return self.root + "round"
+
+    @property
+    def status(self) -> str:
+        return self.root + "status"
+
+    @property
+    def closed(self) -> str:
+        return self.root + "closed"
+
+    @property
+    def results(self) -> str:
+        return self.root + "result/"
+
+    def node(self, node_id: str) -> str:
+        return self.nodes + node_id
+
+    def assign(self, node_id: str) -> str:
+        return self.root + "assign/" + node_id
+
+    def result(self, round_: int, node_id: str) -> str:
+        return f"{self.results}{round_}/{node_id}"
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _load(data: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def node_from(value: bytes, joined: int, node_id: str) -> NodeInfo:
+    d = _load(value)
+    return NodeInfo(node_id, joined, int(d.get("nproc", 1)), str(d.get("role", "default")), str(d.get("addr", "")),
+                    str(d.get("host", "")), d.get("static_rank"), bool(d.get("is_host", False)))
+
+
+def node_value(info: NodeInfo) -> bytes:
+    d = asdict(info)
+    del d["id"], d["joined"]
+    return _dump(d)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    round: int
+    group_rank: int
+    group_world_size: int
+    ranks: NodeRanks
+    master_addr: str
+    master_port: int
+    restarts: int
+
+
+@dataclass(frozen=True)
+class RoundWord:
+    """The ``round`` key: what the coordinator says about the job now."""
+
+    round: int
+    phase: str  # "running", "stopping" (re-forming), "ended"
+    restarts: int = 0
+    reason: str = ""
+    ok: bool = False  # for "ended"
+    cause: str = ""  # for a failed end: the job's first failure, in a few lines
+
+    @classmethod
+    def parse(cls, value: bytes) -> RoundWord:
+        d = _load(value)
+        return cls(int(d.get("round", 0)), str(d.get("phase", "")), int(d.get("restarts", 0)), str(d.get("reason", "")),
+                   bool(d.get("ok", False)), str(d.get("cause", "")))
+
+
+# --------------------------------------------------------------------------- the coordinator
+
+
+class Coordinator:
+    """Runs on the agent that hosts the store; decides every round of the job."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        settings: Settings,
+        *,
+        master: Callable[[], tuple[str, int]],
+        before_round: Callable[[], Awaitable[None]],
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._settings = settings
+        self._master = master  # the worker store's address and port (hosted by group rank 0)
+        self._before_round = before_round  # e.g. a fresh worker-store keyspace
+        self._now = now or (lambda: asyncio.get_running_loop().time())
+        self._nodes: dict[str, NodeInfo] = {}
+        self._phase = Phase.FORMING
+        self._round = 0
+        self._members: tuple[str, ...] = ()
+        self._restarts = 0
+        self._min_since: float | None = None
+        self._results: dict[str, Result] = {}
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._status_dirty = True
+        self.finished: asyncio.Future[Finish] = asyncio.get_running_loop().create_future()
+
+    async def run(self) -> None:
+        entries, revision = await self._store.range(self._keys.nodes)
+        for entry in entries:
+            node_id = entry.key[len(self._keys.nodes) :]
+            self._nodes[node_id] = node_from(entry.value, entry.create_revision, node_id)
+        watches = [await self._store.watch(self._keys.nodes, revision), await self._store.watch(self._keys.results, revision)]
+        feeders = [asyncio.create_task(self._feed(w)) for w in watches]
+        try:
+            await self._decide_forever()
+        finally:
+            for task in feeders:
+                task.cancel()
+            for watch in watches:
+                with contextlib.suppress(StoreUnavailable):
+                    await watch.close()
+
+    async def _feed(self, watch: Any) -> None:
+        async for event in watch:
+            self._events.put_nowait(event)
+
+    async def _decide_forever(self) -> None:
+        while True:
+            self._note_min()
+            step = next_step(self._view(), self._settings, self._now())
+            if isinstance(step, Start):
+                await self._start(step)
+                continue
+            if isinstance(step, Regroup | Restart):
+                await self._reform(step)
+                continue
+            if isinstance(step, Finish):
+                await self._finish(step)
+                return
+            await self._publish_status()
+            await self._next_events(step)
+
+    def _view(self) -> View:
+        return View(tuple(self._nodes.values()), self._phase, self._round, self._members, self._restarts, self._min_since,
+                    self._results)
+
+    def _note_min(self) -> None:
+        enough = len(self._nodes) >= self._settings.min_nodes
+        if self._phase is Phase.FORMING and enough and self._min_since is None:
+            self._min_since = self._now()
+        elif not enough:
+            self._min_since = None
+
+    async def _next_events(self, step: Wait) -> None:
+        """Wait for something to change (or the step's deadline), then take every event already there."""
+        timeout = None if step.until is None else max(0.0, step.until - self._now())
+        try:
+            first = await asyncio.wait_for(self._events.get(), timeout)
+        except TimeoutError:
+            return
+        self._apply(first)
+        while not self._events.empty():
+            self._apply(self._events.get_nowait())
+
+    def _apply(self, event: Event) -> None:
+        if event.key.startswith(self._keys.nodes):
+            node_id = event.key[len(self._keys.nodes) :]
+            if event.kind is EventKind.PUT:
+                self._nodes[node_id] = node_from(event.value, event.revision, node_id)
+            else:
+                self._nodes.pop(node_id, None)
+            self._status_dirty = True
+            return
+        round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
+        if event.kind is EventKind.PUT and round_text == str(self._round) and node_id in self._members:
+            d = _load(event.value)
+            self._results[node_id] = Result(bool(d.get("ok")), event.revision, str(d.get("summary", "")))
+
+    async def _start(self, step: Start) -> None:
+        await self._before_round()
+        self._round += 1
+        self._members = step.placement.members
+        self._results = {}
+        self._phase = Phase.RUNNING
+        infos = [self._nodes[m] for m in self._members]
+        ranks = assign_node_ranks([NodeSlots(n.role, n.nproc) for n in infos])
+        addr, port = self._master()
+        for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True)):
+            value = {"round": self._round, "group_rank": group_rank, "group_world_size": len(infos), "ranks": asdict(mine),
+                     "master_addr": addr, "master_port": port, "restarts": self._restarts}
+            await self._store.put(self._keys.assign(info.id), _dump(value))
+        for spare in step.placement.spares:
+            await self._store.put(self._keys.assign(spare), _dump({"round": self._round, "spare": True}))
+        await self._store.put(self._keys.round, _dump(asdict(RoundWord(self._round, "running", self._restarts))))
+        logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
+
+    async def _reform(self, step: Regroup | Restart) -> None:
+        if isinstance(step, Restart):
+            self._restarts += 1
+        await self._store.put(self._keys.round, _dump(asdict(RoundWord(self._round, "stopping", self._restarts, step.reason))))
+        self._phase = Phase.FORMING
+        # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
+        self._min_since = self._now() - self._settings.last_call_timeout
+
+    async def _finish(self, step: Finish) -> None:
+        failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
+        cause = failures[0][1] if failures else ""
+        word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause)
+        await self._store.put(self._keys.round, _dump(asdict(word)))
+        await self._store.put(self._keys.closed, _dump({"ok": step.ok}))
+        self._phase = Phase.ENDED
+        if not self.finished.done():
+            self.finished.set_result(step)
+
+    async def _publish_status(self) -> None:
+        if not self._status_dirty or self._phase is not Phase.FORMING:
+            return
+        self._status_dirty = False
+        names = sorted(self._nodes.values(), key=lambda n: n.joined)
+        static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None)
+        status = {"joined": len(names), "names": [n.addr or n.host for n in names[:4]], "static_ranks": static}
+        await self._store.put(self._keys.status, _dump(status))
+
+
+# --------------------------------------------------------------------------- a node
+
+
+@dataclass(frozen=True)
+class Spare:
+    round: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    word: RoundWord
+
+
+class Member:
+    """One node's side: join once, then read its own assignment and the round key, round after round."""
+
+    def __init__(self, store: Store, keys: Keys, info: NodeInfo, lease: Lease) -> None:
+        self.store = store
+        self.keys = keys
+        self.info = info
+        self.lease = lease
+
+    @classmethod
+    async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float) -> Member:
+        """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over."""
+        if await store.get(keys.closed) is not None:
+            raise RendezvousClosed("the job has already finished")
+        lease = await store.grant(ttl)
+        await store.put(keys.node(info.id), node_value(info), lease=lease.id)
+        return cls(store, keys, info, lease)
+
+    async def next_round(self, after: int) -> Assignment | Spare | Ended:
+        """The first word after round ``after``: an assignment, a place as a spare, or the end of the job."""
+        key, round_key = self.keys.assign(self.info.id), self.keys.round
+        entries, revision = await self.store.range(key)
+        round_entries, _ = await self.store.range(round_key)
+        found = self._read(entries[0].value if entries else None, round_entries[0].value if round_entries else None, after)
+        if found is not None:
+            return found
+        watch_assign, watch_round = await self.store.watch(key, revision), await self.store.watch(round_key, revision)
+        try:
+            latest_assign = entries[0].value if entries else None
+            latest_round = round_entries[0].value if round_entries else None
+            merged: asyncio.Queue[Event] = asyncio.Queue()
+            feeders = [asyncio.create_task(_feed(w, merged)) for w in (watch_assign, watch_round)]
+            try:
+                while True:
+                    event = await merged.get()
+                    if event.kind is EventKind.PUT:
+                        if event.key == key:
+                            latest_assign = event.value
+                        else:
+                            latest_round = event.value
+                    found = self._read(latest_assign, latest_round, after)
+                    if found is not None:
+                        return found
+            finally:
+                for task in feeders:
+                    task.cancel()
+        finally:
+            for watch in (watch_assign, watch_round):
+                with contextlib.suppress(StoreUnavailable):
+                    await watch.close()
+
+    def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | None:
+        word = RoundWord.parse(round_value) if round_value else None
+        if word is not None and word.phase == "ended":
+            return Ended(word)
+        if assign is None or word is None or word.phase != "running":
+            return None
+        d = _load(assign)
+        round_ = int(d.get("round", 0))
+        if round_ <= after or round_ != word.round:
+            return None
+        if d.get("spare"):
+            return Spare(round_)
+        ranks = d["ranks"]
+        return Assignment(round_, int(d["group_rank"]), int(d["group_world_size"]),
+                          NodeRanks(int(ranks["base_rank"]), int(ranks["world_size"]), int(ranks["base_role_rank"]),
+                                    int(ranks["role_world_size"])),
+                          str(d["master_addr"]), int(d["master_port"]), int(d.get("restarts", 0)))
+
+    async def round_changed(self, round_: int) -> RoundWord:
+        """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
+        entries, revision = await self.store.range(self.keys.round)
+        if entries:
+            word = RoundWord.parse(entries[0].value)
+            if word.round != round_ or word.phase != "running":
+                return word
+        watch = await self.store.watch(self.keys.round, revision)
+        try:
+            async for event in watch:
+                word = RoundWord.parse(event.value)
+                if event.kind is EventKind.PUT and (word.round != round_ or word.phase != "running"):
+                    return word
+        finally:
+            with contextlib.suppress(StoreUnavailable):
+                await watch.close()
+        raise StoreUnavailable("the round watch ended")
+
+    async def report(self, round_: int, ok: bool, summary: str = "") -> None:
+        await self.store.put(self.keys.result(round_, self.info.id), _dump({"ok": ok, "summary": summary}))
+
+    async def status(self) -> dict[str, Any]:
+        entry = await self.store.get(self.keys.status)
+        return _load(entry.value) if entry is not None else {}
+
+    async def keep_alive(self, interval: float, max_attempts: int) -> None:
+        """Refresh the lease every ``interval`` s until it is lost; give up after ``max_attempts`` failures in a row."""
+        misses = 0
+        while not self.lease.lost.is_set():
+            try:
+                async with asyncio.timeout(interval):
+                    await self.lease.lost.wait()
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.lease.keep_alive()
+                misses = 0
+            except StoreUnavailable:
+                misses += 1
+                if misses >= max_attempts or self.lease.lost.is_set():
+                    return
+
+    async def leave(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.lease.revoke()
+
+
+class RendezvousClosed(StoreUnavailable):
+    """The job this node wants to join has already finished."""
+
+
+async def _feed(watch: Any, queue: asyncio.Queue[Event]) -> None:
+    async for event in watch:
+        queue.put_nowait(event)

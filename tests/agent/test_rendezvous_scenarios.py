@@ -1,0 +1,134 @@
+"""The rendezvous algorithm (coordinator + members) on the in-memory store: join, grow, shrink, spares, restarts, close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, RendezvousClosed, Spare
+from rankrun.rendezvous.memory import MemoryStore
+from rankrun.rendezvous.round import NodeInfo, Settings
+
+BOUND = 20.0
+KEYS = Keys.for_run("job")
+
+
+def _info(i: int, nproc: int = 2, *, host: bool = False, rank: int | None = None) -> NodeInfo:
+    return NodeInfo(f"node{i}", 0, nproc, "default", f"127.0.0.{i + 1}", f"h{i}", rank, host)
+
+
+async def _rig(settings: Settings):
+    store = MemoryStore()
+    resets: list[int] = []
+
+    async def before_round() -> None:
+        resets.append(1)
+
+    coordinator = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.1", 29500), before_round=before_round)
+    task = asyncio.create_task(coordinator.run())
+    return store, coordinator, task, resets
+
+
+def _run(body) -> None:
+    asyncio.run(asyncio.wait_for(body(), BOUND))
+
+
+def test_a_full_round_forms_at_once_with_the_host_first_and_ranks_by_join_order():
+    async def body():
+        store, _coordinator, task, resets = await _rig(Settings(2, 3, last_call_timeout=600.0, max_restarts=0))
+        a = await Member.join(store, KEYS, _info(1, nproc=1), ttl=60)
+        host = await Member.join(store, KEYS, _info(0, nproc=4, host=True), ttl=60)
+        b = await Member.join(store, KEYS, _info(2, nproc=2), ttl=60)
+        got = [await m.next_round(0) for m in (host, a, b)]  # MAX reached: no last-call wait
+        assert all(isinstance(g, Assignment) for g in got)
+        assert [(g.group_rank, g.ranks.base_rank, g.ranks.world_size) for g in got] == [(0, 0, 7), (1, 4, 7), (2, 5, 7)]
+        assert {(g.round, g.master_addr, g.master_port, g.group_world_size) for g in got} == {(1, "127.0.0.1", 29500, 3)}
+        assert resets == [1]  # the worker store was reset before the round
+        for m in (host, a, b):
+            await m.report(1, ok=True)
+        ends = [await m.next_round(1) for m in (host, a, b)]
+        assert all(isinstance(e, Ended) and e.word.ok for e in ends)
+        with pytest.raises(RendezvousClosed):
+            await Member.join(store, KEYS, _info(9), ttl=60)
+        await asyncio.wait_for(task, BOUND)
+
+    _run(body)
+
+
+def test_min_then_last_call_then_a_late_joiner_regroups_the_running_round():
+    async def body():
+        store, _coordinator, task, _ = await _rig(Settings(1, 3, last_call_timeout=0.05, max_restarts=0))
+        host = await Member.join(store, KEYS, _info(0, host=True), ttl=60)
+        first = await host.next_round(0)  # MIN (1) reached, last call (50 ms) passed
+        assert isinstance(first, Assignment) and first.group_world_size == 1
+        changed = asyncio.create_task(host.round_changed(first.round))
+        late = await Member.join(store, KEYS, _info(1), ttl=60)
+        word = await changed
+        assert (word.phase, word.reason) == ("stopping", "node node1 joined")
+        again = [await m.next_round(first.round) for m in (host, late)]
+        assert [(g.round, g.group_rank, g.group_world_size) for g in again] == [(2, 0, 2), (2, 1, 2)]
+        assert again[0].restarts == 0  # a regroup is not a restart
+        task.cancel()
+
+    _run(body)
+
+
+def test_a_lost_node_regroups_the_survivors_and_a_spare_takes_its_place():
+    async def body():
+        store, _coordinator, task, _ = await _rig(Settings(2, 2, last_call_timeout=600.0, max_restarts=0))
+        host = await Member.join(store, KEYS, _info(0, host=True), ttl=60)
+        a = await Member.join(store, KEYS, _info(1), ttl=60)
+        spare = await Member.join(store, KEYS, _info(2), ttl=60)
+        assert isinstance(await host.next_round(0), Assignment)
+        assert await spare.next_round(0) == Spare(1)
+        assert isinstance(await a.next_round(0), Assignment)
+        changed = asyncio.create_task(host.round_changed(1))
+        await a.leave()  # its lease goes: as when its agent dies and the lease expires
+        assert (await changed).reason == "node node1 was lost"
+        second = [await m.next_round(1) for m in (host, spare)]
+        assert [(g.round, g.group_rank) for g in second] == [(2, 0), (2, 1)]
+        task.cancel()
+
+    _run(body)
+
+
+def test_one_restart_budget_for_the_whole_job_and_the_first_failure_named_everywhere():
+    async def body():
+        store, _coordinator, task, _ = await _rig(Settings(2, 2, last_call_timeout=600.0, max_restarts=1))
+        host = await Member.join(store, KEYS, _info(0, host=True), ttl=60)
+        a = await Member.join(store, KEYS, _info(1), ttl=60)
+        assert isinstance(await host.next_round(0), Assignment)
+        await a.next_round(0)
+        await a.report(1, ok=False, summary="rank 3 on h1: exit code 1: ValueError: boom")
+        again = [await m.next_round(1) for m in (host, a)]
+        assert [(g.round, g.restarts) for g in again] == [(2, 1), (2, 1)]  # counted once, for both nodes
+        await host.report(2, ok=False, summary="rank 0 on h0: exit code 2")
+        await a.report(2, ok=False, summary="rank 3 on h1: again")
+        ends = [await m.next_round(2) for m in (host, a)]
+        assert all(isinstance(e, Ended) and not e.word.ok for e in ends)
+        assert {e.word.cause for e in ends} == {"rank 0 on h0: exit code 2"}  # the first the store got
+        await asyncio.wait_for(task, BOUND)
+
+    _run(body)
+
+
+def test_static_ranks_wait_for_every_node_rank():
+    async def body():
+        store, _coordinator, task, _ = await _rig(Settings(3, 3, 0.0, 0, static=True))
+        nodes = [await Member.join(store, KEYS, _info(i, rank=r), ttl=60) for i, r in ((0, 2), (1, 0))]
+        pending = asyncio.create_task(nodes[0].next_round(0))
+        watch = await store.watch(KEYS.status, after=0)
+        async for event in watch:  # the coordinator has seen both and published who is there
+            if json.loads(event.value)["static_ranks"] == [0, 2]:
+                break
+        await watch.close()
+        assert (await nodes[0].status())["joined"] == 2
+        assert not pending.done()  # rank 1 is missing: no round
+        nodes.append(await Member.join(store, KEYS, _info(2, rank=1), ttl=60))
+        got = await pending
+        assert isinstance(got, Assignment) and got.group_rank == 2  # node rank 2
+        task.cancel()
+
+    _run(body)
