@@ -14,6 +14,7 @@ from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import AuthenticationFailed, EventKind, StoreUnavailable
+from rankrun.rendezvous.tcpstore import TCPStoreServer
 
 BOUND = 20.0
 SECRET = b"s3cret-of-this-job"
@@ -147,5 +148,34 @@ def test_an_unreachable_endpoint_is_named():
                 await StoreClient.connect("127.0.0.1", port, SECRET)
         finally:
             holder.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+def test_one_port_serves_agents_and_torch_store_clients():
+    from rankrun.rendezvous.listener import SharedListener  # noqa: PLC0415
+    from rankrun.rendezvous.tcpstore import MAGIC  # noqa: PLC0415
+
+    async def main() -> None:
+        store = MemoryStore(FakeTimers())
+        workers = TCPStoreServer()
+        listener = SharedListener(StoreServer(store, secret=SECRET), workers)
+        port = await listener.start("127.0.0.1", 0)
+        try:
+            agent = await StoreClient.connect("127.0.0.1", port, SECRET)
+            assert await agent.put("/agents/a", b"here") == 1
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            # a torch client's handshake, then SET "/k" = "v" and GET "/k": VALIDATE, PING, SET, GET
+            writer.write(b"\x00" + MAGIC.to_bytes(4, "little") + b"\x0d" + (1234).to_bytes(4, "little"))
+            writer.write(b"\x01" + (2).to_bytes(8, "little") + b"/k" + (1).to_bytes(8, "little") + b"v")
+            writer.write(b"\x03" + (2).to_bytes(8, "little") + b"/k")
+            assert await asyncio.wait_for(reader.readexactly(4 + 9), BOUND) == (1234).to_bytes(4, "little") + (1).to_bytes(8, "little") + b"v"
+            assert workers.snapshot() == {b"/k": b"v"}
+            writer.close()
+            await agent.close()
+        finally:
+            await listener.close()
+            await workers.close()
+            await store.close()
 
     asyncio.run(asyncio.wait_for(main(), BOUND))

@@ -241,6 +241,13 @@ class StoreServer:
             raise StoreError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         return int(self._server.sockets[0].getsockname()[1])
 
+    def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Serve a connection another listener accepted (``rendezvous.listener``), starting with ``data``."""
+        connection = _Connection(self)
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
+        connection.data_received(data)
+
     def rejected(self, peer: str) -> None:
         """A peer failed authentication: logged once per address, not once per attempt."""
         host = peer.rsplit(":", 1)[0]

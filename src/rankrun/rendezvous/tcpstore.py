@@ -670,3 +670,16 @@ class TCPStoreServer:
 
     def _connection(self) -> _Connection:
         return _Connection(self)
+
+    def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Serve a connection another listener accepted (``rendezvous.listener``), starting with ``data``."""
+        connection = _Connection(self)
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
+        view = memoryview(data)
+        while view and not connection._closed:
+            buffer = connection.get_buffer(len(view))
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            connection.buffer_updated(size)
+            view = view[size:]

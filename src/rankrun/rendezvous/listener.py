@@ -1,0 +1,72 @@
+"""One listening port for the rendezvous and the worker store, told apart by the client's first byte.
+
+A torch TCPStore client always starts with ``0x00`` (VALIDATE); a rankrun agent starts with
+``RKRN`` (``rendezvous.wire``). Neither server speaks first, so the listener waits for the first
+bytes, then hands the connection (and those bytes) to the right server. This is how
+``MASTER_PORT`` can be the ``--master-port`` (static) or the endpoint's port (dynamic) for the
+workers of every node, as under torchrun, while agents meet on the same port. The TCPStore side
+cannot be authenticated (torch's protocol has no place for it): the port is bound to one
+address only, never all interfaces. Anything else is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from rankrun.errors import StoreError
+from rankrun.rendezvous import wire
+from rankrun.rendezvous.server import StoreServer
+from rankrun.rendezvous.tcpstore import TCPStoreServer
+
+_BACKLOG = 4096
+
+
+class _Sniffer(asyncio.Protocol):
+    def __init__(self, listener: SharedListener) -> None:
+        self._listener = listener
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        transport, self._transport = self._transport, None
+        if transport is None:
+            return
+        if data[:1] == b"\x00" and self._listener.worker_store is not None:
+            self._listener.worker_store.adopt(transport, data)
+        elif data[:1] == wire.MAGIC[:1]:
+            self._listener.rendezvous.adopt(transport, data)
+        else:
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        del exc
+
+
+class SharedListener:
+    def __init__(self, rendezvous: StoreServer, worker_store: TCPStoreServer | None) -> None:
+        self.rendezvous = rendezvous
+        self.worker_store = worker_store
+        self._server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` once (``StoreError`` with the OS's reason, and ``errno`` on ``__cause__``)."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(lambda: _Sniffer(self), host, port, backlog=_BACKLOG, reuse_address=True)
+        except OSError as exc:
+            raise StoreError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        name = self._server.sockets[0].getsockname()
+        self.address = str(name[0])
+        return int(name[1])
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 5.0)
