@@ -185,27 +185,46 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     conf = parse_rdzv_conf(ns.rdzv_conf)
     if ns.master_port is not None:
         check_port("--master-port", ns.master_port)
-    if max_nodes > 1:
-        raise NotSupportedYetError("--nnodes", ns.nnodes, "multi-node jobs are not supported yet (use 1)")
-    if not 0 <= ns.node_rank < max_nodes:
+    if ns.standalone and max_nodes > 1:
+        raise UsageError("--nnodes", ns.nnodes, "--standalone runs one node; use --rdzv-backend c10d for several")
+    if backend == "static" and conf.rank is None and not 0 <= ns.node_rank < max_nodes:
         raise UsageError("--node-rank", ns.node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
-    implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None
+    implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None and max_nodes == 1
     local_host = ns.local_addr or "127.0.0.1"
     if ns.standalone or implicit:
         return Standalone(uuid4_from(os.urandom(16)), conf, min_nodes, max_nodes), StoreSpec(local_host, 0)
     # torchrun: an empty --rdzv-id becomes a random uuid4's integer value
     run_id = ns.rdzv_id if ns.rdzv_id else str(int(uuid4_from(os.urandom(16)).replace("-", ""), 16))
     if backend == "static":
+        if min_nodes != max_nodes:
+            raise UsageError("--nnodes", ns.nnodes, "the static backend needs a fixed number of nodes (use --rdzv-backend c10d)")
         host, port = ns.master_addr, ns.master_port if ns.master_port is not None else STATIC_DEFAULT_PORT
         if ns.rdzv_endpoint:
             host, port = parse_endpoint(ns.rdzv_endpoint, -1)
             if port < 0:
                 raise UsageError("--rdzv-endpoint", ns.rdzv_endpoint, "the static backend needs HOST:PORT")
         node_rank = conf.rank if conf.rank is not None else ns.node_rank
+        if not 0 <= node_rank < max_nodes:
+            raise UsageError("--node-rank", node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
         return StaticRendezvous(run_id, max_nodes, node_rank, host, port, conf), StoreSpec(host, port)
     # torchrun's default for an empty c10d endpoint: localhost:29400
     host, port = parse_endpoint(ns.rdzv_endpoint or "localhost", C10D_DEFAULT_PORT)
     return DynamicRendezvous(backend, host, port, run_id, min_nodes, max_nodes, conf), StoreSpec(local_host, 0)
+
+
+def _secret(rdzv: RendezvousSpec, env: Mapping[str, str]) -> bytes | None:
+    """The job's rendezvous secret: ``--rdzv-conf secret_file=PATH``, else ``$RANKRUN_RDZV_SECRET``."""
+    path = rdzv.conf.secret_file
+    if path is not None:
+        try:
+            secret = path.read_bytes().strip()
+        except OSError as exc:
+            raise UsageError("--rdzv-conf secret_file", str(path), f"cannot read it: {exc.strerror or exc}") from None
+        if not secret:
+            raise UsageError("--rdzv-conf secret_file", str(path), "the file is empty")
+        return secret
+    value = env.get("RANKRUN_RDZV_SECRET", "")
+    return value.encode() if value else None
 
 
 def _log_dir(value: str | None) -> Path | None:
@@ -281,6 +300,8 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
         signals=parse_signals(signals_text),
         signals_text=signals_text,
         base_env=dict(env),
+        local_addr=ns.local_addr,
+        secret=_secret(rdzv, env),
     )
 
 

@@ -187,6 +187,12 @@ class LaunchSpec:
     signals: tuple[int, ...]
     signals_text: str
     base_env: dict[str, str] = field(repr=False, compare=False)
+    local_addr: str | None = None  # --local-addr: this node's address for the other nodes
+    secret: bytes | None = field(default=None, repr=False)  # the job's rendezvous secret (never from argv)
+
+    @property
+    def multi_node(self) -> bool:
+        return not isinstance(self.rendezvous, Standalone) and self.rendezvous.max_nodes > 1
 
 
 # --------------------------------------------------------------------------- parsers

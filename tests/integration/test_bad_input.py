@@ -52,7 +52,10 @@ CASES: list[tuple[list[str], str]] = [
      "heartbeat_timeout, is_host, join_timeout, keep_alive_interval, keep_alive_max_attempt, key, last_call_timeout, "
      "password_file, protocol, rank, read_timeout, secret_file, ssl_cert, ssl_cert_key, store_type, timeout, user)"),
     (["--node-rank", "2", "ok.py"], "--node-rank 2: must be from 0 to 0 with --nnodes 1:1"),
-    (["--nnodes", "2", "ok.py"], "--nnodes '2': multi-node jobs are not supported yet (use 1)"),
+    (["--nnodes", "1:2", "ok.py"], "--nnodes '1:2': the static backend needs a fixed number of nodes (use --rdzv-backend c10d)"),
+    (["--standalone", "--nnodes", "2", "ok.py"], "--nnodes '2': --standalone runs one node; use --rdzv-backend c10d for several"),
+    (["--rdzv-conf", "secret_file=/nonexistent/secret", "ok.py"],
+     "--rdzv-conf secret_file '/nonexistent/secret': cannot read it: No such file or directory"),
     (["--rdzv-backend", "etcd", "ok.py"], "--rdzv-backend 'etcd': not supported yet (multi-node rendezvous comes in a later release)"),
     (["--nproc-per-node", "gpu", "ok.py"],
      "--nproc-per-node 'gpu': no NVIDIA GPU found (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi)"),

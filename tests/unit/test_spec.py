@@ -127,8 +127,6 @@ def test_unique_prefixes_like_torchrun(tmp_path):
 
 def test_not_supported_yet(tmp_path):
     with pytest.raises(NotSupportedYetError):
-        _spec(tmp_path, "--nnodes", "1:2")
-    with pytest.raises(NotSupportedYetError):
         _spec(tmp_path, "--numa-binding", "node")
 
 
@@ -138,7 +136,7 @@ def _as_store(spec):
 
 # One row per PET_* variable torchrun reads (23 options + 5 flags): each must change its own setting.
 PET_TABLE = [
-    ("PET_NNODES", "2", [], NotSupportedYetError),
+    ("PET_NNODES", "2", [], lambda s: isinstance(s.rendezvous, StaticRendezvous) and s.rendezvous.max_nodes == 2),
     ("PET_NPROC_PER_NODE", "3", [], lambda s: s.worker.nproc == 3),
     ("PET_RDZV_BACKEND", "c10d", ["--rdzv-id", "j"], lambda s: isinstance(s.rendezvous, DynamicRendezvous)
      and (s.rendezvous.backend, s.rendezvous.endpoint_port) == ("c10d", 29400)),

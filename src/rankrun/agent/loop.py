@@ -21,6 +21,7 @@ from types import FrameType
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
+from rankrun.agent.multinode import run_multinode
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, RankrunError
@@ -113,11 +114,15 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
     final: _Final | None = None
     try:
-        if isinstance(spec.rendezvous, DynamicRendezvous):
+        if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
             await deps.endpoint_store.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
-        port = await deps.worker_store.start(spec.store.host, spec.store.port)
-        final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
+        if spec.multi_node:
+            outcome = await run_multinode(spec, deps, stops, logs)
+            final = _Final(outcome.exit_code, outcome.restarts, outcome.report, outcome.job_cause)
+        else:
+            port = await deps.worker_store.start(spec.store.host, spec.store.port)
+            final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
         await deps.worker_store.close()
         await deps.endpoint_store.close()
@@ -125,8 +130,8 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")
     # Last of all, after every other line: the report (the private log dir is gone by now).
-    if final.report is not None:
-        _report(spec, deps, final.report, final.restarts, error_files_kept=kept is not None)
+    if final.report is not None or final.job_cause:
+        _report(spec, deps, final, error_files_kept=kept is not None)
     return final.exit_code
 
 
@@ -135,6 +140,7 @@ class _Final:
     exit_code: int
     restarts: int
     report: AttemptResult | None  # set when a failure report is due
+    job_cause: str = ""  # multi-node: the job's first failure, on whichever node
 
 
 def group_ended(outcome: GroupOutcome) -> GroupEnded:
@@ -196,10 +202,12 @@ def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
         console.say(f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s) and stopped them")
 
 
-def _report(spec: LaunchSpec, deps: AgentDeps, attempt: AttemptResult, restarts: int, *, error_files_kept: bool) -> None:
-    text = render_report(spec.worker.entry.title, deps.host, restarts, attempt.results, error_files_kept=error_files_kept)
+def _report(spec: LaunchSpec, deps: AgentDeps, final: _Final, *, error_files_kept: bool) -> None:
+    results = final.report.results if final.report is not None else []
+    text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
+                         job_cause=final.job_cause)
     deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
-    root = root_cause(attempt.results)
+    root = root_cause(results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")
     if root is not None and own_error_file:
         try:

@@ -40,26 +40,38 @@ class StopStream:
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Stop] = asyncio.Queue()
+        self._waiting = asyncio.Event()  # set while a stop is queued
 
     def deliver(self, signum: int) -> None:
-        self._queue.put_nowait(Interrupted(signum))
+        self.put_back(Interrupted(signum))
 
     def regroup(self, reason: str) -> None:
-        self._queue.put_nowait(Regroup(reason))
+        self.put_back(Regroup(reason))
 
     def put_back(self, stop: Stop) -> None:
-        """Re-queue a stop a consumer took but cannot act on (the next consumer will)."""
+        """Queue a stop (also: re-queue one a consumer took but cannot act on, for the next consumer)."""
         self._queue.put_nowait(stop)
+        self._waiting.set()
 
     def take_pending(self) -> Stop | None:
         """A stop that arrived and nobody consumed yet, if any."""
         try:
-            return self._queue.get_nowait()
+            stop = self._queue.get_nowait()
         except asyncio.QueueEmpty:
             return None
+        if self._queue.empty():
+            self._waiting.clear()
+        return stop
+
+    async def arrived(self) -> None:
+        """Until a stop is queued, without taking it (safe to race: a loser consumes nothing)."""
+        await self._waiting.wait()
 
     async def next(self) -> Stop:
-        return await self._queue.get()
+        stop = await self._queue.get()
+        if self._queue.empty():
+            self._waiting.clear()
+        return stop
 
 
 def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iterable[int]) -> StopStream:

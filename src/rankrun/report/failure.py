@@ -85,11 +85,15 @@ def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + line if line else line for line in text.split("\n"))
 
 
-def render_report(title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True) -> str:
-    """The failure report (multi-line, ends with a newline)."""
+def render_report(
+    title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = ""
+) -> str:
+    """The failure report (multi-line, ends with a newline); ``job_cause``: the job's first failure on any node."""
     root = root_cause(results)
     bar, thin = "=" * WIDTH, "-" * WIDTH
     out = [bar, f"rankrun: {title} FAILED (attempt {attempt})", thin]
+    if job_cause:
+        out += ["The job's first failure (on any node):", _indent(job_cause), thin, f"This node ({host}):"]
     if root is not None:
         source, text = exception_text(root)
         out += [

@@ -1,0 +1,339 @@
+"""Several nodes: host or join the rendezvous, then run round after round until the job ends.
+
+The node that hosts (dynamic: the first agent able to bind ``--rdzv-endpoint``, unless
+``is_host`` says otherwise; static: ``--node-rank 0`` on ``--master-addr:--master-port``) serves
+the in-memory store and the worker store on that one port (``rendezvous.listener``) and runs the
+coordinator; every node, the host included, is a ``Member``. The loop::
+
+    join → wait for my assignment (bounded by join_timeout, a progress line every 5 s)
+         → attempt, stopped early when the round key moves on (a node joined or left, another
+           node's workers failed) or this node's lease is lost
+         → report how my workers ended → wait for the next word: a new round, or the end
+
+Restarts are decided by the coordinator for the whole job (one budget); every node ends with the
+same outcome and the job's first failure in its report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import socket
+from dataclasses import dataclass
+
+from rankrun.agent.attempt import AttemptResult, run_attempt
+from rankrun.agent.deps import AgentDeps
+from rankrun.agent.events import first_of
+from rankrun.agent.plan import AttemptPlan, Membership
+from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, LauncherError, StoreError
+from rankrun.logs.layout import RunLogs
+from rankrun.proc.signals import Interrupted, StopStream
+from rankrun.rendezvous.client import StoreClient
+from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, Spare
+from rankrun.rendezvous.listener import SharedListener
+from rankrun.rendezvous.memory import MemoryStore
+from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.rendezvous.server import StoreServer
+from rankrun.rendezvous.store import Store, StoreUnavailable
+from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
+from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous
+
+PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
+CONNECT_RETRY = (0.05, 1.0)  # first and longest pause between attempts to reach a host that is not up yet
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    restarts: int
+    report: AttemptResult | None = None  # this node's last attempt, when a failure report is due
+    job_cause: str = ""  # the job's first failure, from whichever node had it
+
+
+@dataclass
+class _Session:
+    store: Store
+    member: Member
+    coordinator: Coordinator | None = None
+    listener: SharedListener | None = None
+    server: StoreServer | None = None
+    memory: MemoryStore | None = None
+    client: StoreClient | None = None
+
+
+async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs) -> Outcome:
+    rdzv = spec.rendezvous
+    assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
+    if spec.secret is None:
+        deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
+                         "any host that can reach the endpoint can join this job")
+    session = await _open(spec, deps)
+    tasks: list[asyncio.Task[object]] = []
+    try:
+        if session.coordinator is not None:
+            tasks.append(asyncio.create_task(session.coordinator.run()))
+        conf = rdzv.conf
+        tasks.append(asyncio.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt)))
+        return await _rounds(spec, deps, stops, logs, session)
+    finally:
+        await session.member.leave()
+        if session.coordinator is not None:
+            await _let_the_others_leave(session, rdzv.conf.close_timeout)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _close(session)
+
+
+# --------------------------------------------------------------------------- hosting or joining
+
+
+def _settings(spec: LaunchSpec) -> Settings:
+    rdzv = spec.rendezvous
+    return Settings(rdzv.min_nodes, rdzv.max_nodes, rdzv.conf.last_call_timeout, spec.restart.max_restarts,
+                    static=isinstance(rdzv, StaticRendezvous))
+
+
+def _endpoint(spec: LaunchSpec) -> tuple[str, int]:
+    rdzv = spec.rendezvous
+    if isinstance(rdzv, StaticRendezvous):
+        return rdzv.master_addr, rdzv.master_port
+    assert isinstance(rdzv, DynamicRendezvous)
+    return rdzv.endpoint_host, rdzv.endpoint_port
+
+
+async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
+    rdzv = spec.rendezvous
+    host, port = _endpoint(spec)
+    keys = Keys.for_run(rdzv.run_id)
+    ttl = rdzv.conf.keep_alive_interval * rdzv.conf.keep_alive_max_attempt
+    hosted = await _try_to_host(spec, deps, host, port)
+    if hosted is not None:
+        listener, server, memory, bound = hosted
+        addr = spec.local_addr or listener.address
+        coordinator = Coordinator(memory, keys, _settings(spec), master=lambda: (addr, bound),
+                                  before_round=deps.worker_store.reset)
+        member = await Member.join(memory, keys, _node_info(spec, addr, is_host=True), ttl)
+        return _Session(memory, member, coordinator, listener, server, memory)
+    client = await _connect(spec, deps, host, port)
+    addr = spec.local_addr or client.local_address or host
+    try:
+        member = await Member.join(client, keys, _node_info(spec, addr, is_host=False), ttl)
+    except BaseException:
+        await client.close()
+        raise
+    return _Session(client, member, client=client)
+
+
+async def _try_to_host(
+    spec: LaunchSpec, deps: AgentDeps, host: str, port: int
+) -> tuple[SharedListener, StoreServer, MemoryStore, int] | None:
+    """Bind the endpoint if this node is the one to host; None if another node hosts."""
+    rdzv = spec.rendezvous
+    if isinstance(rdzv, StaticRendezvous):
+        must = rdzv.node_rank == 0
+        if not must:
+            return None
+    else:
+        if rdzv.conf.is_host is False:
+            return None
+        must = rdzv.conf.is_host is True
+    memory = MemoryStore()
+    server = StoreServer(memory, spec.secret)
+    listener = SharedListener(server, deps.worker_store)
+    try:
+        bound = await listener.start(host, port)
+    except StoreError as exc:
+        cause = exc.__cause__
+        not_ours = isinstance(cause, OSError) and cause.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+        await memory.close()
+        if must or not not_ours:
+            raise
+        return None  # another agent on this machine hosts it, or the address is not this machine's: join it
+    return listener, server, memory, bound
+
+
+async def _connect(spec: LaunchSpec, deps: AgentDeps, host: str, port: int) -> StoreClient:
+    """Reach the host, retrying (with backoff, saying why every few seconds) until join_timeout."""
+    rdzv = spec.rendezvous
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + rdzv.conf.join_timeout
+    pause, said = CONNECT_RETRY[0], loop.time()
+    while True:
+        try:
+            return await StoreClient.connect(host, port, spec.secret, spec.local_addr)
+        except StoreUnavailable as exc:
+            if "authentication" in str(exc) or "secret" in str(exc) or loop.time() + pause > deadline:
+                raise
+            if loop.time() - said >= PROGRESS_EVERY:
+                waited = loop.time() - (deadline - rdzv.conf.join_timeout)
+                deps.console.say(f"{exc}; retrying (waited {waited:.0f} s of {rdzv.conf.join_timeout:.0f})")
+                said = loop.time()
+        await asyncio.sleep(pause)  # no event announces a host that is not listening yet: retry with backoff
+        pause = min(pause * 2, CONNECT_RETRY[1])
+
+
+def _node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
+    rdzv = spec.rendezvous
+    static_rank = rdzv.node_rank if isinstance(rdzv, StaticRendezvous) else None
+    node_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    return NodeInfo(node_id, 0, spec.worker.nproc, spec.worker.role, addr, socket.gethostname(), static_rank, is_host)
+
+
+async def _let_the_others_leave(session: _Session, timeout: float) -> None:
+    """The host stays until every other node has read the end and left (their node keys gone), bounded."""
+    assert session.memory is not None
+    keys = session.member.keys
+    with contextlib.suppress(TimeoutError, StoreUnavailable):
+        async with asyncio.timeout(timeout):
+            entries, revision = await session.memory.range(keys.nodes)
+            left = {e.key for e in entries}
+            if not left:
+                return
+            watch = await session.memory.watch(keys.nodes, revision)
+            try:
+                async for event in watch:
+                    left.discard(event.key)
+                    if not left:
+                        return
+            finally:
+                await watch.close()
+
+
+async def _close(session: _Session) -> None:
+    if session.client is not None:
+        await session.client.close()
+    if session.listener is not None:
+        await session.listener.close()
+    if session.server is not None:
+        await session.server.close()
+    if session.memory is not None:
+        await session.memory.close()
+
+
+# --------------------------------------------------------------------------- the rounds
+
+
+async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: _Session) -> Outcome:
+    member = session.member
+    previous, attempt, restarts = 0, -1, 0
+    last: AttemptResult | None = None
+    spare_said = False
+    while True:
+        word = await _wait_for_word(spec, deps, stops, member, previous)
+        if isinstance(word, Interrupted):
+            deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
+            return Outcome(EXIT_SIGNAL_BASE + word.signum, restarts)
+        if isinstance(word, Ended):
+            if word.word.ok:
+                return Outcome(EXIT_SUCCESS, word.word.restarts)
+            return Outcome(EXIT_WORKERS_FAILED, word.word.restarts, last, word.word.cause or word.word.reason)
+        if isinstance(word, Spare):
+            if not spare_said:
+                deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
+                                 "this node waits as a spare")
+                spare_said = True
+            previous = word.round
+            continue
+        attempt += 1
+        restarts = word.restarts
+        last = await _run_round(spec, deps, stops, logs, member, word, attempt)
+        outcome = last.outcome
+        if outcome.interrupted_by is not None:
+            return Outcome(EXIT_SIGNAL_BASE + outcome.interrupted_by, restarts)
+        if member.lease.lost.is_set():
+            raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job "
+                                "(its lease expired or the connection to the host was lost)")
+        if outcome.regrouped is None:  # the workers ended by themselves: say how
+            await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
+        previous = word.round
+
+
+async def _wait_for_word(
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, member: Member, previous: int
+) -> Assignment | Spare | Ended | Interrupted:
+    """The next word from the coordinator, or a signal; bounded by join_timeout, with a progress line every 5 s."""
+    rdzv = spec.rendezvous
+    progress = asyncio.create_task(_progress(spec, deps, member))
+    try:
+        async with asyncio.timeout(rdzv.conf.join_timeout):
+            while True:
+                index, value = await first_of(member.next_round(previous), stops.arrived(), member.lease.lost.wait())
+                if index == 0:
+                    return value  # type: ignore[no-any-return]
+                if index == 1:
+                    stop = stops.take_pending()
+                    if isinstance(stop, Interrupted):
+                        return stop
+                    continue  # a regroup between rounds changes nothing: we are waiting for the next one anyway
+                raise LauncherError(f"rendezvous {rdzv.run_id}: lost the connection to the host while waiting")
+    except TimeoutError:
+        raise LauncherError(await _timeout_message(spec, member)) from None
+    except StoreUnavailable as exc:
+        raise LauncherError(f"rendezvous {rdzv.run_id}: {exc}") from exc
+    finally:
+        progress.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
+
+
+async def _progress(spec: LaunchSpec, deps: AgentDeps, member: Member) -> None:
+    rdzv = spec.rendezvous
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY)  # a report to the user, not a wait for state: waiting is on watches
+        with contextlib.suppress(StoreUnavailable):
+            status = await member.status()
+            shown = status.get("names", [])
+            names = ", ".join(shown) + (", ..." if status.get("joined", 0) > len(shown) else "")
+            deps.console.say(f"rendezvous {rdzv.run_id}: {status.get('joined', 0)}/{rdzv.max_nodes} nodes joined "
+                             f"(min {rdzv.min_nodes}, max {rdzv.max_nodes}), waiting {loop.time() - started:.0f} s"
+                             + (f"; joined: {names}" if names else ""))
+
+
+async def _timeout_message(spec: LaunchSpec, member: Member) -> str:
+    rdzv = spec.rendezvous
+    text = f"rendezvous {rdzv.run_id}: timed out after {rdzv.conf.join_timeout:.0f} s (join_timeout) waiting for the other nodes"
+    with contextlib.suppress(StoreUnavailable):
+        status = await member.status()
+        wanted = str(rdzv.min_nodes) if rdzv.min_nodes == rdzv.max_nodes else f"{rdzv.min_nodes}-{rdzv.max_nodes}"
+        text += f": {status.get('joined', '?')} of {wanted} joined"
+        if isinstance(rdzv, StaticRendezvous):
+            missing = sorted(set(range(rdzv.nodes)) - set(status.get("static_ranks", [])))
+            text += f"; node ranks never seen: {', '.join(map(str, missing))}"
+    return text
+
+
+async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, attempt: int
+) -> AttemptResult:
+    membership = Membership(word.round, word.group_rank, word.group_world_size, spec.worker.nproc, word.ranks,
+                            word.master_addr, word.master_port)
+    watcher = asyncio.create_task(_stop_when_the_round_moves_on(member, word.round, stops))
+    try:
+        plan = AttemptPlan(attempt, word.restarts, membership)
+        return await run_attempt(spec, plan, logs.attempt_dir(attempt, spec.worker.nproc), deps, stops)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _stop_when_the_round_moves_on(member: Member, round_: int, stops: StopStream) -> None:
+    """Turn "the round is over" (or "this node lost its lease") into a Regroup stop for the running workers."""
+    index, value = await first_of(member.round_changed(round_), member.lease.lost.wait())
+    stops.regroup((value.reason or value.phase) if index == 0 else "this node's lease was lost")
+
+
+def _summary(result: AttemptResult, host: str) -> str:
+    """This node's first failure in a few lines, for the other nodes' reports."""
+    root = root_cause(result.results)
+    if root is None:
+        return f"a worker on {host} failed"
+    _, text = exception_text(root)
+    lines = text.split("\n")
+    head = f"rank {root.rank} (local_rank {root.local_rank}) on {host}, pid {root.pid}: {describe_status(root.status)}"
+    return "\n".join([head, *lines[-12:]])
