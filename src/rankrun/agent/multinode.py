@@ -80,7 +80,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
     finally:
         await session.member.leave()
         if session.coordinator is not None:
-            await _let_the_others_leave(session, rdzv.conf.close_timeout)
+            await _let_the_others_leave(session, rdzv.conf.close_timeout, deps)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -182,7 +182,7 @@ def _node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
     return NodeInfo(node_id, 0, spec.worker.nproc, spec.worker.role, addr, socket.gethostname(), static_rank, is_host)
 
 
-async def _let_the_others_leave(session: _Session, timeout: float) -> None:
+async def _let_the_others_leave(session: _Session, timeout: float, deps: AgentDeps) -> None:
     """The host stays until every other node has read the end and left (their node keys gone), bounded."""
     assert session.memory is not None
     keys = session.member.keys
@@ -192,6 +192,8 @@ async def _let_the_others_leave(session: _Session, timeout: float) -> None:
             left = {e.key for e in entries}
             if not left:
                 return
+            deps.console.say(f"rendezvous: the job has ended; waiting up to {timeout:.0f} s "
+                             f"for {len(left)} other node(s) to leave")
             watch = await session.memory.watch(keys.nodes, revision)
             try:
                 async for event in watch:
@@ -227,6 +229,10 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome(EXIT_SIGNAL_BASE + word.signum, restarts)
         if isinstance(word, Ended):
+            if attempt < 0:
+                deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job ended "
+                                 f"({'succeeded' if word.word.ok else 'failed'}) while this node waited as a spare")
+                return Outcome(EXIT_SUCCESS, word.word.restarts)
             if word.word.ok:
                 return Outcome(EXIT_SUCCESS, word.word.restarts)
             return Outcome(EXIT_WORKERS_FAILED, word.word.restarts, last, word.word.cause or word.word.reason)
@@ -237,6 +243,9 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
                 spare_said = True
             previous = word.round
             continue
+        signum = _drop_stale_regroups(stops)
+        if signum is not None:
+            return Outcome(EXIT_SIGNAL_BASE + signum, restarts)
         attempt += 1
         restarts = word.restarts
         last = await _run_round(spec, deps, stops, logs, member, word, attempt)
@@ -244,11 +253,23 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         if outcome.interrupted_by is not None:
             return Outcome(EXIT_SIGNAL_BASE + outcome.interrupted_by, restarts)
         if member.lease.lost.is_set():
-            raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job "
-                                "(its lease expired or the connection to the host was lost)")
+            host, port = _endpoint(spec)
+            raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: its lease "
+                                f"expired or the connection to the host at {host}:{port} was lost; workers stopped")
         if outcome.regrouped is None:  # the workers ended by themselves: say how
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
+
+
+def _drop_stale_regroups(stops: StopStream) -> int | None:
+    """Before a round: a Regroup queued for the previous round (its workers ended first) must not stop this one.
+
+    Returns a pending signal, if one is queued (the job is to stop instead).
+    """
+    while (stop := stops.take_pending()) is not None:
+        if isinstance(stop, Interrupted):
+            return stop.signum
+    return None
 
 
 async def _wait_for_word(
@@ -324,8 +345,12 @@ async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
 
 async def _stop_when_the_round_moves_on(member: Member, round_: int, stops: StopStream) -> None:
     """Turn "the round is over" (or "this node lost its lease") into a Regroup stop for the running workers."""
-    index, value = await first_of(member.round_changed(round_), member.lease.lost.wait())
-    stops.regroup((value.reason or value.phase) if index == 0 else "this node's lease was lost")
+    try:
+        index, value = await first_of(member.round_changed(round_), member.lease.lost.wait())
+        reason = (value.reason or value.phase) if index == 0 else "this node's lease was lost"
+    except StoreUnavailable as exc:
+        reason = str(exc)
+    stops.regroup(reason)
 
 
 def _summary(result: AttemptResult, host: str) -> str:

@@ -168,6 +168,7 @@ class Coordinator:
         self._restarts = 0
         self._min_since: float | None = None
         self._results: dict[str, Result] = {}
+        self._spares: set[str] = set()  # told they wait as spares in the current round
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._status_dirty = True
         self.finished: asyncio.Future[Finish] = asyncio.get_running_loop().create_future()
@@ -205,6 +206,7 @@ class Coordinator:
             if isinstance(step, Finish):
                 await self._finish(step)
                 return
+            await self._tell_spares()
             await self._publish_status()
             await self._next_events(step)
 
@@ -257,6 +259,7 @@ class Coordinator:
             value = {"round": self._round, "group_rank": group_rank, "group_world_size": len(infos), "ranks": asdict(mine),
                      "master_addr": addr, "master_port": port, "restarts": self._restarts}
             await self._store.put(self._keys.assign(info.id), _dump(value))
+        self._spares = set(step.placement.spares)
         for spare in step.placement.spares:
             await self._store.put(self._keys.assign(spare), _dump({"round": self._round, "spare": True}))
         await self._store.put(self._keys.round, _dump(asdict(RoundWord(self._round, "running", self._restarts))))
@@ -280,8 +283,17 @@ class Coordinator:
         if not self.finished.done():
             self.finished.set_result(step)
 
+    async def _tell_spares(self) -> None:
+        """A node that joined a full, running round learns at once that it waits as a spare."""
+        if self._phase is not Phase.RUNNING:
+            return
+        for node_id in self._nodes:
+            if node_id not in self._members and node_id not in self._spares:
+                self._spares.add(node_id)
+                await self._store.put(self._keys.assign(node_id), _dump({"round": self._round, "spare": True}))
+
     async def _publish_status(self) -> None:
-        if not self._status_dirty or self._phase is not Phase.FORMING:
+        if not self._status_dirty or self._phase is Phase.ENDED:
             return
         self._status_dirty = False
         names = sorted(self._nodes.values(), key=lambda n: n.joined)

@@ -1,0 +1,192 @@
+"""Several rankrun agents as real processes on loopback "nodes": static, dynamic, elastic, failures, losses, secrets.
+
+Each test gets a fresh loopback address (127.x.y.z) for its endpoint, so the fixed ports that
+static and dynamic jobs need cannot collide with anything else on the machine; nothing probes
+for a free port. Workers are plain Python (no torch): tests/e2e has the gloo runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import alive, clean_environ, payload, wait_gone
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
+SECRET = "integration-secret"
+
+
+def fresh_loopback() -> str:
+    """A loopback address nobody else uses (127.0.0.0/8 minus 127.0.0.x)."""
+    a, b, c = os.urandom(3)
+    return f"127.{1 + a % 254}.{b}.{1 + c % 254}"
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return clean_environ() | {"TEST_OUT_DIR": str(out), "RANKRUN_RDZV_SECRET": SECRET} | extra
+
+
+def _starts(tmp_path: Path) -> list[dict[str, str]]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*.json"))]
+
+
+def _static(addr: str, nodes: int, rank: int, *extra: str) -> list[str]:
+    return ["--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", addr, "--master-port", "29500",
+            "--nproc-per-node", "2", *extra, payload("node_worker.py")]
+
+
+def _dynamic(addr: str, nnodes: str, *extra: str, nproc: int = 2) -> list[str]:
+    return ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:29400", "--rdzv-id", "itest",
+            "--nproc-per-node", str(nproc), *extra, payload("node_worker.py")]
+
+
+def test_static_three_nodes_started_in_reverse_order(launch, tmp_path):
+    addr = fresh_loopback()
+    env = _env(tmp_path)
+    runs = [launch(*_static(addr, 3, rank), env=dict(env)) for rank in (2, 1, 0)]
+    assert [r.finish() for r in runs] == [0, 0, 0], [r.err for r in runs]
+    starts = _starts(tmp_path)
+    assert sorted(int(s["RANK"]) for s in starts) == list(range(6))
+    for s in starts:
+        assert int(s["GROUP_RANK"]) == int(s["RANK"]) // 2  # ranks follow the node rank
+        assert (s["WORLD_SIZE"], s["GROUP_WORLD_SIZE"], s["LOCAL_WORLD_SIZE"]) == ("6", "3", "2")
+        assert (s["MASTER_ADDR"], s["MASTER_PORT"]) == (addr, "29500")  # the static master, for every node
+
+
+def test_dynamic_two_nodes_with_heterogeneous_slots(launch, tmp_path):
+    addr = fresh_loopback()
+    env = _env(tmp_path)
+    host = launch(*_dynamic(addr, "2", nproc=3), env=dict(env))
+    other = launch(*_dynamic(addr, "2", nproc=1), env=dict(env))
+    assert [host.finish(), other.finish()] == [0, 0], (host.err, other.err)
+    starts = _starts(tmp_path)
+    assert sorted(int(s["RANK"]) for s in starts) == [0, 1, 2, 3]
+    by_group = {s["GROUP_RANK"] for s in starts}
+    assert by_group == {"0", "1"}
+    assert {s["MASTER_PORT"] for s in starts} == {"29400"}  # the workers' store shares the endpoint's port
+    assert {s["TORCHELASTIC_RUN_ID"] for s in starts} == {"itest"}
+
+
+def test_a_node_joining_mid_run_grows_the_world_without_using_a_restart(launch, tmp_path):
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    env = _env(tmp_path, NODE_WAIT_FILE=str(finish))
+    first = launch(*_dynamic(addr, "1:3", "--rdzv-conf", "last_call_timeout=0.2", nproc=1), env=dict(env))
+    first.wait_for(r"READY rank 0 world 1 restart 0")
+    late = launch(*_dynamic(addr, "1:3", "--rdzv-conf", "last_call_timeout=0.2", nproc=1), env=dict(env))
+    first.wait_for(r"READY rank 0 world 2 restart 0")  # the round re-formed with the newcomer
+    late.wait_for(r"READY rank 1 world 2 restart 0")
+    finish.touch()
+    assert [first.finish(), late.finish()] == [0, 0], (first.err, late.err)
+
+
+def test_a_killed_node_is_noticed_and_the_survivors_reform_and_finish(launch, tmp_path):
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    env = _env(tmp_path, NODE_WAIT_FILE=str(finish))
+    conf = ("--rdzv-conf", "last_call_timeout=0.2,keep_alive_interval=0.5,keep_alive_max_attempt=2")
+    host = launch(*_dynamic(addr, "1:2", *conf, nproc=1), env=dict(env))
+    host.wait_for(r"READY rank 0 world 1")
+    doomed = launch(*_dynamic(addr, "1:2", *conf, nproc=1), env=dict(env))
+    doomed.wait_for(r"READY rank 1 world 2")
+    host.wait_for(r"READY rank 0 world 2")
+    started = time.monotonic()
+    doomed.proc.kill()  # kill -9: its connection drops, its lease goes with it
+    doomed.finish()
+    host.wait_for(r"READY rank 0 world 1 restart 0")  # again: a smaller world, without using a restart
+    assert time.monotonic() - started < 20
+    finish.touch()
+    assert host.finish() == 0, host.err
+
+
+def test_a_worker_failure_restarts_every_node_on_one_budget(launch, tmp_path):
+    addr = fresh_loopback()
+    env = _env(tmp_path, NODE_FAIL_RANK="3", NODE_FAIL_RESTART="0")
+    runs = [launch(*_static(addr, 2, rank, "--max-restarts", "1"), env=dict(env)) for rank in (0, 1)]
+    assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+    starts = [(int(s["RANK"]), s["TORCHELASTIC_RESTART_COUNT"]) for s in _starts(tmp_path)]
+    assert (3, "0") in starts  # the failure; the others may have been stopped before they said anything
+    assert sorted(r for r, c in starts if c == "1") == [0, 1, 2, 3]  # then every node ran again...
+    assert {c for _, c in starts} == {"0", "1"}  # ...counted once for the whole job
+
+
+def test_budget_spent_every_node_fails_and_names_the_first_failure(launch, tmp_path):
+    addr = fresh_loopback()
+    env = _env(tmp_path, NODE_FAIL_RANK="3", NODE_FAIL_RESTART="0", NODE_WAIT_FILE=str(tmp_path / "never"))
+    runs = [launch(*_static(addr, 2, rank), env=dict(env)) for rank in (0, 1)]
+    assert [r.finish() for r in runs] == [1, 1]
+    host_report = "\n".join(runs[0].err)
+    assert "The job's first failure (on any node):" in host_report
+    assert "rank 3 (local_rank 1) on" in host_report and "exit code 7" in host_report
+    assert "stopped by rankrun" in host_report  # the host's own workers were stopped, not failed
+
+
+def test_a_wrong_secret_is_refused_with_one_line(launch, tmp_path):
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    host = launch(*_dynamic(addr, "1:2", "--rdzv-conf", "last_call_timeout=0.2", nproc=1),
+                  env=_env(tmp_path, NODE_WAIT_FILE=str(finish)))
+    host.wait_for(r"READY rank 0 world 1")
+    intruder = launch(*_dynamic(addr, "1:2", nproc=1), env=_env(tmp_path) | {"RANKRUN_RDZV_SECRET": "guess"})
+    assert intruder.finish() == 3
+    assert intruder.err == [f"rankrun: error: rendezvous {addr}:29400: authentication failed: "
+                            "this job's rendezvous needs its secret"]
+    host.wait_for(r"rejected a connection from 127\.0\.0\.1 that does not know this job.s secret")
+    finish.touch()
+    assert host.finish() == 0
+
+
+def test_a_missing_static_node_times_out_naming_it(launch, tmp_path):
+    addr = fresh_loopback()
+    alone = launch(*_static(addr, 3, 0, "--rdzv-conf", "join_timeout=1"), env=_env(tmp_path))
+    assert alone.finish() == 3
+    assert alone.err[-1].startswith("rankrun: error: rendezvous none: timed out after 1 s (join_timeout) waiting for the other")
+    assert alone.err[-1].endswith("1 of 3 joined; node ranks never seen: 1, 2")
+
+
+def test_spares_wait_then_exit_with_the_job_and_late_joiners_are_turned_away(launch, tmp_path, reaper):
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    env = _env(tmp_path, NODE_WAIT_FILE=str(finish))
+    members = [launch(*_dynamic(addr, "2", nproc=1), env=dict(env)) for _ in range(2)]
+    for m in members:
+        m.wait_for(r"READY rank \d world 2")
+    spare = launch(*_dynamic(addr, "2", nproc=1), env=dict(env))
+    spare.wait_for(r"this node waits as a spare")
+    os.kill(spare.proc.pid, signal.SIGSTOP)  # it cannot leave: the host lingers after the end, waiting for it
+    try:
+        finish.touch()
+        host = next(m for m in members if any("READY rank 0" in line for line in m.out))
+        host.wait_for(r"the job has ended; waiting up to 30 s for [12] other node\(s\) to leave")
+        late = launch(*_dynamic(addr, "2", nproc=1), env=dict(env))
+        assert late.finish() == 3
+        assert late.err[-1] == "rankrun: error: the job has already finished"
+    finally:
+        os.kill(spare.proc.pid, signal.SIGCONT)
+    assert spare.finish() == 0
+    assert spare.err[-1].endswith("the job ended (succeeded) while this node waited as a spare")
+    assert [m.finish() for m in members] == [0, 0]
+
+
+def test_losing_the_host_ends_the_others_with_an_infrastructure_error(launch, tmp_path):
+    addr = fresh_loopback()
+    env = _env(tmp_path, NODE_WAIT_FILE=str(tmp_path / "never"))
+    runs = [launch(*_dynamic(addr, "2", nproc=1), env=dict(env)) for _ in range(2)]
+    for run in runs:
+        run.wait_for(r"READY rank \d world 2")
+    host, other = sorted(runs, key=lambda r: "READY rank 0" not in r.out[0])  # the first to bind hosts
+    workers = [int(p.read_text()) for p in (tmp_path / "pids").glob("w*")]
+    host.proc.kill()
+    host.finish()
+    assert other.finish() == 3
+    assert f"{addr}:29400" in other.err[-1] and "lost" in other.err[-1]
+    assert wait_gone(workers, 10.0) == []
+    assert not any(alive(p) for p in workers)
