@@ -219,5 +219,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+def fresh_loopback() -> str:
+    """A loopback address nobody else uses (127.0.0.0/8 without 127.0.0.x), for a test's fixed-port endpoint:
+    multi-node jobs need a port every node knows in advance, and a fresh address cannot collide (no port probing)."""
+    a, b, c = os.urandom(3)
+    return f"127.{1 + a % 254}.{b}.{1 + c % 254}"
+
+
 def payload(name: str) -> str:
     return str(PAYLOADS / name)

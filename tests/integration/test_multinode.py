@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive, clean_environ, payload, wait_gone
+from conftest import alive, clean_environ, fresh_loopback, payload, wait_gone
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 SECRET = "integration-secret"
-
-
-def fresh_loopback() -> str:
-    """A loopback address nobody else uses (127.0.0.0/8 minus 127.0.0.x)."""
-    a, b, c = os.urandom(3)
-    return f"127.{1 + a % 254}.{b}.{1 + c % 254}"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
