@@ -184,3 +184,25 @@ def test_losing_the_host_ends_the_others_with_an_infrastructure_error(launch, tm
     assert f"{addr}:29400" in other.err[-1] and "lost" in other.err[-1]
     assert wait_gone(workers, 10.0) == []
     assert not any(alive(p) for p in workers)
+
+
+def test_a_frozen_node_is_noticed_by_its_lease_and_leaves_cleanly_when_it_wakes(launch, tmp_path):
+    """SIGSTOP keeps the node's sockets open: only the lease (keep-alive window) can tell the others."""
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    env = _env(tmp_path, NODE_WAIT_FILE=str(finish))
+    conf = ("--rdzv-conf", "last_call_timeout=0.2,keep_alive_interval=0.3,keep_alive_max_attempt=2")
+    host = launch(*_dynamic(addr, "1:2", *conf, nproc=1), env=dict(env))
+    host.wait_for(r"READY rank 0 world 1")
+    frozen = launch(*_dynamic(addr, "1:2", *conf, nproc=1), env=dict(env))
+    frozen.wait_for(r"READY rank 1 world 2")
+    host.wait_for(r"READY rank 0 world 2")
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        host.wait_for(r"READY rank 0 world 1 restart 0")  # its lease expired: the host re-formed without it
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    assert frozen.finish() == 3  # woken up: it finds its place gone, stops its workers, says so
+    assert "this node lost its place in the job" in frozen.err[-1]
+    finish.touch()
+    assert host.finish() == 0

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from conftest import GOLDEN_DIR
 from rankrun.agent.env import AttemptContext, worker_env
+from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.ranks import NodeSlots, assign_node_ranks, worker_identities
 
 GOLDEN = GOLDEN_DIR / "env_pure_nproc4.json"
@@ -65,3 +66,19 @@ def test_ranks_are_dense_unique_and_consistent(nodes):
 def test_heterogeneous_running_sums():
     got = assign_node_ranks([NodeSlots("a", 2), NodeSlots("b", 3), NodeSlots("a", 1)])
     assert [(r.base_rank, r.base_role_rank, r.role_world_size) for r in got] == [(0, 0, 3), (2, 0, 3), (5, 2, 3)]
+
+
+def _node_envs(nodes: list[NodeSlots], group_rank: int) -> dict[str, dict[str, str]]:
+    """Through the path multi-node takes: the rendezvous hands a node only its own ranks (a Membership)."""
+    ranks = assign_node_ranks(nodes)[group_rank]
+    plan = AttemptPlan(0, 1, Membership(3, group_rank, len(nodes), nodes[group_rank].local_world_size, ranks, "10.0.0.7", 29400))
+    m = plan.membership
+    ctx = AttemptContext(**{**CTX.__dict__, "master_addr": m.master_addr, "master_port": m.master_port, "restart_count": plan.restarts})
+    return {str(w.local_rank): worker_env({"HOME": "/home/u"}, w, ctx, f"/l/{w.local_rank}") for w in plan.identities}
+
+
+def test_worker_env_golden_for_a_later_node_of_a_heterogeneous_job():
+    """Group rank 2 of [4 x a, 2 x b, 3 x a]: LOCAL_RANK is local, RANK global, ROLE_RANK counts role a only."""
+    envs = _node_envs([NodeSlots("a", 4), NodeSlots("b", 2), NodeSlots("a", 3)], group_rank=2)
+    assert envs == json.loads((GOLDEN_DIR / "env_group2_heterogeneous.json").read_text())
+    assert [(e["LOCAL_RANK"], e["RANK"], e["ROLE_RANK"]) for e in envs.values()] == [("0", "6", "4"), ("1", "7", "5"), ("2", "8", "6")]
