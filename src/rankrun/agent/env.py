@@ -38,6 +38,7 @@ class AttemptContext:
     signals_to_handle: str
     use_agent_store: bool = True
     virtual_local_rank: bool = False
+    extra: tuple[tuple[str, str], ...] = ()  # set for every worker by the agent (e.g. GLOO_SOCKET_IFNAME)
 
 
 def worker_env(base: Mapping[str, str], who: WorkerIdentity, ctx: AttemptContext, error_file: str) -> dict[str, str]:
@@ -67,6 +68,7 @@ def worker_env(base: Mapping[str, str], who: WorkerIdentity, ctx: AttemptContext
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         }
     )
+    env.update(ctx.extra)
     if "OMP_NUM_THREADS" not in base and who.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
     if ctx.virtual_local_rank:

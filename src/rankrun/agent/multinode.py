@@ -29,6 +29,7 @@ from rankrun.agent.events import first_of
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, LauncherError, StoreError
 from rankrun.logs.layout import RunLogs
+from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, Spare
@@ -56,6 +57,7 @@ class Outcome:
 class _Session:
     store: Store
     member: Member
+    address: str  # this node's side of the rendezvous connection (what other nodes reach it on)
     coordinator: Coordinator | None = None
     listener: SharedListener | None = None
     server: StoreServer | None = None
@@ -116,7 +118,7 @@ async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
         coordinator = Coordinator(memory, keys, _settings(spec), master=lambda: (addr, bound),
                                   before_round=deps.worker_store.reset)
         member = await Member.join(memory, keys, _node_info(spec, addr, is_host=True), ttl)
-        return _Session(memory, member, coordinator, listener, server, memory)
+        return _Session(memory, member, listener.address, coordinator, listener, server, memory)
     client = await _connect(spec, deps, host, port)
     addr = spec.local_addr or client.local_address or host
     try:
@@ -124,7 +126,7 @@ async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
     except BaseException:
         await client.close()
         raise
-    return _Session(client, member, client=client)
+    return _Session(client, member, client.local_address or host, client=client)
 
 
 async def _try_to_host(
@@ -220,6 +222,7 @@ async def _close(session: _Session) -> None:
 
 async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: _Session) -> Outcome:
     member = session.member
+    extra = await _collective_env(spec, deps, session.address)
     previous, attempt, restarts = 0, -1, 0
     last: AttemptResult | None = None
     spare_said = False
@@ -248,7 +251,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             return Outcome(EXIT_SIGNAL_BASE + signum, restarts)
         attempt += 1
         restarts = word.restarts
-        last = await _run_round(spec, deps, stops, logs, member, word, attempt)
+        plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra)
+        last = await _run_round(spec, deps, stops, logs, member, word, plan)
         outcome = last.outcome
         if outcome.interrupted_by is not None:
             return Outcome(EXIT_SIGNAL_BASE + outcome.interrupted_by, restarts)
@@ -328,15 +332,33 @@ async def _timeout_message(spec: LaunchSpec, member: Member) -> str:
     return text
 
 
+def _membership(spec: LaunchSpec, word: Assignment) -> Membership:
+    return Membership(word.round, word.group_rank, word.group_world_size, spec.worker.nproc, word.ranks, word.master_addr,
+                      word.master_port)
+
+
+async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tuple[tuple[str, str], ...]:
+    """GLOO/NCCL_SOCKET_IFNAME when this host's name resolves to loopback but the rendezvous runs over a real address."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(socket.gethostname(), None, family=socket.AF_INET)
+        hostname_address = str(infos[0][4][0])
+    except (OSError, IndexError):
+        return ()
+    interface = await loop.run_in_executor(None, interface_of, address) if not is_loopback(address) else None
+    extra = collective_interface(spec.base_env, address, hostname_address, interface)
+    if extra:
+        deps.console.say(f"this host's name resolves to {hostname_address}: the workers get "
+                         f"GLOO_SOCKET_IFNAME=NCCL_SOCKET_IFNAME={interface}, the interface of {address}")
+    return tuple(sorted(extra.items()))
+
+
 async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, attempt: int
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan
 ) -> AttemptResult:
-    membership = Membership(word.round, word.group_rank, word.group_world_size, spec.worker.nproc, word.ranks,
-                            word.master_addr, word.master_port)
     watcher = asyncio.create_task(_stop_when_the_round_moves_on(member, word.round, stops))
     try:
-        plan = AttemptPlan(attempt, word.restarts, membership)
-        return await run_attempt(spec, plan, logs.attempt_dir(attempt, spec.worker.nproc), deps, stops)
+        return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

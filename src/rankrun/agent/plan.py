@@ -33,6 +33,7 @@ class AttemptPlan:
     attempt: int
     restarts: int
     membership: Membership
+    extra_env: tuple[tuple[str, str], ...] = ()  # what the agent adds to every worker's environment
 
     @property
     def identities(self) -> list[WorkerIdentity]:
@@ -57,4 +58,5 @@ def attempt_context(spec: LaunchSpec, plan: AttemptPlan) -> AttemptContext:
         run_id=spec.rendezvous.run_id,
         signals_to_handle=spec.signals_text,
         virtual_local_rank=spec.worker.virtual_local_rank,
+        extra=plan.extra_env,
     )
