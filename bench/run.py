@@ -24,6 +24,7 @@ from pathlib import Path
 import console_bench
 import failure_bench
 import launch_bench
+import rendezvous_bench
 import rss_bench
 import store_bench
 from harness import (
@@ -43,7 +44,7 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console", "store")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous")
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,13 @@ class Plan:
     console_reps: int
     console_lines: int
     store_reps: int
+    rendezvous_reps: int
 
 
-FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5)
-QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2)
+FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
+            rendezvous_reps=3)
+QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
+             rendezvous_reps=1)
 
 
 @dataclass
@@ -156,7 +160,12 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = store_bench.run(plan.store_reps)
         return store_bench.rows(r), store_bench.details(r)
 
-    return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store}
+    def rendezvous() -> tuple[list[Row], list[str]]:
+        r = rendezvous_bench.run(plan.rendezvous_reps)
+        return rendezvous_bench.rows(r), rendezvous_bench.details(r)
+
+    return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
+            "rendezvous": rendezvous}
 
 
 def warm_up() -> None:
@@ -231,7 +240,8 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         + (". **The machine was shared during this run; absolute times are inflated, compare ratios.**"
            if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
-        f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}",
+        f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
+        f"rendezvous {plan.rendezvous_reps}",
         "",
         "## Summary (medians)",
         "",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,8 @@ from rankrun.rendezvous.round import (
 from rankrun.rendezvous.store import Event, EventKind, Lease, Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
+
+STATUS_EVERY = 1.0  # seconds between two writes of the status key
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,10 @@ class Coordinator:
         self._min_since: float | None = None
         self._results: dict[str, Result] = {}
         self._spares: set[str] = set()  # told they wait as spares in the current round
+        self._arrived: list[str] = []  # nodes that joined since the last decision
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._status_dirty = True
+        self._status_due = 0.0
         self.finished: asyncio.Future[Finish] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
@@ -223,7 +228,10 @@ class Coordinator:
 
     async def _next_events(self, step: Wait) -> None:
         """Wait for something to change (or the step's deadline), then take every event already there."""
-        timeout = None if step.until is None else max(0.0, step.until - self._now())
+        until = step.until
+        if self._status_dirty and self._phase is not Phase.ENDED:  # a status write held back by the rate limit
+            until = self._status_due if until is None else min(until, self._status_due)
+        timeout = None if until is None else max(0.0, until - self._now())
         try:
             first = await asyncio.wait_for(self._events.get(), timeout)
         except TimeoutError:
@@ -237,6 +245,7 @@ class Coordinator:
             node_id = event.key[len(self._keys.nodes) :]
             if event.kind is EventKind.PUT:
                 self._nodes[node_id] = node_from(event.value, event.revision, node_id)
+                self._arrived.append(node_id)
             else:
                 self._nodes.pop(node_id, None)
             self._status_dirty = True
@@ -285,20 +294,24 @@ class Coordinator:
 
     async def _tell_spares(self) -> None:
         """A node that joined a full, running round learns at once that it waits as a spare."""
+        arrived, self._arrived = self._arrived, []
         if self._phase is not Phase.RUNNING:
             return
-        for node_id in self._nodes:
-            if node_id not in self._members and node_id not in self._spares:
+        members = set(self._members)
+        for node_id in arrived:
+            if node_id in self._nodes and node_id not in members and node_id not in self._spares:
                 self._spares.add(node_id)
                 await self._store.put(self._keys.assign(node_id), _dump({"round": self._round, "spare": True}))
 
     async def _publish_status(self) -> None:
-        if not self._status_dirty or self._phase is Phase.ENDED:
+        """Who has joined, for waiting nodes' progress lines: at most once a second (they print every 5 s)."""
+        now = self._now()
+        if not self._status_dirty or self._phase is Phase.ENDED or now < self._status_due:
             return
-        self._status_dirty = False
-        names = sorted(self._nodes.values(), key=lambda n: n.joined)
-        static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None)
-        status = {"joined": len(names), "names": [n.addr or n.host for n in names[:4]], "static_ranks": static}
+        self._status_dirty, self._status_due = False, now + STATUS_EVERY
+        first = list(itertools.islice(self._nodes.values(), 4))  # events arrive in revision order: join order
+        static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None) if self._settings.static else []
+        status = {"joined": len(self._nodes), "names": [n.addr or n.host for n in first], "static_ranks": static}
         await self._store.put(self._keys.status, _dump(status))
 
 

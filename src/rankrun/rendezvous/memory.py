@@ -9,6 +9,7 @@ to its peers, so what the contract suite pins here is what the wire delivers.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -108,8 +109,12 @@ class MemoryStore:
     def __init__(self, timers: Timers | None = None) -> None:
         self._timers = timers or LoopTimers()
         self._data: dict[str, Entry] = {}
+        self._keys: list[str] = []  # the same keys, sorted (for prefix ranges)
         self._revision = 0
-        self._history: list[Event] = []
+        # history per key (also of deleted keys), and those keys sorted: a watch from a revision replays only the
+        # keys under its prefix, not every event since (thousands of nodes each watch their own key)
+        self._history: dict[str, list[Event]] = {}
+        self._history_keys: list[str] = []
         self._compacted = 0  # history before this revision is gone
         # watches indexed by prefix, and the prefix lengths in use: an event finds its watchers with one
         # dict lookup per distinct length, not a scan of every watch (thousands of nodes each watch a key)
@@ -158,7 +163,13 @@ class MemoryStore:
 
     def scan(self, prefix: str) -> tuple[list[Entry], int]:
         self._check_open()
-        return [self._data[k] for k in sorted(k for k in self._data if k.startswith(prefix))], self._revision
+        keys = self._keys
+        out: list[Entry] = []
+        i = bisect.bisect_left(keys, prefix)  # the keys are kept sorted: a range costs log(n) + its size
+        while i < len(keys) and keys[i].startswith(prefix):
+            out.append(self._data[keys[i]])
+            i += 1
+        return out, self._revision
 
     def write(self, key: str, value: bytes, lease: int = 0) -> int:
         self._check_open()
@@ -179,6 +190,8 @@ class MemoryStore:
         if lease and lease not in self._leases:
             raise LeaseLost(f"lease {lease:x} is gone")
         previous = self._data.get(key)
+        if previous is None:
+            bisect.insort(self._keys, key)
         if previous is not None and previous.lease and previous.lease != lease and previous.lease in self._leases:
             self._leases[previous.lease].keys.discard(key)
         self._revision += 1
@@ -193,6 +206,7 @@ class MemoryStore:
         entry = self._data.pop(key, None)
         if entry is None:
             return False
+        del self._keys[bisect.bisect_left(self._keys, key)]
         if entry.lease in self._leases:
             self._leases[entry.lease].keys.discard(key)
         self._revision += 1
@@ -206,9 +220,14 @@ class MemoryStore:
         self._check_open()
         if after < self._compacted:
             raise Compacted(f"revision {after} is compacted (oldest kept: {self._compacted})")
-        for event in self._history[self._index_after(after) :]:
-            if event.key.startswith(prefix):
-                sink(event)
+        replay: list[Event] = []
+        i = bisect.bisect_left(self._history_keys, prefix)
+        while i < len(self._history_keys) and self._history_keys[i].startswith(prefix):
+            events = self._history[self._history_keys[i]]
+            replay += events[_index_after(events, after) :]
+            i += 1
+        for event in sorted(replay, key=lambda e: e.revision) if len(replay) > 1 else replay:
+            sink(event)
         token = next(self._ids)
         self._watches[token] = prefix
         self._by_prefix.setdefault(prefix, {})[token] = sink
@@ -231,19 +250,12 @@ class MemoryStore:
         """Call ``callback`` once when the store closes (watchers and servers learn of it)."""
         self._closing.append(callback)
 
-    def _index_after(self, revision: int) -> int:
-        """Index in ``_history`` of the first event with a revision greater than ``revision``."""
-        lo, hi = 0, len(self._history)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._history[mid].revision <= revision:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     def _publish(self, event: Event) -> None:
-        self._history.append(event)
+        events = self._history.get(event.key)
+        if events is None:
+            events = self._history[event.key] = []
+            bisect.insort(self._history_keys, event.key)
+        events.append(event)
         key = event.key
         for length in list(self._lengths):
             if length <= len(key):
@@ -252,7 +264,8 @@ class MemoryStore:
 
     def compact(self, revision: int) -> None:
         """Forget history up to ``revision`` (watches from before it get ``Compacted``)."""
-        self._history = self._history[self._index_after(revision) :]
+        for events in self._history.values():
+            del events[: _index_after(events, revision)]
         self._compacted = max(self._compacted, revision)
 
     # -- leases
@@ -318,3 +331,15 @@ class MemoryStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store was closed")
+
+
+def _index_after(events: list[Event], revision: int) -> int:
+    """Index of the first of ``events`` (in revision order) with a revision greater than ``revision``."""
+    lo, hi = 0, len(events)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if events[mid].revision <= revision:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -204,7 +204,8 @@ def _running(view: View, settings: Settings) -> Step:
         return Regroup(f"node {lost[0]} was lost" + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""))
     if all(m in results for m in view.members):
         return Finish(True, "every node's workers succeeded")
-    joined = [n for n in view.nodes if n.id not in view.members]
+    members = set(view.members)
+    joined = [n for n in view.nodes if n.id not in members]
     if joined and len(view.members) < settings.max_nodes and not settings.static:
         return Regroup(f"node {joined[0].id} joined")
     return Wait(None)

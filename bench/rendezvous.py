@@ -1,0 +1,289 @@
+"""One complete rendezvous round with M simulated agents: ``python bench/rendezvous.py --nodes M [--json] [--torch]``.
+
+rankrun: one host process serves the embedded store and runs the coordinator (as the hosting agent does); M
+simulated agents, asyncio tasks spread over a few processes, each with its own connection, join and wait for
+their assignment — exactly ``Member.join`` + ``Member.next_round``, the code a real agent runs. Reported: wall
+seconds from "go" to the last assignment received, store operations per node (requests on its connection), and
+bytes per node (both directions, handshake included).
+
+``--torch``: the same M with torch's own c10d ``DynamicRendezvousHandler`` (threads in a few processes, one
+TCPStore connection each, torch's TCPStore server in a host process), stopped at ``--bound`` seconds and then
+reported as "did not complete".
+
+The last line with ``--json`` is one object: ``nodes``, ``seconds``, ``ops_per_node``, ``bytes_per_node``
+(and ``completed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "src"))
+
+SECRET = b"bench-secret"
+
+
+# --------------------------------------------------------------------------- rankrun: the host
+
+
+async def _host(nodes: int) -> None:
+    from rankrun.rendezvous.join import Coordinator, Keys
+    from rankrun.rendezvous.memory import MemoryStore
+    from rankrun.rendezvous.round import Settings
+    from rankrun.rendezvous.server import StoreServer
+
+    memory = MemoryStore()
+    server = StoreServer(memory, SECRET)
+    port = await server.start("127.0.0.1", 0)
+
+    async def nothing() -> None:
+        return None
+
+    coordinator = Coordinator(memory, Keys.for_run("bench"), Settings(nodes, nodes, 3600.0, 0),
+                              master=lambda: ("127.0.0.1", port), before_round=nothing)
+    task = asyncio.create_task(coordinator.run())
+    print(f"READY {port}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes our stdin
+    task.cancel()
+    await server.close()
+    await memory.close()
+
+
+# --------------------------------------------------------------------------- rankrun: simulated agents
+
+
+async def _agents(port: int, count: int, index: int) -> None:
+    from rankrun.rendezvous import client as client_module
+    from rankrun.rendezvous.client import StoreClient
+    from rankrun.rendezvous.join import Assignment, Keys, Member
+    from rankrun.rendezvous.round import NodeInfo
+
+    counted: dict[int, list[int]] = {}  # id(client) -> [ops, bytes]
+    original_call = StoreClient.call
+    original_received = client_module._Protocol.data_received
+    original_made = client_module._Protocol.connection_made
+
+    async def call(self: StoreClient, op: str, **fields: object) -> object:
+        counted.setdefault(id(self), [0, 0])[0] += 1
+        return await original_call(self, op, **fields)
+
+    def received(self: client_module._Protocol, data: bytes) -> None:
+        counted.setdefault(id(self._client), [0, 0])[1] += len(data)
+        original_received(self, data)
+
+    def made(self: client_module._Protocol, transport: asyncio.BaseTransport) -> None:
+        original_made(self, transport)
+        write = transport.write  # type: ignore[attr-defined]
+        stats = counted.setdefault(id(self._client), [0, 0])
+
+        def counting_write(data: bytes) -> None:
+            stats[1] += len(data)
+            write(data)
+
+        transport.write = counting_write  # type: ignore[attr-defined]
+
+    StoreClient.call = call  # type: ignore[method-assign]
+    client_module._Protocol.data_received = received  # type: ignore[method-assign]
+    client_module._Protocol.connection_made = made  # type: ignore[method-assign]
+    keys = Keys.for_run("bench")
+    print("READY", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    done: list[float] = []
+
+    async def agent(i: int) -> None:
+        client = await StoreClient.connect("127.0.0.1", port, SECRET)
+        info = NodeInfo(f"p{index}-a{i}", 0, 1, "default", "127.0.0.1", "bench", None, False)
+        member = await Member.join(client, keys, info, ttl=3600.0)
+        got = await member.next_round(0)
+        assert isinstance(got, Assignment)
+        done.append(time.monotonic())
+        agents.append(client)
+
+    agents: list[StoreClient] = []
+    await asyncio.gather(*(agent(i) for i in range(count)))
+    ops = sum(v[0] for v in counted.values())
+    moved = sum(v[1] for v in counted.values())
+    print(json.dumps({"last": max(done), "ops": ops, "bytes": moved, "count": count}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
+    for client in agents:
+        await client.close()
+
+
+def run_rankrun(nodes: int, procs: int) -> dict[str, object]:
+    py = sys.executable
+    profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
+    host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    children: list[subprocess.Popen[str]] = []
+    try:
+        assert host.stdout is not None
+        port = int(host.stdout.readline().split()[1])
+        shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
+        for i, share in enumerate(s for s in shares if s):
+            children.append(subprocess.Popen([py, __file__, "--role", "agents", "--port", str(port), "--count", str(share),
+                                              "--index", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "READY"
+        start = time.monotonic()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
+        seconds = max(r["last"] for r in reports) - start
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("exit\n")
+            child.stdin.flush()
+        return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
+                "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
+                "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes)}
+    finally:
+        for child in children:
+            _end(child)
+        _end(host)
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.stdin is not None and not proc.stdin.closed:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+# --------------------------------------------------------------------------- torch's c10d rendezvous
+
+
+def _torch_host() -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    print(f"READY {store.port}", flush=True)
+    sys.stdin.read()
+
+
+def _torch_agents(port: int, count: int, nodes: int, bound: float) -> None:
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+
+    print("READY", flush=True)
+    sys.stdin.readline()
+    done: list[float] = []
+    timeout = RendezvousTimeout(join=datetime.timedelta(seconds=bound), last_call=datetime.timedelta(seconds=3600))
+
+    def agent() -> None:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=bound + 30))
+        handler = DynamicRendezvousHandler.from_backend(
+            run_id="bench", store=store, backend=C10dRendezvousBackend(store, "bench"), min_nodes=nodes, max_nodes=nodes,
+            local_addr="127.0.0.1", timeout=timeout)  # node ids stay unique: torch adds the pid and a counter
+        try:
+            handler.next_rendezvous()
+            done.append(time.monotonic())
+        except Exception:
+            pass
+
+    threads = [threading.Thread(target=agent, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(bound + 60)
+    print(json.dumps({"last": max(done) if done else 0.0, "done": len(done), "count": count}), flush=True)
+    os._exit(0)  # torch's keep-alive threads would hold the process
+
+
+def run_torch(nodes: int, procs: int, bound: float) -> dict[str, object]:
+    py = sys.executable
+    host = subprocess.Popen([py, __file__, "--role", "torch-host"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    children: list[subprocess.Popen[str]] = []
+    try:
+        assert host.stdout is not None
+        port = int(host.stdout.readline().split()[1])
+        shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
+        for i, share in enumerate(s for s in shares if s):
+            children.append(subprocess.Popen([py, __file__, "--role", "torch-agents", "--port", str(port), "--count", str(share),
+                                              "--index", str(i), "--nodes", str(nodes), "--bound", str(bound)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "READY"
+        start = time.monotonic()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        reports = []
+        for child in children:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            reports.append(json.loads(line) if line else {"last": 0.0, "done": 0, "count": 0})
+        completed = sum(r["done"] for r in reports) == nodes
+        seconds = max(r["last"] for r in reports) - start if completed else float(bound)
+        return {"nodes": nodes, "seconds": round(seconds, 3), "completed": completed, "ops_per_node": None,
+                "bytes_per_node": None}
+    finally:
+        for child in children:
+            _end(child)
+        _end(host)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, default=1024, help="simulated agents (M)")
+    parser.add_argument("--procs", type=int, default=4, help="processes the simulated agents are spread over")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
+    parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
+    parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "host":
+        asyncio.run(_host(args.nodes))
+        return 0
+    if args.role == "agents":
+        asyncio.run(_agents(args.port, args.count, args.index))
+        return 0
+    if args.role == "torch-host":
+        _torch_host()
+        return 0
+    if args.role == "torch-agents":
+        _torch_agents(args.port, args.count, args.nodes, args.bound)
+        return 0
+    result = run_torch(args.nodes, args.procs, args.bound) if args.torch else run_rankrun(args.nodes, args.procs)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        done = f"{result['seconds']} s" if result["completed"] else f"did not complete within {args.bound:.0f} s"
+        extra = (f", {result['ops_per_node']} store operations and {result['bytes_per_node']} bytes per node"
+                 if result["ops_per_node"] is not None else "")
+        print(f"{'torch c10d' if args.torch else 'rankrun'}: {args.nodes} nodes: {done}{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,205 @@
+"""The ``rendezvous`` metric of bench/run.py: one round for M simulated agents, rankrun beside torch's c10d handler,
+plus a real-process point (64 rankrun agents, torchrun beside it), and a PNG plot of seconds vs M."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import rendezvous
+from harness import REPO, bench_env, log
+from report import Row, Target
+
+RANKRUN_M = (64, 256, 1024, 4096, 16384)
+TORCH_M = (64, 256, 512)
+TORCH_BOUND = 120.0  # seconds: past this torch's round is reported as "did not complete"
+TORCH_PROCS = 16
+REAL_AGENTS = 64
+REAL_TORCHRUN = 32  # 64 torchrun agents would need ~14 GB (220 MB each); 32 fit
+PLOT = REPO / "docs" / "rendezvous.png"
+TARGETS = {1024: 2.0, 4096: 5.0, 16384: 20.0}
+
+
+@dataclass
+class Result:
+    rankrun: dict[int, list[dict[str, object]]] = field(default_factory=dict)
+    torch: dict[int, dict[str, object]] = field(default_factory=dict)
+    real: dict[str, float] = field(default_factory=dict)
+
+
+def run(reps: int) -> Result:
+    result = Result()
+    for m in RANKRUN_M:
+        for rep in range(reps):
+            r = rendezvous.run_rankrun(m, 4)
+            result.rankrun.setdefault(m, []).append(r)
+            log(f"  rendezvous rankrun M={m} rep {rep + 1}/{reps}: {r['seconds']} s, {r['ops_per_node']} ops, "
+                f"{r['bytes_per_node']} B per node")
+    for m in TORCH_M:
+        r = rendezvous.run_torch(m, min(TORCH_PROCS, m), TORCH_BOUND)
+        result.torch[m] = r
+        log(f"  rendezvous torch c10d M={m}: {r['seconds'] if r['completed'] else 'did not complete'} s")
+        if not r["completed"]:
+            break  # a larger M will not complete either
+    result.real["rankrun"] = _real_agents((sys.executable, "-m", "rankrun"), REAL_AGENTS)
+    log(f"  {REAL_AGENTS} real rankrun agents: {result.real['rankrun']:.2f} s")
+    result.real["torchrun"] = _real_agents((sys.executable, "-m", "torch.distributed.run"), REAL_TORCHRUN)
+    log(f"  {REAL_TORCHRUN} real torchrun agents: {result.real['torchrun']:.2f} s")
+    result.real["rankrun_same"] = _real_agents((sys.executable, "-m", "rankrun"), REAL_TORCHRUN)
+    plot(result, PLOT)
+    return result
+
+
+def _real_agents(launcher: tuple[str, ...], count: int) -> float:
+    """``count`` agents on one endpoint, ``--nproc-per-node=1 --no-python true``: seconds until every one exited 0."""
+    port = 29400
+    a, b, c = os.urandom(3)
+    addr = f"127.{1 + a % 254}.{b}.{1 + c % 254}"  # a fresh loopback address: the fixed port cannot collide
+    cmd = [*launcher, "--nnodes", str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:{port}", "--rdzv-id", "real",
+           "--nproc-per-node", "1", "--rdzv-conf", "join_timeout=300", "--no-python", "true"]
+    env = bench_env() | {"RANKRUN_RDZV_SECRET": "bench"}
+    started = time.monotonic()
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    wall = time.monotonic() - started
+    if any(codes):
+        return float("nan")
+    return wall
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else float("nan")
+
+
+def rows(result: Result) -> list[Row]:
+    out = []
+    for m, runs in result.rankrun.items():
+        seconds = _median([float(r["seconds"]) for r in runs])  # type: ignore[arg-type]
+        torch = result.torch.get(m)
+        torch_s = float(torch["seconds"]) if torch and torch["completed"] else float("nan")  # type: ignore[arg-type]
+        target = Target(f"< {TARGETS[m]:.0f} s", lambda r, t=TARGETS[m]: r.rankrun < t) if m in TARGETS else None
+        out.append(Row(f"rendezvous, one round, {m:,} simulated nodes (torch c10d: " +
+                       ("did not complete" if torch and not torch["completed"] else "not run" if not torch else "completed")
+                       + ")", "s", rankrun=seconds, torchrun=torch_s, target=target, decimals=2))
+    real = result.real
+    out.append(Row(f"{REAL_AGENTS} real agents on one endpoint, --no-python true (torchrun: not run, ~14 GB)", "s",
+                   rankrun=real.get("rankrun", float("nan")), torchrun=float("nan"), decimals=2))
+    out.append(Row(f"{REAL_TORCHRUN} real agents on one endpoint, --no-python true", "s",
+                   rankrun=real.get("rankrun_same", float("nan")), torchrun=real.get("torchrun", float("nan")), decimals=2))
+    return out
+
+
+def details(result: Result) -> list[str]:
+    lines = [
+        "### Rendezvous",
+        "",
+        "`python bench/rendezvous.py --nodes M [--json] [--torch]` runs one complete round with M simulated agents: a host "
+        "process serves the embedded store and runs the coordinator, as the hosting agent does; the agents are asyncio tasks "
+        "spread over 4 processes, each with its own authenticated connection, running exactly `Member.join` + "
+        "`Member.next_round` (the code a real agent runs). Wall seconds run from \"go\" to the last assignment received; "
+        "operations are requests on an agent's connection; bytes count both directions, handshake included. torch's row runs "
+        f"its own c10d `DynamicRendezvousHandler` (threads in up to {TORCH_PROCS} processes, one TCPStore connection each, "
+        f"torch's TCPStore server in a host process), stopped at {TORCH_BOUND:.0f} s. The real-process rows start that many "
+        "agents at once on one endpoint with `--nproc-per-node=1 --no-python true` and time them until all exited 0.",
+        "",
+        f"![seconds for one round vs nodes]({PLOT.relative_to(REPO)})",
+        "",
+        "| nodes | rankrun s (samples) | store operations per node | bytes per node | torch c10d s |",
+        "|---|---|---|---|---|",
+    ]
+    for m, runs in result.rankrun.items():
+        torch = result.torch.get(m)
+        torch_text = ("—" if not torch else f"{torch['seconds']}" if torch["completed"]
+                      else f"did not complete in {TORCH_BOUND:.0f} s")
+        lines.append(f"| {m:,} | {', '.join(str(r['seconds']) for r in runs)} | {runs[0]['ops_per_node']} | "
+                     f"{runs[0]['bytes_per_node']:,} | {torch_text} |")
+    for m, torch in result.torch.items():
+        if m not in result.rankrun:
+            lines.append(f"| {m:,} | — | — | — | {torch['seconds'] if torch['completed'] else 'did not complete'} |")
+    lines += ["", "Bytes per node grow only with the number of digits in ids and revisions (log M); operations per node "
+              "are constant (below 9 when an assignment is already there at the first read).", ""]
+    return lines
+
+
+# --------------------------------------------------------------------------- a PNG plot without matplotlib
+
+
+def plot(result: Result, path: Path) -> None:
+    """Seconds vs nodes on log-log axes: rankrun (blue) and torch c10d (red; a cross where it did not complete)."""
+    width, height, margin = 640, 400, 50
+    pixels = bytearray(b"\xff" * width * height * 3)
+    xs = [*RANKRUN_M, *TORCH_M]
+    lo_x, hi_x = math.log10(min(xs)), math.log10(max(xs))
+    lo_y, hi_y = -2.0, math.log10(TORCH_BOUND) + 0.3
+
+    def at(m: float, s: float) -> tuple[int, int]:
+        x = margin + (math.log10(m) - lo_x) / (hi_x - lo_x) * (width - 2 * margin)
+        y = height - margin - (math.log10(max(s, 0.01)) - lo_y) / (hi_y - lo_y) * (height - 2 * margin)
+        return int(x), int(y)
+
+    def dot(x: int, y: int, colour: tuple[int, int, int], r: int = 3) -> None:
+        for dx in range(-r, r + 1):
+            for dy in range(-r, r + 1):
+                if 0 <= x + dx < width and 0 <= y + dy < height:
+                    i = ((y + dy) * width + x + dx) * 3
+                    pixels[i : i + 3] = bytes(colour)
+
+    def line(a: tuple[int, int], b: tuple[int, int], colour: tuple[int, int, int], r: int = 1) -> None:
+        steps = max(abs(b[0] - a[0]), abs(b[1] - a[1]), 1)
+        for k in range(steps + 1):
+            dot(a[0] + (b[0] - a[0]) * k // steps, a[1] + (b[1] - a[1]) * k // steps, colour, r)
+
+    grey = (180, 180, 180)
+    line((margin, height - margin), (width - margin, height - margin), (0, 0, 0), 0)
+    line((margin, margin), (margin, height - margin), (0, 0, 0), 0)
+    for decade in range(-2, 3):  # 0.01 s .. 100 s gridlines
+        y = at(min(xs), 10.0**decade)[1]
+        if margin <= y <= height - margin:
+            line((margin, y), (width - margin, y), grey, 0)
+    for m in xs:
+        x = at(m, 1)[0]
+        line((x, height - margin), (x, height - margin + 6), (0, 0, 0), 0)
+    blue, red = (30, 90, 200), (200, 40, 40)
+    points = [at(m, _median([float(r["seconds"]) for r in runs])) for m, runs in result.rankrun.items()]  # type: ignore[arg-type]
+    for a, b in itertools.pairwise(points):
+        line(a, b, blue)
+    for p in points:
+        dot(*p, blue, 4)
+    done = [(m, float(r["seconds"])) for m, r in result.torch.items() if r["completed"]]  # type: ignore[arg-type]
+    tpoints = [at(m, s) for m, s in done]
+    for a, b in itertools.pairwise(tpoints):
+        line(a, b, red)
+    for p in tpoints:
+        dot(*p, red, 4)
+    for m, r in result.torch.items():
+        if not r["completed"]:
+            x, y = at(m, TORCH_BOUND)
+            line((x - 6, y - 6), (x + 6, y + 6), red, 1)
+            line((x - 6, y + 6), (x + 6, y - 6), red, 1)
+    _write_png(path, width, height, bytes(pixels))
+
+
+def _write_png(path: Path, width: int, height: int, rgb: bytes) -> None:
+    raw = b"".join(b"\x00" + rgb[y * width * 3 : (y + 1) * width * 3] for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
