@@ -61,10 +61,10 @@ class _Parser(argparse.ArgumentParser):
 
 # (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings, as in torchrun.
 _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
-    (("--nnodes",), "NNODES", {"default": "1:1", "help": "number of nodes, N or MIN:MAX (only 1 in this release)"}),
+    (("--nnodes",), "NNODES", {"default": "1:1", "help": "number of nodes, N or MIN:MAX (elastic, with --rdzv-backend c10d)"}),
     (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE",
      {"default": "1", "help": "workers per node: an integer, cpu, gpu or auto"}),
-    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static", "help": "static or c10d (etcd: later)"}),
+    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static", "help": "static or c10d (etcd: not yet)"}),
     (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": "", "help": "HOST[:PORT] of the rendezvous"}),
     (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none", "help": "job id, becomes TORCHELASTIC_RUN_ID"}),
     (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),

@@ -206,3 +206,15 @@ def test_a_frozen_node_is_noticed_by_its_lease_and_leaves_cleanly_when_it_wakes(
     assert "this node lost its place in the job" in frozen.err[-1]
     finish.touch()
     assert host.finish() == 0
+
+
+def test_is_host_decides_who_hosts(launch, tmp_path):
+    addr = fresh_loopback()
+    env = _env(tmp_path)
+    guest = launch(*_dynamic(addr, "2", "--rdzv-conf", "is_host=0", nproc=1), env=dict(env))  # first, but told not to host
+    host = launch(*_dynamic(addr, "2", nproc=1), env=dict(env))
+    assert [guest.finish(), host.finish()] == [0, 0], (guest.err, host.err)
+    assert any("READY rank 1" in line for line in guest.out) and any("READY rank 0" in line for line in host.out)
+    elsewhere = launch(*_dynamic("192.0.2.1", "2", "--rdzv-conf", "is_host=1,join_timeout=1", nproc=1), env=dict(env))
+    assert elsewhere.finish() == 3  # told to host an address that is not this machine's: a clear error, no hang
+    assert elsewhere.err[-1].startswith("rankrun: error: cannot listen on 192.0.2.1:29400:")

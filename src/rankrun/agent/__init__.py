@@ -1,1 +1,1 @@
-"""The agent: rendezvous (single node for now) → ranks → env → worker group → decide → report."""
+"""The agent: rendezvous (one node, or several: ``multinode``) → plan → env → worker group → decide → report."""

@@ -21,7 +21,6 @@ from types import FrameType
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
-from rankrun.agent.multinode import run_multinode
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, RankrunError
@@ -118,6 +117,8 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
             await deps.endpoint_store.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
         if spec.multi_node:
+            from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
+
             outcome = await run_multinode(spec, deps, stops, logs)
             final = _Final(outcome.exit_code, outcome.restarts, outcome.report, outcome.job_cause)
         else:

@@ -72,21 +72,31 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
     session = await _open(spec, deps)
-    tasks: list[asyncio.Task[object]] = []
+    conf = rdzv.conf
     try:
-        if session.coordinator is not None:
-            tasks.append(asyncio.create_task(session.coordinator.run()))
-        conf = rdzv.conf
-        tasks.append(asyncio.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt)))
-        return await _rounds(spec, deps, stops, logs, session)
+        async with asyncio.TaskGroup() as group:  # the coordinator and the keep-alives live exactly as long as the rounds
+            background = [group.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt))]
+            if session.coordinator is not None:
+                background.append(group.create_task(session.coordinator.run()))
+            try:
+                return await _rounds(spec, deps, stops, logs, session)
+            finally:
+                await session.member.leave()
+                if session.coordinator is not None:
+                    await _let_the_others_leave(session, conf.close_timeout, deps)
+                for task in background:
+                    task.cancel()
+    except BaseExceptionGroup as failed:  # one of them failed: that error, not a group, is what the user sees
+        raise _first(failed) from None
     finally:
-        await session.member.leave()
-        if session.coordinator is not None:
-            await _let_the_others_leave(session, rdzv.conf.close_timeout, deps)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await _close(session)
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 # --------------------------------------------------------------------------- hosting or joining

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rankrun.agent.env import WorkerIdentity
-from rankrun.rendezvous.round import NodeRanks, NodeSlots, assign_node_ranks
+from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
 
 __all__ = ["NodeRanks", "NodeSlots", "assign_node_ranks", "identities", "worker_identities"]
 

@@ -1,1 +1,1 @@
-"""Worker output: pipes read line by line into console and per-rank file sinks."""
+"""Worker output: pipes and terminals read as they come into the console, per-rank files and report tails."""

@@ -1,1 +1,2 @@
-"""Rendezvous: worker stores and the join algorithm."""
+"""Rendezvous: the store seam (in-memory, embedded over TCP), the pure round decisions, the join algorithm, and the
+torch-wire worker store."""

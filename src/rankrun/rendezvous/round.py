@@ -13,36 +13,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
 
-@dataclass(frozen=True)
-class NodeSlots:
-    role: str
-    local_world_size: int
-
-
-@dataclass(frozen=True)
-class NodeRanks:
-    base_rank: int
-    world_size: int
-    base_role_rank: int
-    role_world_size: int
-
-
-def assign_node_ranks(nodes: Sequence[NodeSlots]) -> list[NodeRanks]:
-    """One ``NodeRanks`` per node, in the given (group rank) order."""
-    world = sum(n.local_world_size for n in nodes)
-    role_totals: dict[str, int] = {}
-    for n in nodes:
-        role_totals[n.role] = role_totals.get(n.role, 0) + n.local_world_size
-    out: list[NodeRanks] = []
-    base = 0
-    role_base: dict[str, int] = {}
-    for n in nodes:
-        rb = role_base.get(n.role, 0)
-        out.append(NodeRanks(base, world, rb, role_totals[n.role]))
-        base += n.local_world_size
-        role_base[n.role] = rb + n.local_world_size
-    return out
+__all__ = ["NodeRanks", "NodeSlots", "assign_node_ranks"]  # re-exported: the rendezvous hands out these sums
 
 
 @dataclass(frozen=True)
