@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
+from rankrun.agent.events import first_error
 from rankrun.agent.plan import AttemptPlan, attempt_context
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -115,35 +116,41 @@ async def run_attempt(
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
     try:
-        for who in identities:
-            error_file = RunLogs.error_file(attempt_dir, who.local_rank)
-            env = worker_env(spec.base_env, who, ctx, error_file)
-            stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
-            argv = worker_argv(spec.worker.entry, who.local_rank)
-            handle = await deps.spawner.spawn(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
-            if handle.terminal_fd is not None:
-                relay = TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers], guard=deps.terminal_guard)
-                relay.start()
-                relays.append(relay)
-            routes = _routes(spec, layout, who, handle)
-            tail = routes[-1].tail = Tail()
-            sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
-            tasks = tuple(asyncio.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
-            label = "stderr" if handle.stderr is not None else "output"
-            workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
-        outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout, deps.clock.wall)
-    finally:
-        for w in workers:
-            w.handle.signal_group(signal.SIGKILL)
-        await deps.after_group([w.handle for w in workers])
-        try:
-            await _drain(workers, stops, console)  # the terminal worker's last bytes, still relayed raw
-        finally:
-            for relay in relays:
-                relay.stop()  # the user's terminal as it was, before rankrun prints anything of its own
-            for fh in layout.filtered:
-                if fh is not None:
-                    fh.close()
+        async with asyncio.TaskGroup() as group:  # the output pumps end within the attempt, or it ends with their error
+            try:
+                for who in identities:
+                    error_file = RunLogs.error_file(attempt_dir, who.local_rank)
+                    env = worker_env(spec.base_env, who, ctx, error_file)
+                    stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
+                    argv = worker_argv(spec.worker.entry, who.local_rank)
+                    handle = await deps.spawner.spawn(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
+                    if handle.terminal_fd is not None:
+                        relay = TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers],
+                                              guard=deps.terminal_guard)
+                        relay.start()
+                        relays.append(relay)
+                    routes = _routes(spec, layout, who, handle)
+                    tail = routes[-1].tail = Tail()
+                    sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
+                    tasks = tuple(group.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
+                    label = "stderr" if handle.stderr is not None else "output"
+                    workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
+                outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
+                                          deps.clock.wall)
+            finally:
+                for w in workers:
+                    w.handle.signal_group(signal.SIGKILL)
+                await deps.after_group([w.handle for w in workers])
+                try:
+                    await _drain(workers, stops, console)  # the terminal worker's last bytes, still relayed raw
+                finally:
+                    for relay in relays:
+                        relay.stop()  # the user's terminal as it was, before rankrun prints anything of its own
+                    for fh in layout.filtered:
+                        if fh is not None:
+                            fh.close()
+    except BaseExceptionGroup as failed:  # a spawn or a pump failed: that error, not a group
+        raise first_error(failed) from None
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
 
 

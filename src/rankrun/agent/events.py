@@ -1,4 +1,4 @@
-"""Racing awaitables: ``first_of`` returns the first to finish and cancels (and awaits) the others."""
+"""Racing awaitables (``first_of``) and unwrapping task-group failures (``first_error``)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,11 @@ async def first_of(*awaitables: Awaitable[Any]) -> tuple[int, Any]:
         for task in tasks:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: no "exception was never retrieved" for a loser that also failed
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error in a (nested) exception group: what a ``TaskGroup`` failure really was."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

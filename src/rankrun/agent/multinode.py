@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
-from rankrun.agent.events import first_of
+from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, LauncherError, StoreError
 from rankrun.logs.layout import RunLogs
@@ -87,16 +87,9 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                 for task in background:
                     task.cancel()
     except BaseExceptionGroup as failed:  # one of them failed: that error, not a group, is what the user sees
-        raise _first(failed) from None
+        raise first_error(failed) from None
     finally:
         await _close(session)
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
-    return error
 
 
 # --------------------------------------------------------------------------- hosting or joining

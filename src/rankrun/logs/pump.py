@@ -81,7 +81,10 @@ def _to_files(route: Route, chunk: bytes, splitter: LineSplitter | None) -> None
     if route.tail is not None:
         route.tail.add(chunk)
     if route.file is not None:
-        route.file.write(chunk)
+        try:
+            route.file.write(chunk)
+        except OSError as exc:  # a full disk: the job cannot keep its logs; say so instead of a traceback
+            raise LauncherError(f"cannot write worker log {route.file.name}: {exc.strerror or exc}") from exc
     if splitter is not None:
         _filtered(route, splitter.feed(chunk))
 
