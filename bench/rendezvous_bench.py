@@ -119,6 +119,9 @@ def details(result: Result) -> list[str]:
         "",
         f"![seconds for one round vs nodes]({PLOT.relative_to(REPO)})",
         "",
+        "Seconds for one complete round (log scale) vs simulated nodes (log scale): blue rankrun, red torch's c10d "
+        f"handler, a red cross where torch's round did not complete within {TORCH_BOUND:.0f} s.",
+        "",
         "| nodes | rankrun s (samples) | store operations per node | bytes per node | torch c10d s |",
         "|---|---|---|---|---|",
     ]
@@ -164,6 +167,17 @@ def plot(result: Result, path: Path) -> None:
         for k in range(steps + 1):
             dot(a[0] + (b[0] - a[0]) * k // steps, a[1] + (b[1] - a[1]) * k // steps, colour, r)
 
+    def text(x: int, y: int, label: str, scale: int = 2) -> None:
+        """``label`` in a 3x5 pixel font (digits, '.', ',', 's', 'x', '-'), its top-left at (x, y)."""
+        for n, char in enumerate(label):
+            rows = _FONT.get(char, _FONT[" "])
+            for r, bits in enumerate(rows):
+                for c in range(3):
+                    if bits >> (2 - c) & 1:
+                        for sx in range(scale):
+                            for sy in range(scale):
+                                dot(x + (n * 4 + c) * scale + sx, y + r * scale + sy, (0, 0, 0), 0)
+
     grey = (180, 180, 180)
     line((margin, height - margin), (width - margin, height - margin), (0, 0, 0), 0)
     line((margin, margin), (margin, height - margin), (0, 0, 0), 0)
@@ -171,9 +185,14 @@ def plot(result: Result, path: Path) -> None:
         y = at(min(xs), 10.0**decade)[1]
         if margin <= y <= height - margin:
             line((margin, y), (width - margin, y), grey, 0)
-    for m in xs:
+            label = f"{10.0**decade:g}"
+            text(margin - 8 * len(label) - 4, y - 5, label)
+    for m in sorted(set(xs)):
         x = at(m, 1)[0]
         line((x, height - margin), (x, height - margin + 6), (0, 0, 0), 0)
+        text(x - 4 * len(str(m)), height - margin + 10, str(m))
+    text(width // 2 - 20, height - 16, "nodes")
+    text(8, 12, "s")
     blue, red = (30, 90, 200), (200, 40, 40)
     points = [at(m, _median([float(r["seconds"]) for r in runs])) for m, runs in result.rankrun.items()]  # type: ignore[arg-type]
     for a, b in itertools.pairwise(points):
@@ -192,6 +211,14 @@ def plot(result: Result, path: Path) -> None:
             line((x - 6, y - 6), (x + 6, y + 6), red, 1)
             line((x - 6, y + 6), (x + 6, y - 6), red, 1)
     _write_png(path, width, height, bytes(pixels))
+
+
+_FONT = {  # 3 bits per row, 5 rows
+    "0": (7, 5, 5, 5, 7), "1": (2, 6, 2, 2, 7), "2": (7, 1, 7, 4, 7), "3": (7, 1, 7, 1, 7), "4": (5, 5, 7, 1, 1),
+    "5": (7, 4, 7, 1, 7), "6": (7, 4, 7, 5, 7), "7": (7, 1, 1, 1, 1), "8": (7, 5, 7, 5, 7), "9": (7, 5, 7, 1, 7),
+    ".": (0, 0, 0, 0, 2), ",": (0, 0, 0, 2, 4), "-": (0, 0, 7, 0, 0), " ": (0, 0, 0, 0, 0),
+    "s": (0, 3, 6, 3, 6), "n": (0, 6, 5, 5, 5), "o": (0, 7, 5, 5, 7), "d": (1, 7, 5, 5, 7), "e": (0, 7, 7, 4, 7),
+}
 
 
 def _write_png(path: Path, width: int, height: int, rgb: bytes) -> None:
