@@ -52,3 +52,17 @@ def test_a_node_killed_while_its_peers_sit_in_all_reduce_is_noticed_and_they_ref
     assert time.monotonic() - killed < 30
     finish.touch()
     assert host.finish() == 0, host.err
+
+
+def test_a_node_joining_a_running_gloo_job_grows_the_world(launch, tmp_path):
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    args = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:29400", "--rdzv-id", "grow",
+            "--rdzv-conf", "last_call_timeout=0.2", "--nproc-per-node", "1", payload("gloo_loop.py"))
+    first = launch(*args, env=_env(tmp_path, FINISH_FILE=str(finish)))
+    first.wait_for(r"READY rank 0 world 1 restart 0")
+    late = launch(*args, env=_env(tmp_path, FINISH_FILE=str(finish)))
+    late.wait_for(r"READY rank 1 world 2 restart 0")  # a new process group of 2, not a restart
+    first.wait_for(r"READY rank 0 world 2 restart 0")
+    finish.touch()
+    assert [first.finish(), late.finish()] == [0, 0], (first.err, late.err)
