@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -127,18 +128,8 @@ def run_rankrun(nodes: int, procs: int) -> dict[str, object]:
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
-        shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
-        for i, share in enumerate(s for s in shares if s):
-            children.append(subprocess.Popen([py, __file__, "--role", "agents", "--port", str(port), "--count", str(share),
-                                              "--index", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-        for child in children:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "READY"
-        start = time.monotonic()
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write("go\n")
-            child.stdin.flush()
+        start = _start_agents(children, nodes, procs, lambda i, share: ["--role", "agents", "--port", str(port),
+                                                                         "--count", str(share), "--index", str(i)])
         reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
         seconds = max(r["last"] for r in reports) - start
         for child in children:
@@ -152,6 +143,25 @@ def run_rankrun(nodes: int, procs: int) -> dict[str, object]:
         for child in children:
             _end(child)
         _end(host)
+
+
+def _start_agents(
+    children: list[subprocess.Popen[str]], nodes: int, procs: int, args: Callable[[int, int], list[str]], *, quiet: bool = False
+) -> float:
+    """Spread ``nodes`` agents over ``procs`` processes, wait for each to be READY, say "go"; the monotonic start time."""
+    shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
+    for i, share in enumerate(s for s in shares if s):
+        children.append(subprocess.Popen([sys.executable, __file__, *args(i, share)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if quiet else None, text=True))
+    for child in children:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "READY"
+    start = time.monotonic()
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    return start
 
 
 def _end(proc: subprocess.Popen[str]) -> None:
@@ -219,19 +229,9 @@ def run_torch(nodes: int, procs: int, bound: float) -> dict[str, object]:
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
-        shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
-        for i, share in enumerate(s for s in shares if s):
-            children.append(subprocess.Popen([py, __file__, "--role", "torch-agents", "--port", str(port), "--count", str(share),
-                                              "--index", str(i), "--nodes", str(nodes), "--bound", str(bound)],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-        for child in children:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "READY"
-        start = time.monotonic()
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write("go\n")
-            child.stdin.flush()
+        start = _start_agents(children, nodes, procs, lambda i, share: [
+            "--role", "torch-agents", "--port", str(port), "--count", str(share), "--index", str(i), "--nodes", str(nodes),
+            "--bound", str(bound)], quiet=True)
         reports = []
         for child in children:
             assert child.stdout is not None
