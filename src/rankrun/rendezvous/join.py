@@ -176,7 +176,6 @@ class Coordinator:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._status_dirty = True
         self._status_due = 0.0
-        self.finished: asyncio.Future[Finish] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
         entries, revision = await self._store.range(self._keys.nodes)
@@ -289,8 +288,6 @@ class Coordinator:
         await self._store.put(self._keys.round, _dump(asdict(word)))
         await self._store.put(self._keys.closed, _dump({"ok": step.ok}))
         self._phase = Phase.ENDED
-        if not self.finished.done():
-            self.finished.set_result(step)
 
     async def _tell_spares(self) -> None:
         """A node that joined a full, running round learns at once that it waits as a spare."""

@@ -304,9 +304,6 @@ class MemoryStore:
         for callback in state.on_lost:
             callback()
 
-    def lease_ids(self) -> list[int]:
-        return list(self._leases)
-
     def _arm(self, state: _LeaseState) -> None:
         if state.timer is not None:
             state.timer.cancel()
