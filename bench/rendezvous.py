@@ -10,8 +10,18 @@ bytes per node (both directions, handshake included).
 TCPStore connection each, torch's TCPStore server in a host process), stopped at ``--bound`` seconds and then
 reported as "did not complete".
 
+``--backend etcd``: the same round on a single-member etcd the bench starts (and kills) itself, on a fresh
+loopback address: the coordinator process and the agents talk to it through rankrun's etcd client
+(``rendezvous.etcd``), each agent with its own client (its own connections). Operations per node are the
+requests it makes (a watch counts one); bytes are not counted.
+
+``--failover``: a 3-member etcd; a client holding a lease and a watch (as an agent does) through all three
+endpoints; the leader is SIGKILLed and the bench times, from the kill, the first keep-alive the cluster
+accepts again and the first watch event delivered after it (a put made once the keep-alive succeeded).
+``--reps`` times (the killed member rejoins between them); the median and every value are reported.
+
 The last line with ``--json`` is one object: ``nodes``, ``seconds``, ``ops_per_node``, ``bytes_per_node``
-(and ``completed``).
+(and ``completed``); with ``--failover``: ``keepalive_s`` and ``watch_s`` lists and their medians.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "src"))
+sys.path.insert(0, str(BENCH.parent / "tests"))  # etcdserver: the tests' etcd processes, one piece of code for both
 
 SECRET = b"bench-secret"
 
@@ -177,6 +188,142 @@ def _end(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+# --------------------------------------------------------------------------- rankrun on etcd
+
+
+def _etcd_store(endpoints: str) -> object:
+    from rankrun.rendezvous.etcd import EtcdStore
+    from rankrun.rendezvous.gateway import Gateway
+    from rankrun.spec import parse_etcd_endpoints
+
+    return EtcdStore(Gateway(parse_etcd_endpoints(endpoints), retry_for=30.0))
+
+
+async def _etcd_host(endpoints: str, nodes: int) -> None:
+    from rankrun.rendezvous.join import Coordinator, Keys
+    from rankrun.rendezvous.round import Settings
+
+    store = _etcd_store(endpoints)
+
+    async def nothing() -> None:
+        return None
+
+    coordinator = Coordinator(store, Keys.for_run("bench"), Settings(nodes, nodes, 3600.0, 0),  # type: ignore[arg-type]
+                              master=lambda: ("127.0.0.1", 29500), before_round=nothing)
+    task = asyncio.create_task(coordinator.run())
+    print("READY 0", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    task.cancel()
+    await store.close()  # type: ignore[attr-defined]
+
+
+async def _etcd_agents(endpoints: str, count: int, index: int) -> None:
+    from rankrun.rendezvous.gateway import Gateway
+    from rankrun.rendezvous.join import Assignment, Keys, Member
+    from rankrun.rendezvous.round import NodeInfo
+
+    ops = [0]
+    original_call, original_stream = Gateway.call, Gateway.open_stream
+
+    async def call(self: Gateway, path: str, body: dict[str, object]) -> dict[str, object]:
+        ops[0] += 1
+        return await original_call(self, path, body)
+
+    async def stream(self: Gateway, path: str, body: dict[str, object]) -> object:
+        ops[0] += 1
+        return await original_stream(self, path, body)
+
+    Gateway.call = call  # type: ignore[method-assign]
+    Gateway.open_stream = stream  # type: ignore[method-assign,assignment]
+    keys = Keys.for_run("bench")
+    print("READY", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    done: list[float] = []
+    stores: list[object] = []
+
+    async def agent(i: int) -> None:
+        store = _etcd_store(endpoints)
+        stores.append(store)
+        info = NodeInfo(f"p{index}-a{i}", 0, 1, "default", "127.0.0.1", "bench", None, False)
+        member = await Member.join(store, keys, info, ttl=3600.0)  # type: ignore[arg-type]
+        got = await member.next_round(0)
+        assert isinstance(got, Assignment)
+        done.append(time.monotonic())
+
+    await asyncio.gather(*(agent(i) for i in range(count)))
+    print(json.dumps({"last": max(done), "ops": ops[0], "bytes": 0, "count": count}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
+    for store in stores:
+        await store.close()  # type: ignore[attr-defined]
+
+
+def run_etcd(nodes: int, procs: int) -> dict[str, object]:
+    import tempfile
+
+    from etcdserver import etcd_cluster
+
+    with tempfile.TemporaryDirectory() as tmp, etcd_cluster(Path(tmp), 1) as cluster:
+        host = subprocess.Popen([sys.executable, __file__, "--role", "etcd-host", "--nodes", str(nodes), "--endpoints",
+                                 cluster.endpoints], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        children: list[subprocess.Popen[str]] = []
+        try:
+            assert host.stdout is not None
+            host.stdout.readline()
+            start = _start_agents(children, nodes, procs, lambda i, share: [
+                "--role", "etcd-agents", "--endpoints", cluster.endpoints, "--count", str(share), "--index", str(i)])
+            reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
+            seconds = max(r["last"] for r in reports) - start
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write("exit\n")
+                child.stdin.flush()
+            return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
+                    "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2), "bytes_per_node": None}
+        finally:
+            for child in children:
+                _end(child)
+            _end(host)
+
+
+async def _failover_once(cluster: object) -> tuple[float, float]:
+    """Kill the leader; seconds until a keep-alive is accepted again, and until a watch event arrives after it."""
+    store = _etcd_store(cluster.endpoints)  # type: ignore[attr-defined]
+    try:
+        lease = await store.grant(30)  # type: ignore[attr-defined]
+        _, revision = await store.range("/failover/")  # type: ignore[attr-defined]
+        watch = await store.watch("/failover/", revision)  # type: ignore[attr-defined]
+        events = watch.__aiter__()
+        leader = await asyncio.to_thread(cluster.leader)  # type: ignore[attr-defined]
+        killed = time.monotonic()
+        await asyncio.to_thread(cluster.kill, leader)  # type: ignore[attr-defined]
+        await lease.keep_alive()  # the client fails over (and waits out the election) by itself
+        alive = time.monotonic() - killed
+        await store.put("/failover/k", b"after")  # type: ignore[attr-defined]
+        event = await asyncio.wait_for(anext(events), 60)
+        assert event.value == b"after"
+        seen = time.monotonic() - killed
+        await watch.close()
+        await lease.revoke()
+        await asyncio.to_thread(cluster.start, leader, "existing")  # type: ignore[attr-defined]
+        await asyncio.to_thread(cluster.wait_healthy, [leader])  # type: ignore[attr-defined]
+        return alive, seen
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+def run_failover(reps: int) -> dict[str, object]:
+    import statistics
+    import tempfile
+
+    from etcdserver import etcd_cluster
+
+    with tempfile.TemporaryDirectory() as tmp, etcd_cluster(Path(tmp), 3) as cluster:
+        results = [asyncio.run(_failover_once(cluster)) for _ in range(reps)]
+    keepalive, watch = [round(r[0], 3) for r in results], [round(r[1], 3) for r in results]
+    return {"reps": reps, "keepalive_s": keepalive, "watch_s": watch, "keepalive_median": statistics.median(keepalive),
+            "watch_median": statistics.median(watch)}
+
+
 # --------------------------------------------------------------------------- torch's c10d rendezvous
 
 
@@ -257,7 +404,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
+    parser.add_argument("--backend", choices=("embedded", "etcd"), default="embedded", help="rankrun's store")
+    parser.add_argument("--failover", action="store_true", help="time an etcd leader failover instead (3 members)")
+    parser.add_argument("--reps", type=int, default=5, help="--failover: how many leader kills")
     parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoints", default="", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -268,20 +419,40 @@ def main(argv: list[str]) -> int:
     if args.role == "agents":
         asyncio.run(_agents(args.port, args.count, args.index))
         return 0
+    if args.role == "etcd-host":
+        asyncio.run(_etcd_host(args.endpoints, args.nodes))
+        return 0
+    if args.role == "etcd-agents":
+        asyncio.run(_etcd_agents(args.endpoints, args.count, args.index))
+        return 0
+    if args.failover:
+        failover = run_failover(args.reps)
+        print(json.dumps(failover) if args.json else
+              f"etcd leader SIGKILLed: keep-alive accepted again after {failover['keepalive_median']} s, a watch event "
+              f"after {failover['watch_median']} s (medians of {args.reps}: {failover['keepalive_s']}, {failover['watch_s']})")
+        return 0
     if args.role == "torch-host":
         _torch_host()
         return 0
     if args.role == "torch-agents":
         _torch_agents(args.port, args.count, args.nodes, args.bound)
         return 0
-    result = run_torch(args.nodes, args.procs, args.bound) if args.torch else run_rankrun(args.nodes, args.procs)
+    if args.torch:
+        result = run_torch(args.nodes, args.procs, args.bound)
+    elif args.backend == "etcd":
+        result = run_etcd(args.nodes, args.procs)
+    else:
+        result = run_rankrun(args.nodes, args.procs)
     if args.json:
         print(json.dumps(result))
     else:
         done = f"{result['seconds']} s" if result["completed"] else f"did not complete within {args.bound:.0f} s"
-        extra = (f", {result['ops_per_node']} store operations and {result['bytes_per_node']} bytes per node"
-                 if result["ops_per_node"] is not None else "")
-        print(f"{'torch c10d' if args.torch else 'rankrun'}: {args.nodes} nodes: {done}{extra}")
+        extra = ""
+        if result["ops_per_node"] is not None:
+            moved = f" and {result['bytes_per_node']} bytes" if result["bytes_per_node"] else ""
+            extra = f", {result['ops_per_node']} store operations{moved} per node"
+        name = "torch c10d" if args.torch else f"rankrun ({args.backend})"
+        print(f"{name}: {args.nodes} nodes: {done}{extra}")
     return 0
 
 

@@ -14,13 +14,20 @@ def main_exit() -> None:
     catcher = EarlyCatcher.install()
     _reopen_closed_stdio()
 
-    # asyncio imports ssl eagerly (about 4 MB resident, 13 ms); the launcher speaks no TLS, and
-    # asyncio works without it. Workers are fresh interpreters and are not affected.
-    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+    # asyncio imports ssl eagerly (about 4 MB resident, 13 ms); the launcher speaks TLS only to an
+    # etcd over https, and asyncio works without it. Workers are fresh interpreters and are not affected.
+    if not _may_need_tls(sys.argv[1:], os.environ):
+        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 
     from rankrun.cli import main  # noqa: PLC0415 - after the catcher, on purpose
 
     sys.exit(main(catcher=catcher))
+
+
+def _may_need_tls(argv: list[str], env: "os._Environ[str]") -> bool:
+    """An etcd endpoint or ``--rdzv-conf protocol=https`` anywhere in the options (or their PET_ variables)."""
+    texts = [*argv, env.get("PET_RDZV_ENDPOINT", ""), env.get("PET_RDZV_CONF", "")]
+    return any("https" in text for text in texts)
 
 
 def _reopen_closed_stdio() -> None:

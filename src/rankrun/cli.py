@@ -22,6 +22,7 @@ from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     DEFAULT_SIGNALS,
+    ETCD_V2_NOTE,
     DynamicRendezvous,
     EntryKind,
     EntrySpec,
@@ -35,6 +36,7 @@ from rankrun.spec import (
     WorkerSpec,
     check_port,
     parse_endpoint,
+    parse_etcd_endpoints,
     parse_filters,
     parse_nnodes,
     parse_nproc,
@@ -64,8 +66,9 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--nnodes",), "NNODES", {"default": "1:1", "help": "number of nodes, N or MIN:MAX (elastic, with --rdzv-backend c10d)"}),
     (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE",
      {"default": "1", "help": "workers per node: an integer, cpu, gpu or auto"}),
-    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND", {"default": "static", "help": "static or c10d (etcd: not yet)"}),
-    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": "", "help": "HOST[:PORT] of the rendezvous"}),
+    (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND",
+     {"default": "static", "help": "static, c10d or etcd (etcd-v2: an alias)"}),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": "", "help": "HOST[:PORT] (etcd: a list)"}),
     (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none", "help": "job id, becomes TORCHELASTIC_RUN_ID"}),
     (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),
     (("--max-restarts", "--max_restarts"), "MAX_RESTARTS",
@@ -182,6 +185,8 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     """torchrun's backend resolution (its §2) into one of the three rendezvous kinds."""
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     backend = resolve_backend(ns.rdzv_backend)
+    if ns.rdzv_backend == "etcd-v2":
+        print(ETCD_V2_NOTE, file=sys.stderr)
     conf = parse_rdzv_conf(ns.rdzv_conf)
     if ns.master_port is not None:
         check_port("--master-port", ns.master_port)
@@ -207,6 +212,13 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
         if not 0 <= node_rank < max_nodes:
             raise UsageError("--node-rank", node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
         return StaticRendezvous(run_id, max_nodes, node_rank, host, port, conf), StoreSpec(host, port)
+    if backend == "etcd":
+        if ns.standalone:
+            raise UsageError("--standalone", "", "runs its own store; drop it to use --rdzv-backend etcd")
+        endpoints = parse_etcd_endpoints(ns.rdzv_endpoint or "127.0.0.1", conf.protocol)
+        first = endpoints[0]
+        return (DynamicRendezvous(backend, first.host, first.port, run_id, min_nodes, max_nodes, conf, endpoints),
+                StoreSpec(local_host, 0))
     # torchrun's default for an empty c10d endpoint: localhost:29400
     host, port = parse_endpoint(ns.rdzv_endpoint or "localhost", C10D_DEFAULT_PORT)
     return DynamicRendezvous(backend, host, port, run_id, min_nodes, max_nodes, conf), StoreSpec(local_host, 0)
@@ -225,6 +237,22 @@ def _secret(rdzv: RendezvousSpec, env: Mapping[str, str]) -> bytes | None:
         return secret
     value = env.get("RANKRUN_RDZV_SECRET", "")
     return value.encode() if value else None
+
+
+def _etcd_files(rdzv: RendezvousSpec) -> str | None:
+    """Check the TLS files are readable now (one line, not a traceback later); the etcd password, read once."""
+    conf = rdzv.conf
+    for key, path in (("ca_cert", conf.ca_cert), ("ssl_cert", conf.ssl_cert), ("ssl_cert_key", conf.ssl_cert_key),
+                      ("password_file", conf.password_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise UsageError(f"--rdzv-conf {key}", str(path), "cannot read it")
+    if conf.ssl_cert_key is not None and conf.ssl_cert is None:
+        raise UsageError("--rdzv-conf ssl_cert_key", str(conf.ssl_cert_key), "needs ssl_cert too")
+    if conf.password_file is None:
+        return None
+    if conf.user is None:
+        raise UsageError("--rdzv-conf password_file", str(conf.password_file), "needs user= too")
+    return conf.password_file.read_text().rstrip("\n")
 
 
 def _log_dir(value: str | None) -> Path | None:
@@ -302,6 +330,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
         base_env=dict(env),
         local_addr=ns.local_addr,
         secret=_secret(rdzv, env),
+        etcd_password=_etcd_files(rdzv),
     )
 
 

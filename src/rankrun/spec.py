@@ -16,9 +16,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from rankrun.errors import NotSupportedYetError, UsageError
+from rankrun.errors import UsageError
 
 KNOWN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+ETCD_DEFAULT_PORT = 2379
+DEFAULT_ETCD_PREFIX = "/rankrun"
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
@@ -88,6 +90,19 @@ class RendezvousConf:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """One etcd member's client URL."""
+
+    scheme: str  # "http" or "https"
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class Standalone:
     """One node with its own store on an OS-chosen port (``--standalone``, or no rendezvous options)."""
 
@@ -121,13 +136,19 @@ class StaticRendezvous:
 class DynamicRendezvous:
     """``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --nnodes MIN:MAX``."""
 
-    backend: str  # "c10d"
+    backend: str  # "c10d" or "etcd"
     endpoint_host: str
     endpoint_port: int
     run_id: str
     min_nodes: int
     max_nodes: int
     conf: RendezvousConf = RendezvousConf()
+    etcd_endpoints: tuple[Endpoint, ...] = ()  # etcd: every member given in --rdzv-endpoint, in order
+
+    @property
+    def prefix(self) -> str:
+        """Where this job's keys live in a shared store (etcd: ``etcd_prefix``, default ``/rankrun``)."""
+        return (self.conf.etcd_prefix or DEFAULT_ETCD_PREFIX).rstrip("/")
 
 
 RendezvousSpec = Standalone | StaticRendezvous | DynamicRendezvous
@@ -189,10 +210,15 @@ class LaunchSpec:
     base_env: dict[str, str] = field(repr=False, compare=False)
     local_addr: str | None = None  # --local-addr: this node's address for the other nodes
     secret: bytes | None = field(default=None, repr=False)  # the job's rendezvous secret (never from argv)
+    etcd_password: str | None = field(default=None, repr=False)  # --rdzv-conf password_file's content
 
     @property
     def multi_node(self) -> bool:
-        return not isinstance(self.rendezvous, Standalone) and self.rendezvous.max_nodes > 1
+        """Whether nodes meet through a rendezvous (etcd: always, even for one node: the store is the point)."""
+        rdzv = self.rendezvous
+        if isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd":
+            return True
+        return not isinstance(rdzv, Standalone) and rdzv.max_nodes > 1
 
 
 # --------------------------------------------------------------------------- parsers
@@ -421,9 +447,39 @@ def check_port(flag: str, port: int) -> int:
 
 
 def resolve_backend(backend: str) -> str:
+    """The backend's canonical name: ``etcd-v2`` is an alias of ``etcd`` (rankrun speaks etcd's v3 API)."""
     if backend not in KNOWN_BACKENDS:
         raise UsageError("--rdzv-backend", backend, f"unknown rendezvous backend (known: {', '.join(KNOWN_BACKENDS)})")
-    if backend.startswith("etcd"):
-        why = "not supported yet (multi-node rendezvous comes in a later release)"
-        raise NotSupportedYetError("--rdzv-backend", backend, why)
-    return backend
+    return "etcd" if backend.startswith("etcd") else backend
+
+
+ETCD_V2_NOTE = ("rankrun: note: --rdzv-backend etcd-v2 uses etcd's v3 API (etcd 3.4 or newer; "
+                "the v2 API is gone from etcd 3.6)")
+
+
+def parse_etcd_endpoints(value: str, protocol: str = "http") -> tuple[Endpoint, ...]:
+    """``host:port,host:port`` or ``https://host:port,...`` (``--rdzv-endpoint``); the port defaults to 2379."""
+    found: list[Endpoint] = []
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        scheme, sep, rest = item.partition("://")
+        if not sep:
+            scheme, rest = protocol, item
+        if scheme not in ("http", "https"):
+            raise UsageError("--rdzv-endpoint", item, "the scheme must be http:// or https://")
+        rest = rest.rstrip("/")
+        host, port_text = rest, ""
+        if rest.startswith("["):
+            host, _, tail = rest[1:].partition("]")
+            port_text = tail[1:] if tail.startswith(":") else tail
+        elif rest.count(":") == 1:
+            host, port_text = rest.split(":")
+        if not host:
+            raise UsageError("--rdzv-endpoint", item, "missing host")
+        if port_text and (not port_text.isdigit() or not 0 < int(port_text) <= 65535):
+            raise UsageError("--rdzv-endpoint", item, "port must be a number from 1 to 65535")
+        found.append(Endpoint(scheme, host, int(port_text) if port_text else ETCD_DEFAULT_PORT))
+    if not found:
+        raise UsageError("--rdzv-endpoint", value, "the etcd backend needs at least one host:port")
+    return tuple(dict.fromkeys(found))

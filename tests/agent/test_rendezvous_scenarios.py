@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -132,3 +133,37 @@ def test_static_ranks_wait_for_every_node_rank():
         task.cancel()
 
     _run(body)
+
+
+def test_an_elected_coordinator_takes_over_mid_job_leads_the_next_round_and_keeps_the_count():
+    """On a shared store the coordinator is elected; its successor carries on from the round key."""
+
+    async def body():
+        store = MemoryStore()
+        settings = Settings(2, 3, last_call_timeout=600.0, max_restarts=2)
+        first = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.1", 1000), before_round=_nothing,
+                            leader="node0")
+        task = asyncio.create_task(first.run())
+        members = [await Member.join(store, KEYS, _info(i, nproc=1), ttl=60) for i in range(3)]
+        got = [await m.next_round(0) for m in members]
+        assert [g.group_rank for g in got] == [0, 1, 2] and got[0].master_port == 1000
+        task.cancel()  # node0, coordinator and group rank 0, is lost
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await members[0].lease.revoke()
+        second = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.3", 2000), before_round=_nothing,
+                             leader="node2")
+        task = asyncio.create_task(second.run())
+        word = await members[1].round_changed(1)
+        assert (word.round, word.phase) == (1, "stopping")  # the successor stops the round it cannot vouch for
+        again = [await m.next_round(1) for m in members[1:]]
+        assert [(g.round, g.group_rank, g.master_addr, g.master_port) for g in again] == [
+            (2, 1, "127.0.0.3", 2000), (2, 0, "127.0.0.3", 2000)]  # the new leader is group rank 0, with its store
+        assert again[0].restarts == 0
+        task.cancel()
+
+    _run(body)
+
+
+async def _nothing() -> None:
+    return None

@@ -1,23 +1,30 @@
-"""One contract for every ``rankrun.rendezvous.store.Store``: the in-memory store and the embedded one over TCP.
+"""One contract for every ``rankrun.rendezvous.store.Store``: the in-memory store, the embedded one over TCP, and etcd.
 
-Each test runs against each implementation (the etcd backend joins this list). Lease expiry is
-driven by a fake clock on the serving side, so nothing here waits on time.
+Each test runs against each implementation. For the first two, lease expiry is driven by a
+fake clock on the serving side, so nothing waits on time; a real etcd keeps real time, so
+there a lease's TTL is etcd's shortest (1 s with the test cluster's election timeout) and the
+test waits for the expiry event, bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
 
+from etcdserver import etcd_cluster
 from fakes import FakeTimers
 from rankrun.rendezvous.client import StoreClient
+from rankrun.rendezvous.etcd import EtcdStore
+from rankrun.rendezvous.gateway import Gateway
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
+from rankrun.spec import parse_etcd_endpoints
 
 BOUND = 20.0  # every test is one asyncio.run under this bound
 
@@ -25,49 +32,91 @@ BOUND = 20.0  # every test is one asyncio.run under this bound
 @dataclass
 class Harness:
     store: Store
-    timers: FakeTimers
-    backing: MemoryStore  # the store's state as its server holds it
+    advance: Callable[[float], Awaitable[None]]  # let this much (fake) time pass on the serving side
+    compact: Callable[[int], Awaitable[None]]  # drop history before a revision
+    shut_down: Callable[[], Awaitable[None]]  # the serving side goes away
+    real_time: bool = False  # leases expire by the wall clock: TTLs are scaled down to seconds
+
+    def ttl(self, fake: float) -> float:
+        return 2.0 if self.real_time else fake
+
+
+def _fake_time(timers: FakeTimers) -> Callable[[float], Awaitable[None]]:
+    async def advance(seconds: float) -> None:
+        timers.advance(seconds)
+
+    return advance
+
+
+def _compact(backing: MemoryStore) -> Callable[[int], Awaitable[None]]:
+    async def compact(revision: int) -> None:
+        backing.compact(revision)
+
+    return compact
 
 
 @contextlib.asynccontextmanager
-async def _memory() -> AsyncIterator[Harness]:
+async def _memory(tmp_path: object) -> AsyncIterator[Harness]:
+    del tmp_path
     timers = FakeTimers()
     store = MemoryStore(timers)
     try:
-        yield Harness(store, timers, store)
+        yield Harness(store, _fake_time(timers), _compact(store), store.close)
     finally:
         await store.close()
 
 
 @contextlib.asynccontextmanager
-async def _embedded() -> AsyncIterator[Harness]:
+async def _embedded(tmp_path: object) -> AsyncIterator[Harness]:
     """The embedded store: a client over TCP to a server that serves the in-memory store."""
+    del tmp_path
     timers = FakeTimers()
     backing = MemoryStore(timers)
     server = StoreServer(backing, secret=b"contract-secret")
     port = await server.start("127.0.0.1", 0)
     client = await StoreClient.connect("127.0.0.1", port, secret=b"contract-secret")
     try:
-        yield Harness(client, timers, backing)
+        yield Harness(client, _fake_time(timers), _compact(backing), backing.close)
     finally:
         await client.close()
         await server.close()
         await backing.close()
 
 
-IMPLEMENTATIONS: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[Harness]]] = {
+@contextlib.asynccontextmanager
+async def _etcd(tmp_path: object) -> AsyncIterator[Harness]:
+    """A real single-member etcd, its own process, through the gateway client."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (scripts/test installs Debian's etcd-server)")
+    with etcd_cluster(tmp_path, 1) as cluster:  # type: ignore[arg-type]
+        store = EtcdStore(Gateway(parse_etcd_endpoints(cluster.endpoints), retry_for=1.5))
+
+        async def passes(seconds: float) -> None:
+            del seconds  # the wall clock moves by itself; the test waits for the event
+
+        async def shut_down() -> None:
+            await asyncio.to_thread(cluster.stop_all)
+
+        try:
+            yield Harness(store, passes, store.compact, shut_down, real_time=True)
+        finally:
+            await store.close()
+
+
+IMPLEMENTATIONS: dict[str, Callable[[object], contextlib.AbstractAsyncContextManager[Harness]]] = {
     "memory": _memory,
     "embedded": _embedded,
+    "etcd": _etcd,
 }
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def run(request: pytest.FixtureRequest) -> Callable[[Callable[[Harness], Awaitable[None]]], None]:
+def run(request: pytest.FixtureRequest, tmp_path: object) -> Callable[[Callable[[Harness], Awaitable[None]]], None]:
     make = IMPLEMENTATIONS[request.param]
 
     def runner(body: Callable[[Harness], Awaitable[None]]) -> None:
         async def main() -> None:
-            async with make() as harness:
+            async with make(tmp_path) as harness:
                 await body(harness)
 
         asyncio.run(asyncio.wait_for(main(), BOUND))
@@ -180,17 +229,17 @@ def test_two_watches_each_get_every_event(run):
 def test_leased_keys_vanish_when_the_lease_expires(run):
     async def body(h: Harness) -> None:
         s = h.store
-        lease = await s.grant(10.0)
+        lease = await s.grant(h.ttl(10.0))
         await s.put("/n/mine", b"x", lease=lease.id)
         await s.put("/n/other", b"y")
         _, revision = await s.range("/n/")
         watch = await s.watch("/n/", after=revision)
         try:
-            h.timers.advance(6.0)
+            await h.advance(6.0)
             await lease.keep_alive()  # refreshed: the TTL counts from now
-            h.timers.advance(6.0)
+            await h.advance(6.0)
             assert await s.get("/n/mine") is not None
-            h.timers.advance(5.0)  # 11 s since the keep-alive
+            await h.advance(5.0)  # 11 s since the keep-alive
             (gone,) = await _next(watch.__aiter__(), 1)
             assert (gone.kind, gone.key) == (EventKind.DELETE, "/n/mine")
             assert await s.get("/n/mine") is None and await s.get("/n/other") is not None
@@ -223,12 +272,11 @@ def test_revoke_deletes_the_keys_at_once(run):
 
 def test_watch_from_compacted_history_is_refused(run):
     async def body(h: Harness) -> None:
-        for i in range(5):
-            await h.store.put("/c", str(i).encode())
-        h.backing.compact(3)
+        revisions = [await h.store.put("/c", str(i).encode()) for i in range(5)]
+        await h.compact(revisions[2])
         with pytest.raises(Compacted):
-            await h.store.watch("/c", after=1)
-        watch = await h.store.watch("/c", after=3)
+            await h.store.watch("/c", after=revisions[0])
+        watch = await h.store.watch("/c", after=revisions[2])
         try:
             got = await _next(watch.__aiter__(), 2)
             assert [e.value for e in got] == [b"3", b"4"]
@@ -241,7 +289,7 @@ def test_watch_from_compacted_history_is_refused(run):
 def test_a_closed_store_says_so(run):
     async def body(h: Harness) -> None:
         watch = await h.store.watch("/x", after=0)
-        await h.backing.close()
+        await h.shut_down()
         with pytest.raises(StoreUnavailable):
             await anext(watch.__aiter__())
         with pytest.raises(StoreUnavailable):

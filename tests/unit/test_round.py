@@ -60,6 +60,15 @@ def test_when_nobody_left_the_earlier_members_keep_their_ranks(case):
     assert grown.members[: len(first.members)] == first.members
 
 
+@given(_cluster(), st.data())
+def test_an_elected_leader_is_group_rank_0_whatever_the_join_order(case, data):
+    nodes, previous, settings = case
+    leader = data.draw(st.sampled_from([n.id for n in nodes]))
+    p = place(nodes, previous, settings, leader)
+    assert p.members[0] == leader
+    assert sorted([*p.members, *p.spares]) == sorted(n.id for n in nodes)
+
+
 def test_a_newcomer_takes_the_place_of_a_node_that_left():
     host, a, b, c = _node(0, host=True), _node(1), _node(2), _node(3)
     settings = Settings(1, 4, 30.0, 0)

@@ -12,18 +12,21 @@ from rankrun.cli import spec_from_args
 from rankrun.errors import NotSupportedYetError, UsageError
 from rankrun.spec import (
     DynamicRendezvous,
+    Endpoint,
     EntryKind,
     RendezvousConf,
     Standalone,
     StaticRendezvous,
     Stream,
     parse_endpoint,
+    parse_etcd_endpoints,
     parse_filters,
     parse_nnodes,
     parse_nproc,
     parse_rdzv_conf,
     parse_signals,
     parse_std_map,
+    resolve_backend,
     uuid4_from,
 )
 
@@ -185,3 +188,22 @@ def test_each_pet_variable_changes_its_setting(tmp_path, name, value, flags, che
         return
     assert not check(baseline), f"{name}: the row's check already holds without the variable"
     assert check(spec_from_args([*flags, str(script)], {name: value}))
+
+
+def test_etcd_endpoints_are_a_list_with_schemes_and_a_default_port():
+    assert parse_etcd_endpoints("a:1, https://b:2,c,[::1]:3") == (
+        Endpoint("http", "a", 1), Endpoint("https", "b", 2), Endpoint("http", "c", 2379), Endpoint("http", "::1", 3))
+    assert parse_etcd_endpoints("a:1,a:1", "https") == (Endpoint("https", "a", 1),)  # duplicates dropped
+    assert str(Endpoint("https", "::1", 3)) == "https://[::1]:3"
+    assert resolve_backend("etcd-v2") == resolve_backend("etcd") == "etcd"
+    with pytest.raises(UsageError, match="at least one"):
+        parse_etcd_endpoints(" , ")
+
+
+def test_etcd_spec_keeps_every_endpoint_and_the_prefix(tmp_path):
+    spec = _spec(tmp_path, "--nnodes", "1:4", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1,127.0.0.2:2",
+                 "--rdzv-conf", "etcd_prefix=/team/")
+    rdzv = spec.rendezvous
+    assert [str(e) for e in rdzv.etcd_endpoints] == ["http://127.0.0.1:1", "http://127.0.0.2:2"]
+    assert rdzv.prefix == "/team" and spec.multi_node
+    assert _spec(tmp_path, "--nnodes", "1", "--rdzv-backend", "etcd").multi_node  # etcd even for one node

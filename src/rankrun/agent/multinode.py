@@ -22,6 +22,7 @@ import errno
 import os
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
@@ -32,16 +33,21 @@ from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.rendezvous.client import StoreClient
+from rankrun.rendezvous.election import campaign, job_lease
 from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, Spare
 from rankrun.rendezvous.listener import SharedListener
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.rendezvous.server import StoreServer
-from rankrun.rendezvous.store import Store, StoreUnavailable
+from rankrun.rendezvous.store import EventKind, Store, StoreUnavailable
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous
 
+if TYPE_CHECKING:
+    from rankrun.rendezvous.etcd import EtcdStore
+
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
+FIRST_CONTACT = 3.0  # etcd: seconds to keep trying the endpoints at start before it is an infrastructure error
 CONNECT_RETRY = (0.05, 1.0)  # first and longest pause between attempts to reach a host that is not up yet
 
 
@@ -63,6 +69,8 @@ class _Session:
     server: StoreServer | None = None
     memory: MemoryStore | None = None
     client: StoreClient | None = None
+    shared: EtcdStore | None = None  # etcd: the coordinator is elected, keys outlive any one node
+    master: tuple[str, int] = ("", 0)  # etcd: this node's own worker store, used when it is group rank 0
 
 
 async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs) -> Outcome:
@@ -78,12 +86,19 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
             background = [group.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt))]
             if session.coordinator is not None:
                 background.append(group.create_task(session.coordinator.run()))
+            lead = group.create_task(_lead(spec, deps, session)) if session.shared is not None else None
             try:
                 return await _rounds(spec, deps, stops, logs, session)
             finally:
+                if lead is not None:  # no campaign once this node leaves (it would be on a revoked lease)
+                    lead.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await lead
                 await session.member.leave()
                 if session.coordinator is not None:
-                    await _let_the_others_leave(session, conf.close_timeout, deps)
+                    all_left = await _let_the_others_leave(session, conf.close_timeout, deps)
+                    if all_left and session.shared is not None:
+                        await _remove_the_jobs_keys(session, conf.join_timeout)
                 for task in background:
                     task.cancel()
     except BaseExceptionGroup as failed:  # one of them failed: that error, not a group, is what the user sees
@@ -111,6 +126,8 @@ def _endpoint(spec: LaunchSpec) -> tuple[str, int]:
 
 async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
     rdzv = spec.rendezvous
+    if isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd":
+        return await _open_etcd(spec, deps, rdzv)
     host, port = _endpoint(spec)
     keys = Keys.for_run(rdzv.run_id)
     ttl = rdzv.conf.keep_alive_interval * rdzv.conf.keep_alive_max_attempt
@@ -130,6 +147,62 @@ async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
         await client.close()
         raise
     return _Session(client, member, client.local_address or host, client=client)
+
+
+async def _open_etcd(spec: LaunchSpec, deps: AgentDeps, rdzv: DynamicRendezvous) -> _Session:
+    """Join through etcd: adopt (or create) the job lease, start this node's worker store, register."""
+    from rankrun.rendezvous.etcd import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
+    from rankrun.rendezvous.gateway import Gateway, tls_context  # noqa: PLC0415
+
+    conf = rdzv.conf
+    https = any(e.scheme == "https" for e in rdzv.etcd_endpoints)
+    context = tls_context(conf.ca_cert, conf.ssl_cert, conf.ssl_cert_key) if https else None
+    gateway = Gateway(rdzv.etcd_endpoints, context=context, user=conf.user, password=spec.etcd_password,
+                      retry_for=FIRST_CONTACT)
+    store = EtcdStore(gateway)
+    keys = Keys.for_run(rdzv.run_id, rdzv.prefix)
+    ttl = conf.keep_alive_interval * conf.keep_alive_max_attempt
+    try:
+        job = await job_lease(store, keys.job, 2 * ttl, store.lease)
+        # from now on an outage (an election) is waited out, up to read_timeout, and said
+        gateway.retry_for = conf.read_timeout
+        gateway.say = lambda line: deps.console.say(f"rendezvous {rdzv.run_id}: {line}")
+        addr = spec.local_addr or store.local_address or "127.0.0.1"
+        port = await deps.worker_store.start(addr, 0)
+        member = await Member.join(store, keys, _node_info(spec, addr, is_host=False), ttl, job)
+    except StoreUnavailable as exc:
+        await store.close()
+        tried = ", ".join(map(str, rdzv.etcd_endpoints))
+        raise LauncherError(f"rendezvous {rdzv.run_id}: cannot use etcd ({tried}): {exc}") from None
+    except BaseException:
+        await store.close()
+        raise
+    return _Session(store, member, addr, shared=store, master=(addr, port))
+
+
+async def _lead(spec: LaunchSpec, deps: AgentDeps, session: _Session) -> None:
+    """On a shared store: campaign, and once elected (now or when the coordinator is lost), coordinate."""
+    member = session.member
+    assert member.job is not None
+    await campaign(session.store, member.keys.coordinator, member.info.id, member.lease)
+    if member.lease.lost.is_set():
+        return
+    coordinator = Coordinator(session.store, member.keys, _settings(spec), master=lambda: session.master,
+                              before_round=deps.worker_store.reset, leader=member.info.id, lease=member.job.id)
+    session.coordinator = coordinator
+    await coordinator.run()
+
+
+async def _remove_the_jobs_keys(session: _Session, keep_closed_for: float) -> None:
+    """The job is over and every node has left: delete its keys but ``closed``, which turns late nodes away
+    for ``keep_closed_for`` seconds (join_timeout: a late node would have waited that long) on a lease of its own."""
+    assert session.shared is not None
+    keys = session.member.keys
+    with contextlib.suppress(StoreUnavailable):
+        entry = await session.shared.get(keys.closed)
+        marker = await session.shared.grant(keep_closed_for)
+        await session.shared.put(keys.closed, entry.value if entry else b"{}", lease=marker.id)
+        await session.shared.delete_prefix(keys.root, keep=keys.closed)
 
 
 async def _try_to_host(
@@ -187,29 +260,36 @@ def _node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
     return NodeInfo(node_id, 0, spec.worker.nproc, spec.worker.role, addr, socket.gethostname(), static_rank, is_host)
 
 
-async def _let_the_others_leave(session: _Session, timeout: float, deps: AgentDeps) -> None:
-    """The host stays until every other node has read the end and left (their node keys gone), bounded."""
-    assert session.memory is not None
+async def _let_the_others_leave(session: _Session, timeout: float, deps: AgentDeps) -> bool:
+    """The coordinator stays until every other node has read the end and left (their node keys gone), bounded.
+
+    Returns whether they all did.
+    """
+    store = session.store
     keys = session.member.keys
     with contextlib.suppress(TimeoutError, StoreUnavailable):
         async with asyncio.timeout(timeout):
-            entries, revision = await session.memory.range(keys.nodes)
+            entries, revision = await store.range(keys.nodes)
             left = {e.key for e in entries}
             if not left:
-                return
+                return True
             deps.console.say(f"rendezvous: the job has ended; waiting up to {timeout:.0f} s "
                              f"for {len(left)} other node(s) to leave")
-            watch = await session.memory.watch(keys.nodes, revision)
+            watch = await store.watch(keys.nodes, revision)
             try:
                 async for event in watch:
-                    left.discard(event.key)
+                    if event.kind is EventKind.DELETE:
+                        left.discard(event.key)
                     if not left:
-                        return
+                        return True
             finally:
                 await watch.close()
+    return False
 
 
 async def _close(session: _Session) -> None:
+    if session.shared is not None:
+        await session.shared.close()
     if session.client is not None:
         await session.client.close()
     if session.listener is not None:

@@ -49,6 +49,7 @@ from rankrun.rendezvous.store import Event, EventKind, Lease, Store, StoreUnavai
 logger = logging.getLogger(__name__)
 
 STATUS_EVERY = 1.0  # seconds between two writes of the status key
+PUTS_IN_FLIGHT = 64  # a round's assignments written this many at a time
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,18 @@ class Keys:
     root: str
 
     @classmethod
-    def for_run(cls, run_id: str) -> Keys:
-        return cls(f"/rankrun/{run_id}/")
+    def for_run(cls, run_id: str, prefix: str = "/rankrun") -> Keys:
+        return cls(f"{prefix.rstrip('/')}/{run_id}/")
+
+    @property
+    def coordinator(self) -> str:
+        """Who coordinates (a shared store: elected, bound to the winner's lease)."""
+        return self.root + "coordinator"
+
+    @property
+    def job(self) -> str:
+        """The job lease's id (a shared store: every key but the node keys lives on it)."""
+        return self.root + "job"
 
     @property
     def nodes(self) -> str:
@@ -157,10 +168,14 @@ class Coordinator:
         master: Callable[[], tuple[str, int]],
         before_round: Callable[[], Awaitable[None]],
         now: Callable[[], float] | None = None,
+        leader: str | None = None,
+        lease: int = 0,
     ) -> None:
         self._store = store
         self._keys = keys
         self._settings = settings
+        self._leader = leader  # this coordinator's own node: group rank 0, with the worker store
+        self._lease = lease  # what the keys it writes are bound to (0: none; a shared store: the job lease)
         self._master = master  # the worker store's address and port (hosted by group rank 0)
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())
@@ -178,6 +193,8 @@ class Coordinator:
         self._status_due = 0.0
 
     async def run(self) -> None:
+        if await self._take_over():
+            return
         entries, revision = await self._store.range(self._keys.nodes)
         for entry in entries:
             node_id = entry.key[len(self._keys.nodes) :]
@@ -192,6 +209,31 @@ class Coordinator:
             for watch in watches:
                 with contextlib.suppress(StoreUnavailable):
                     await watch.close()
+
+    async def _take_over(self) -> bool:
+        """A coordinator elected mid-job (the last one was lost) carries on from the round key; True if it ended."""
+        entry = await self._store.get(self._keys.round)
+        if entry is None:
+            return False
+        word = RoundWord.parse(entry.value)
+        if word.phase == "ended":
+            self._phase = Phase.ENDED
+            return True
+        self._round, self._restarts = word.round, word.restarts
+        reason = "the coordinator changed; re-forming"
+        await self._put(self._keys.round, _dump(asdict(RoundWord(self._round, "stopping", self._restarts, reason))))
+        self._min_since = self._now() - self._settings.last_call_timeout  # re-form at once, as after a regroup
+        logger.info("rendezvous: took over as coordinator at round %d", self._round)
+        return False
+
+    async def _put(self, key: str, value: bytes) -> None:
+        await self._store.put(key, value, lease=self._lease)
+
+    async def _put_all(self, writes: list[tuple[str, bytes]]) -> None:
+        """Many independent writes, up to ``PUTS_IN_FLIGHT`` at a time: a networked store (etcd) commits
+        concurrent writes together, where one after another would each wait for their own commit."""
+        for at in range(0, len(writes), PUTS_IN_FLIGHT):
+            await asyncio.gather(*(self._put(key, value) for key, value in writes[at : at + PUTS_IN_FLIGHT]))
 
     async def _feed(self, watch: Any) -> None:
         async for event in watch:
@@ -216,7 +258,7 @@ class Coordinator:
 
     def _view(self) -> View:
         return View(tuple(self._nodes.values()), self._phase, self._round, self._members, self._restarts, self._min_since,
-                    self._results)
+                    self._results, self._leader)
 
     def _note_min(self) -> None:
         enough = len(self._nodes) >= self._settings.min_nodes
@@ -263,20 +305,21 @@ class Coordinator:
         infos = [self._nodes[m] for m in self._members]
         ranks = assign_node_ranks([NodeSlots(n.role, n.nproc) for n in infos])
         addr, port = self._master()
-        for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True)):
-            value = {"round": self._round, "group_rank": group_rank, "group_world_size": len(infos), "ranks": asdict(mine),
-                     "master_addr": addr, "master_port": port, "restarts": self._restarts}
-            await self._store.put(self._keys.assign(info.id), _dump(value))
+        writes = [(self._keys.assign(info.id), _dump({
+            "round": self._round, "group_rank": group_rank, "group_world_size": len(infos), "ranks": asdict(mine),
+            "master_addr": addr, "master_port": port, "restarts": self._restarts}))
+            for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True))]
         self._spares = set(step.placement.spares)
-        for spare in step.placement.spares:
-            await self._store.put(self._keys.assign(spare), _dump({"round": self._round, "spare": True}))
-        await self._store.put(self._keys.round, _dump(asdict(RoundWord(self._round, "running", self._restarts))))
+        spare = _dump({"round": self._round, "spare": True})
+        writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
+        await self._put_all(writes)
+        await self._put(self._keys.round, _dump(asdict(RoundWord(self._round, "running", self._restarts))))
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
 
     async def _reform(self, step: Regroup | Restart) -> None:
         if isinstance(step, Restart):
             self._restarts += 1
-        await self._store.put(self._keys.round, _dump(asdict(RoundWord(self._round, "stopping", self._restarts, step.reason))))
+        await self._put(self._keys.round, _dump(asdict(RoundWord(self._round, "stopping", self._restarts, step.reason))))
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
@@ -285,8 +328,8 @@ class Coordinator:
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
         cause = failures[0][1] if failures else ""
         word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause)
-        await self._store.put(self._keys.round, _dump(asdict(word)))
-        await self._store.put(self._keys.closed, _dump({"ok": step.ok}))
+        await self._put(self._keys.round, _dump(asdict(word)))
+        await self._put(self._keys.closed, _dump({"ok": step.ok}))
         self._phase = Phase.ENDED
 
     async def _tell_spares(self) -> None:
@@ -298,7 +341,7 @@ class Coordinator:
         for node_id in arrived:
             if node_id in self._nodes and node_id not in members and node_id not in self._spares:
                 self._spares.add(node_id)
-                await self._store.put(self._keys.assign(node_id), _dump({"round": self._round, "spare": True}))
+                await self._put(self._keys.assign(node_id), _dump({"round": self._round, "spare": True}))
 
     async def _publish_status(self) -> None:
         """Who has joined, for waiting nodes' progress lines: at most once a second (they print every 5 s)."""
@@ -309,7 +352,7 @@ class Coordinator:
         first = list(itertools.islice(self._nodes.values(), 4))  # events arrive in revision order: join order
         static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None) if self._settings.static else []
         status = {"joined": len(self._nodes), "names": [n.addr or n.host for n in first], "static_ranks": static}
-        await self._store.put(self._keys.status, _dump(status))
+        await self._put(self._keys.status, _dump(status))
 
 
 # --------------------------------------------------------------------------- a node
@@ -328,20 +371,21 @@ class Ended:
 class Member:
     """One node's side: join once, then read its own assignment and the round key, round after round."""
 
-    def __init__(self, store: Store, keys: Keys, info: NodeInfo, lease: Lease) -> None:
+    def __init__(self, store: Store, keys: Keys, info: NodeInfo, lease: Lease, job: Lease | None = None) -> None:
         self.store = store
         self.keys = keys
         self.info = info
         self.lease = lease
+        self.job = job  # a shared store: the job lease, which this node helps keep alive and writes results on
 
     @classmethod
-    async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float) -> Member:
+    async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float, job: Lease | None = None) -> Member:
         """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over."""
         if await store.get(keys.closed) is not None:
             raise RendezvousClosed("the job has already finished")
         lease = await store.grant(ttl)
         await store.put(keys.node(info.id), node_value(info), lease=lease.id)
-        return cls(store, keys, info, lease)
+        return cls(store, keys, info, lease, job)
 
     async def next_round(self, after: int) -> Assignment | Spare | Ended:
         """The first word after round ``after``: an assignment, a place as a spare, or the end of the job."""
@@ -413,7 +457,8 @@ class Member:
         raise StoreUnavailable("the round watch ended")
 
     async def report(self, round_: int, ok: bool, summary: str = "") -> None:
-        await self.store.put(self.keys.result(round_, self.info.id), _dump({"ok": ok, "summary": summary}))
+        await self.store.put(self.keys.result(round_, self.info.id), _dump({"ok": ok, "summary": summary}),
+                             lease=self.job.id if self.job is not None else 0)
 
     async def status(self) -> dict[str, Any]:
         entry = await self.store.get(self.keys.status)
@@ -431,6 +476,9 @@ class Member:
                 pass
             try:
                 await self.lease.keep_alive()
+                if self.job is not None:
+                    with contextlib.suppress(StoreUnavailable):  # every node keeps the job's keys alive
+                        await self.job.keep_alive()
                 misses = 0
             except StoreUnavailable:
                 misses += 1

@@ -67,6 +67,7 @@ class View:
     restarts: int  # restarts used by the whole job
     min_since: float | None = None  # when enough nodes (MIN) were first there in this forming phase
     results: Mapping[str, Result] | None = None
+    leader: str | None = None  # the coordinator's own node (dynamic: group rank 0, it holds the worker store)
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,11 @@ class Finish:
 Step = Wait | Start | Regroup | Restart | Finish
 
 
-def place(nodes: Sequence[NodeInfo], previous: Sequence[str], settings: Settings) -> Placement:
+def place(nodes: Sequence[NodeInfo], previous: Sequence[str], settings: Settings, leader: str | None = None) -> Placement:
     """The members of the next round in group-rank order, and the spares (pure).
 
-    Static: ordered by node rank. Dynamic: the store host is group rank 0; earlier members keep
+    Static: ordered by node rank. Dynamic: the store host (or ``leader``, the elected coordinator
+    on a shared store) is group rank 0; earlier members keep
     their ranks where they can (a node that left leaves its place to the first newcomer, in join
     order); remaining gaps close up; newcomers follow in join order; beyond MAX are spares.
     """
@@ -130,7 +132,7 @@ def place(nodes: Sequence[NodeInfo], previous: Sequence[str], settings: Settings
         elif newcomers:
             order.append(newcomers.pop(0))  # the newcomer takes the leaver's place: the others keep theirs
     order += newcomers
-    hosts = [i for i in order if alive[i].is_host]
+    hosts = [leader] if leader in alive else [i for i in order if alive[i].is_host]
     if hosts:
         order.remove(hosts[0])
         order.insert(0, hosts[0])
@@ -156,7 +158,7 @@ def enough(view: View, settings: Settings) -> bool:
 def _forming(view: View, settings: Settings, now: float) -> Step:
     if not enough(view, settings):
         return Wait(None)
-    placement = place(view.nodes, view.members, settings)
+    placement = place(view.nodes, view.members, settings, view.leader)
     if settings.static or len(view.nodes) >= settings.max_nodes:
         return Start(placement)
     deadline = (view.min_since if view.min_since is not None else now) + settings.last_call_timeout

@@ -1,0 +1,319 @@
+"""The store seam (``rendezvous.store.Store``) on etcd v3: a thin client over ``rendezvous.gateway``.
+
+Each seam call is one gateway request (``kv/range``, ``kv/put``, ``kv/txn``, ``kv/deleterange``,
+``lease/grant``, ``lease/keepalive``, ``lease/revoke``, ``lease/timetolive``) or one ``watch``
+stream, so the rendezvous algorithm (``rendezvous.join``) is the same as on the embedded store
+and the same contract suite runs against both. What etcd does differently, and how it is met:
+
+- A lease is not tied to a connection: it lives until its TTL runs out without a keep-alive, on
+  whichever member answers. ``lost`` is set when etcd says the lease is gone (a keep-alive
+  without a TTL, a put on an unknown lease), and at the lease's local deadline (the last
+  refresh plus its TTL) the lease asks etcd once: a timer, not a polling loop.
+- A watch stream ends when its member dies or loses the leader; it is re-created on the next
+  endpoint from the revision after the last one delivered, so no event is missed or repeated.
+  A watch from compacted history is refused with ``Compacted``: etcd tells that only some time
+  after the watch is created, so ``watch`` first asks for that revision (one ``count_only``
+  range).
+- ``compare_and_set`` retried after an ambiguous failure (the member died after applying it)
+  would find its own write: a failed comparison whose key holds exactly our value on our lease
+  is our success.
+- Integers travel as JSON strings, keys and values as base64, and proto3 leaves defaults out
+  (a missing ``succeeded``, ``kvs`` or ``type`` is false, none, or PUT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway, error_of
+from rankrun.rendezvous.store import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
+
+_NOT_FOUND = 5
+_OUT_OF_RANGE = 11
+
+
+def _b64(text: str | bytes) -> str:
+    return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
+
+
+def _unb64(value: Any) -> bytes:
+    return base64.b64decode(value) if value else b""
+
+
+def prefix_end(prefix: str) -> str:
+    """etcd's ``range_end`` for "every key starting with ``prefix``": the prefix with its last byte + 1."""
+    raw = bytearray(prefix.encode())
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return _b64(bytes(raw))
+        raw.pop()
+    return _b64(b"\x00")  # every key
+
+
+def _entry(kv: dict[str, Any]) -> Entry:
+    return Entry(_unb64(kv.get("key")).decode(), _unb64(kv.get("value")), int(kv.get("create_revision", 0)),
+                 int(kv.get("mod_revision", 0)), int(kv.get("lease", 0)))
+
+
+def _revision(obj: dict[str, Any]) -> int:
+    return int(obj.get("header", {}).get("revision", 0))
+
+
+class EtcdLease:
+    def __init__(self, store: EtcdStore, lease_id: int, ttl: float) -> None:
+        self._store = store
+        self._id = lease_id
+        self._ttl = ttl
+        self._lost = asyncio.Event()
+        self._deadline = asyncio.get_running_loop().time() + ttl
+        self._checker = asyncio.create_task(self._check_at_deadline())
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._lost
+
+    def mark_lost(self) -> None:
+        self._lost.set()
+        self._checker.cancel()
+        self._store.leases.pop(self._id, None)
+
+    async def keep_alive(self) -> None:
+        if self._lost.is_set():
+            raise LeaseLost(f"lease {self._id:x} is gone")
+        obj = await self._store.gateway.call("/v3/lease/keepalive", {"ID": str(self._id)})
+        ttl = int(obj.get("result", obj).get("TTL", 0))
+        if ttl <= 0:  # etcd's word for an unknown or expired lease: no TTL, HTTP 200
+            self.mark_lost()
+            raise LeaseLost(f"lease {self._id:x} expired")
+        self._deadline = asyncio.get_running_loop().time() + ttl
+
+    async def revoke(self) -> None:
+        if self._lost.is_set():
+            return
+        try:
+            await self._store.gateway.call("/v3/lease/revoke", {"ID": str(self._id)})
+        except EtcdError as exc:
+            if exc.code != _NOT_FOUND:
+                raise
+        finally:
+            self.mark_lost()
+
+    async def _check_at_deadline(self) -> None:
+        """At the local deadline, ask etcd whether the lease still lives (it may: a refresh we did not see)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, self._deadline - loop.time()) + 0.25)  # a deadline timer, not a poll
+            if loop.time() < self._deadline:
+                continue  # refreshed meanwhile
+            try:
+                obj = await self._store.gateway.call("/v3/lease/timetolive", {"ID": str(self._id)})
+            except StoreUnavailable:
+                break  # past its TTL and etcd cannot say otherwise: treat it as gone
+            ttl = int(obj.get("TTL", -1))
+            if ttl <= 0:
+                break
+            self._deadline = loop.time() + ttl
+        self._lost.set()
+        self._store.leases.pop(self._id, None)
+
+
+class EtcdWatch:
+    def __init__(self, store: EtcdStore, prefix: str, after: int) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._next = after + 1  # the first revision not delivered yet
+        self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self._conn: Connection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        await self._open()
+        self._reader = asyncio.create_task(self._read_forever())
+
+    async def _open(self) -> None:
+        body = {"create_request": {"key": _b64(self._prefix), "range_end": prefix_end(self._prefix),
+                                   "start_revision": str(self._next)}}
+        conn, first = await self._store.gateway.open_stream("/v3/watch", body)
+        self._conn = conn
+        self._take(first.get("result", {}))
+
+    def _take(self, result: dict[str, Any]) -> bool:
+        """Queue a response's events; False when etcd ended the watch (compacted: raised to the reader)."""
+        if int(result.get("compact_revision", 0)) > 0:
+            raise Compacted(f"etcd: history before revision {result['compact_revision']} was compacted "
+                            f"(a watch from {self._next} on {self._prefix!r})")
+        for raw in result.get("events", ()):
+            kv = raw.get("kv", {})
+            revision = int(kv.get("mod_revision", 0))
+            if revision < self._next:
+                continue  # already delivered before a reconnect
+            kind = EventKind.DELETE if raw.get("type") == "DELETE" else EventKind.PUT
+            value = b"" if kind is EventKind.DELETE else _unb64(kv.get("value"))
+            self._queue.put_nowait(Event(kind, _unb64(kv.get("key")).decode(), value, revision))
+        events = result.get("events", ())
+        if events:
+            self._next = max(self._next, max(int(e.get("kv", {}).get("mod_revision", 0)) for e in events) + 1)
+        return not result.get("canceled", False)
+
+    async def _read_forever(self) -> None:
+        try:
+            while not self._closed:
+                conn = self._conn
+                assert conn is not None
+                with contextlib.suppress(OSError, EOFError, asyncio.IncompleteReadError, ValueError):
+                    async for message in conn.lines():
+                        if error_of(message) is not None or not self._take(message.get("result", {})):
+                            break
+                conn.close()
+                if self._closed:
+                    return
+                await self._open()  # the member died or lost its leader: resume on another, from self._next
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._queue.put_nowait(exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(f"etcd watch: {exc}"))
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while not self._closed:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._conn is not None:
+            self._conn.close()
+        self._store.watches.discard(self)
+
+
+class EtcdStore:
+    """``Store`` on an etcd v3 cluster, through ``gateway`` (which owns the endpoints and their failover)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.leases: dict[int, EtcdLease] = {}
+        self.watches: set[EtcdWatch] = set()
+
+    @property
+    def local_address(self) -> str | None:
+        return self.gateway.local_address
+
+    async def get(self, key: str) -> Entry | None:
+        obj = await self.gateway.call("/v3/kv/range", {"key": _b64(key)})
+        kvs = obj.get("kvs", ())
+        return _entry(kvs[0]) if kvs else None
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        return _revision(await self._lease_call("/v3/kv/put", body, lease))
+
+    async def compare_and_set(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int | None:
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        body = {"compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}],
+                "success": [{"request_put": put}], "failure": [{"request_range": {"key": _b64(key)}}]}
+        obj = await self._lease_call("/v3/kv/txn", body, lease)
+        if obj.get("succeeded", False):
+            return _revision(obj)
+        responses = obj.get("responses", [])
+        kvs = responses[0].get("response_range", {}).get("kvs", ()) if responses else ()
+        current = _entry(kvs[0]) if kvs else None
+        if current is not None and value and current.value == value and current.lease == lease:
+            return current.mod_revision  # our own write, applied before a failover retried it
+        return None
+
+    async def delete(self, key: str) -> bool:
+        obj = await self.gateway.call("/v3/kv/deleterange", {"key": _b64(key)})
+        return int(obj.get("deleted", 0)) > 0
+
+    async def delete_prefix(self, prefix: str, *, keep: str | None = None) -> int:
+        """Delete every key under ``prefix`` except ``keep``; how many went."""
+        start, end = _b64(prefix), prefix_end(prefix)
+        spans = [(start, end)] if keep is None else [(start, _b64(keep)), (_b64(keep.encode() + b"\x00"), end)]
+        deleted = 0
+        for key, range_end in spans:
+            obj = await self.gateway.call("/v3/kv/deleterange", {"key": key, "range_end": range_end})
+            deleted += int(obj.get("deleted", 0))
+        return deleted
+
+    async def range(self, prefix: str) -> tuple[list[Entry], int]:
+        obj = await self.gateway.call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix)})
+        return [_entry(kv) for kv in obj.get("kvs", ())], _revision(obj)
+
+    async def watch(self, prefix: str, after: int) -> EtcdWatch:
+        await self._check_history(prefix, after + 1)
+        watch = EtcdWatch(self, prefix, after)
+        await watch.start()
+        self.watches.add(watch)
+        return watch
+
+    async def _check_history(self, prefix: str, revision: int) -> None:
+        try:
+            await self.gateway.call("/v3/kv/range", {"key": _b64(prefix), "range_end": prefix_end(prefix),
+                                                     "revision": str(revision), "count_only": True})
+        except EtcdError as exc:
+            if exc.code != _OUT_OF_RANGE:
+                raise
+            if "compacted" in exc.message:
+                raise Compacted(f"etcd: revision {revision} of {prefix!r} was compacted") from None
+            # "a future revision": nothing to replay, the watch starts with what comes next
+
+    async def grant(self, ttl: float) -> EtcdLease:
+        obj = await self.gateway.call("/v3/lease/grant", {"TTL": str(max(1, math.ceil(ttl)))})
+        lease = EtcdLease(self, int(obj["ID"]), float(obj.get("TTL", ttl)))
+        self.leases[lease.id] = lease
+        return lease
+
+    def lease(self, lease_id: int, ttl: float) -> EtcdLease:
+        """A handle on a lease someone else granted (etcd lets any client keep any lease alive)."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            lease = self.leases[lease_id] = EtcdLease(self, lease_id, ttl)
+        return lease
+
+    async def compact(self, revision: int) -> None:
+        await self.gateway.call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+
+    async def _lease_call(self, path: str, body: dict[str, Any], lease: int) -> dict[str, Any]:
+        try:
+            return await self.gateway.call(path, body)
+        except EtcdError as exc:
+            if exc.code == _NOT_FOUND and lease:
+                held = self.leases.get(lease)
+                if held is not None:
+                    held.mark_lost()
+                raise LeaseLost(f"etcd: lease {lease:x} is gone ({exc.message})") from None
+            raise
+
+    async def close(self) -> None:
+        for watch in list(self.watches):
+            await watch.close()
+        for lease in list(self.leases.values()):
+            lease.mark_lost()  # forgotten here, not revoked: their owners revoke what they mean to end
+        await self.gateway.close()

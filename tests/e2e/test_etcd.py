@@ -1,0 +1,229 @@
+"""``--rdzv-backend etcd`` against real etcd servers (each test starts its own, on fresh loopback addresses).
+
+Real agents, real gloo workers where the collective is the point (the worker store moving to a
+new group rank 0), plain workers elsewhere. Leaders and agents are SIGKILLed by PID.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_environ, payload
+from etcdserver import Cluster, etcd_cluster, fresh_address
+
+pytestmark = [pytest.mark.usefixtures("private_tmpdir"),
+              pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed (apt-get install etcd-server)")]
+
+FAST = "last_call_timeout=0.3,keep_alive_interval=0.5,keep_alive_max_attempt=2"  # leases of 1 s: losses show fast
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Cluster]:
+    with etcd_cluster(tmp_path, 1) as cluster:
+        yield cluster
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return clean_environ() | {"RANKRUN_RDZV_SECRET": "etcd-e2e"} | extra
+
+
+def _args(cluster_endpoints: str, run_id: str, nnodes: str, conf: str = FAST) -> tuple[str, ...]:
+    return ("--nnodes", nnodes, "--rdzv-backend", "etcd", "--rdzv-endpoint", cluster_endpoints, "--rdzv-id", run_id,
+            "--rdzv-conf", conf)
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Bounded wait for a state only the store shows (no line announces it)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.02)
+
+
+def _nodes(cluster: Cluster, run_id: str) -> int:
+    try:
+        return sum(k["key"].startswith(f"/rankrun/{run_id}/nodes/") for k in cluster.keys(f"/rankrun/{run_id}/"))  # type: ignore[union-attr]
+    except OSError:
+        return -1
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_agents_all_reduce_over_one_etcd_and_leave_only_the_closed_marker(launch, etcd, nodes):
+    pytest.importorskip("torch")
+    args = _args(etcd.endpoints, f"gloo{nodes}", str(nodes))
+    runs = [launch(*args, "--nproc-per-node", "1", payload("gloo_job.py"), env=_env()) for _ in range(nodes)]
+    assert [r.finish() for r in runs] == [0] * nodes, [r.err for r in runs]
+    total = nodes * (nodes + 1) // 2
+    sums = sorted(re.sub(r"^\[default\d\]:", "", line) for r in runs for line in r.out if "sum" in line)
+    assert sums == [f"rank {r} restart 0 sum {total}" for r in range(nodes)]
+    left = etcd.keys(f"/rankrun/gloo{nodes}/")
+    assert [k["key"] for k in left] == [f"/rankrun/gloo{nodes}/closed"]  # the rest was removed at the end
+    assert left[0]["lease"] != 0  # and the marker expires with the job lease
+
+
+def test_keys_live_under_etcd_prefix_and_a_late_joiner_is_refused(launch, etcd):
+    args = (*_args(etcd.endpoints, "pfx", "1", f"{FAST},etcd_prefix=/teams/a/"), "--no-python", "true")
+    assert launch(*args, env=_env()).finish() == 0
+    assert [k["key"] for k in etcd.keys("/teams/a/")] == ["/teams/a/pfx/closed"]
+    late = launch(*args, env=_env())
+    assert late.finish() == 3
+    assert any("already finished" in line for line in late.err), late.err
+
+
+def test_agents_all_sigkilled_leave_only_keys_that_expire(launch, etcd, tmp_path):
+    args = (*_args(etcd.endpoints, "doomed", "2"), "--nproc-per-node", "1", payload("node_worker.py"))
+    env = _env(TEST_OUT_DIR=str(tmp_path), NODE_WAIT_FILE=str(tmp_path / "never"))
+    runs = [launch(*args, env=env) for _ in range(2)]
+    for run in runs:
+        run.wait_for(r"READY rank \d world 2")
+    for run in runs:
+        run.proc.kill()
+        run.finish()
+    keys = etcd.keys("/rankrun/doomed/")
+    assert keys and all(k["lease"] != 0 for k in keys), keys  # nothing without a lease: nothing stays forever
+    _until(lambda: etcd.keys("/rankrun/doomed/") == [], "the leases expired and took every key", timeout=20)
+
+
+def test_an_agent_killed_its_lease_expires_and_the_survivors_reform(launch, etcd, tmp_path):
+    pytest.importorskip("torch")
+    finish = tmp_path / "finish"
+    # a peer's worker may see the dead gloo connection before etcd expires the lease: that counts as a failure
+    args = (*_args(etcd.endpoints, "lose1", "2:3"), "--max-restarts", "3", "--nproc-per-node", "1", payload("gloo_loop.py"))
+    runs = [launch(*args, env=_env(FINISH_FILE=str(finish))) for _ in range(3)]
+    ready = {run: run.wait_for(r"READY rank \d world 3")[0] for run in runs}
+    doomed = next(run for run, line in ready.items() if "rank 0 " not in line)  # not the worker store's node
+    doomed.proc.kill()
+    doomed.finish()
+    survivors = [run for run in runs if run is not doomed]
+    for run in survivors:
+        run.wait_for(r"READY rank \d world 2 restart \d")  # re-formed without it
+    finish.touch()
+    assert [run.finish() for run in survivors] == [0, 0], [run.err for run in survivors]
+
+
+def test_the_group_rank_0_agent_killed_the_survivors_get_a_new_worker_store_and_finish(launch, etcd, tmp_path):
+    pytest.importorskip("torch")
+    finish = tmp_path / "finish"
+    args = (*_args(etcd.endpoints, "lose0", "2:3"), "--max-restarts", "3", "--nproc-per-node", "1", payload("gloo_loop.py"))
+    runs = [launch(*args, env=_env(FINISH_FILE=str(finish))) for _ in range(3)]
+    ready = {run: run.wait_for(r"READY rank \d world 3")[0] for run in runs}
+    rank0 = next(run for run, line in ready.items() if "rank 0 " in line)  # it hosts the worker store and coordinates
+    rank0.proc.kill()
+    rank0.finish()
+    survivors = [run for run in runs if run is not rank0]
+    lines = [run.wait_for(r"READY rank \d world 2 restart \d")[0] for run in survivors]
+    assert sorted(re.sub(r"^\[default\d\]:", "", line)[:12] for line in lines) == ["READY rank 0", "READY rank 1"]
+    finish.touch()
+    assert [run.finish() for run in survivors] == [0, 0], [run.err for run in survivors]
+
+
+def test_a_three_member_cluster_loses_its_leader_during_the_rendezvous_and_while_workers_run(launch, tmp_path):
+    pytest.importorskip("torch")
+    finish = tmp_path / "finish"
+    with etcd_cluster(tmp_path, 3) as cluster:
+        args = (*_args(cluster.endpoints, "ha", "2", "keep_alive_interval=0.5,keep_alive_max_attempt=6"),
+                "--nproc-per-node", "1", payload("gloo_loop.py"))
+        first = launch(*args, env=_env(FINISH_FILE=str(finish)))
+        _until(lambda: _nodes(cluster, "ha") == 1, "the first agent joined")
+        leader = cluster.leader()
+        cluster.kill(leader)  # during the rendezvous: one node waits, the other is not there yet
+        second = launch(*args, env=_env(FINISH_FILE=str(finish)))
+        for run in (first, second):
+            run.wait_for(r"READY rank \d world 2 restart 0")
+        cluster.start(leader, state="existing")  # back to three, so that losing one more keeps a quorum
+        cluster.wait_healthy([leader])
+        cluster.kill(cluster.leader())  # while the workers run
+        finish.touch()  # the job ends through the new leader: the round key says so
+        assert [first.finish(), second.finish()] == [0, 0], (first.err, second.err)
+        assert not any("READY" in line and "restart 1" in line for run in (first, second) for line in run.out)
+        assert [k["key"] for k in cluster.keys("/rankrun/ha/")] == ["/rankrun/ha/closed"]
+
+
+def test_an_unreachable_etcd_is_one_line_and_exit_3(launch):
+    nowhere = f"{fresh_address()}:2379,{fresh_address()}:2379"
+    run = launch(*_args(nowhere, "none", "2"), "--no-python", "true", env=_env())
+    assert run.finish() == 3
+    assert len(run.err) == 1 and run.err[0].startswith("rankrun: error: rendezvous none: cannot use etcd"), run.err
+    assert nowhere.split(",", maxsplit=1)[0].split(":", maxsplit=1)[0] in run.err[0] and "refused" in run.err[0]
+
+
+def test_etcd_v2_is_an_alias_with_a_note(launch, etcd):
+    run = launch("--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", "v2", "--rdzv-conf", FAST,
+                 "--no-python", "true", env=_env())
+    assert run.finish() == 0, run.err
+    assert any("v3 API" in line for line in run.err), run.err
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _make_certs(where: Path, address: str) -> tuple[Path, Path, Path, Path, Path]:
+    """A throw-away CA, a server certificate for ``address`` and a client certificate, all signed by it."""
+    (where / "san.cnf").write_text(f"subjectAltName=IP:{address}\n")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+             "-subj", "/CN=rankrun-test-ca", cwd=where)
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=where)
+        extra = ["-extfile", "san.cnf"] if name == "server" else []
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "1", *extra, cwd=where)
+    return (where / "ca.pem", where / "server.pem", where / "server.key", where / "client.pem", where / "client.key")
+
+
+def test_tls_with_a_self_signed_ca_and_client_certificates(launch, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl binary is needed to make a CA")
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    address = fresh_address()
+    ca, cert, key, client_cert, client_key = _make_certs(certs, address)
+    extra = ("--client-cert-auth", "--trusted-ca-file", str(ca))
+    with etcd_cluster(tmp_path, 1, tls=(ca, cert, key), extra=extra, addresses=[address]) as cluster:
+        conf = f"{FAST},ca_cert={ca},ssl_cert={client_cert},ssl_cert_key={client_key}"
+        runs = [launch(*_args(cluster.endpoints, "tls", "2", conf), "--no-python", "true", env=_env()) for _ in range(2)]
+        assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+        # without the client certificate etcd refuses the handshake: one line, exit 3
+        bare = launch(*_args(cluster.endpoints, "tls2", "2", f"{FAST},ca_cert={ca}"), "--no-python", "true", env=_env())
+        assert bare.finish() == 3
+        assert len(bare.err) == 1 and "cannot use etcd" in bare.err[0], bare.err
+
+
+def test_etcd_user_and_password(launch, etcd, tmp_path):
+    ctl = shutil.which("etcdctl")
+    if ctl is None:
+        pytest.skip("etcdctl (Debian's etcd-client) is needed to enable authentication")
+    member = etcd.members[0].endpoint
+
+    def etcdctl(*args: str) -> None:
+        subprocess.run([ctl, "--endpoints", member, *args], check=True, capture_output=True, timeout=30,
+                       env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"})
+
+    etcdctl("user", "add", "root:rootpw")
+    etcdctl("role", "add", "rankrun")
+    etcdctl("role", "grant-permission", "--prefix=true", "rankrun", "readwrite", "/rankrun/")
+    etcdctl("user", "add", "job:jobpw")
+    etcdctl("user", "grant-role", "job", "rankrun")
+    etcdctl("auth", "enable")
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("jobpw\n")
+    bad.write_text("nope\n")
+    runs = [launch(*_args(etcd.endpoints, "auth", "2", f"{FAST},user=job,password_file={good}"), "--no-python", "true",
+                   env=_env()) for _ in range(2)]
+    assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+    wrong = launch(*_args(etcd.endpoints, "auth2", "2", f"{FAST},user=job,password_file={bad}"), "--no-python", "true",
+                   env=_env())
+    assert wrong.finish() == 3
+    assert len(wrong.err) == 1 and "authentication failed" in wrong.err[0], wrong.err
+    anonymous = launch(*_args(etcd.endpoints, "auth3", "2"), "--no-python", "true", env=_env())
+    assert anonymous.finish() == 3
+    assert len(anonymous.err) == 1 and "user" in anonymous.err[0], anonymous.err
