@@ -296,3 +296,25 @@ def test_a_closed_store_says_so(run):
             await h.store.get("/x")
 
     run(body)
+
+
+def test_etcd_fences_a_write_on_who_holds_a_key(tmp_path):
+    """``put_if_held``: the elected coordinator's writes land only while it holds the election key."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed")
+
+    async def body(h: Harness) -> None:
+        s = h.store
+        assert isinstance(s, EtcdStore)
+        await s.put("/e/coordinator", b"me")
+        assert await s.put_if_held("/e/round", b"1", lease=0, holder_key="/e/coordinator", holder=b"me")
+        await s.put("/e/coordinator", b"someone else")
+        assert not await s.put_if_held("/e/round", b"2", lease=0, holder_key="/e/coordinator", holder=b"me")
+        entry = await s.get("/e/round")
+        assert entry is not None and entry.value == b"1"
+
+    async def main() -> None:
+        async with _etcd(tmp_path) as harness:
+            await body(harness)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -227,3 +228,47 @@ def test_etcd_user_and_password(launch, etcd, tmp_path):
     anonymous = launch(*_args(etcd.endpoints, "auth3", "2"), "--no-python", "true", env=_env())
     assert anonymous.finish() == 3
     assert len(anonymous.err) == 1 and "user" in anonymous.err[0], anonymous.err
+
+
+def test_an_etcd_outage_is_waited_out_and_said(launch, etcd, tmp_path):
+    """The only member is SIGKILLed while workers run and started again on its data: the agents wait, say so, go on."""
+    finish = tmp_path / "finish"
+    args = (*_args(etcd.endpoints, "outage", "2", "keep_alive_interval=0.3,keep_alive_max_attempt=10"),
+            "--nproc-per-node", "1", payload("node_worker.py"))
+    env = _env(TEST_OUT_DIR=str(tmp_path), NODE_WAIT_FILE=str(finish))
+    runs = [launch(*args, env=env) for _ in range(2)]
+    for run in runs:
+        run.wait_for(r"READY rank \d world 2")
+    member = etcd.members[0]
+    etcd.kill(member)
+    for run in runs:  # a keep-alive finds no member: after a second each agent says why it waits
+        run.wait_for(r"etcd unavailable for \d+ s \(http://.*refused\)", timeout=30)
+    etcd.start(member)
+    etcd.wait_healthy()
+    finish.touch()
+    assert [run.finish() for run in runs] == [0, 0], [run.err for run in runs]
+    assert not any("restart 1" in line for run in runs for line in run.out)  # the workers never stopped
+
+
+@pytest.mark.parametrize("freeze", ["coordinator", "other"])
+def test_a_frozen_agent_loses_its_lease_the_other_reforms_and_it_exits_clearly(launch, etcd, tmp_path, freeze):
+    """SIGSTOP keeps sockets open: only the lease tells. A frozen coordinator is deposed: the other takes over."""
+    finish = tmp_path / "finish"
+    args = (*_args(etcd.endpoints, "frozen", "1:2", "last_call_timeout=0.2,keep_alive_interval=0.5,keep_alive_max_attempt=2"),
+            "--nproc-per-node", "1", payload("node_worker.py"))
+    env = _env(TEST_OUT_DIR=str(tmp_path), NODE_WAIT_FILE=str(finish))
+    first = launch(*args, env=env)
+    first.wait_for(r"READY rank 0 world 1")  # alone: it won the election
+    second = launch(*args, env=env)
+    second.wait_for(r"READY rank 1 world 2")
+    first.wait_for(r"READY rank 0 world 2")
+    frozen, survivor = (first, second) if freeze == "coordinator" else (second, first)
+    frozen.proc.send_signal(signal.SIGSTOP)
+    try:
+        survivor.wait_for(r"READY rank 0 world 1 restart 0")  # its lease expired in etcd: re-formed without it
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    assert frozen.finish() == 3
+    assert "its etcd lease expired" in frozen.err[-1], frozen.err
+    finish.touch()
+    assert survivor.finish() == 0, survivor.err

@@ -34,7 +34,7 @@ from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.election import campaign, job_lease
-from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, Spare
+from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, NotCoordinator, Spare
 from rankrun.rendezvous.listener import SharedListener
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo, Settings
@@ -187,10 +187,19 @@ async def _lead(spec: LaunchSpec, deps: AgentDeps, session: _Session) -> None:
     await campaign(session.store, member.keys.coordinator, member.info.id, member.lease)
     if member.lease.lost.is_set():
         return
+    shared, job, me = session.shared, member.job.id, member.info.id.encode()
+    assert shared is not None
+
+    async def fence(key: str, value: bytes) -> bool:
+        return await shared.put_if_held(key, value, lease=job, holder_key=member.keys.coordinator, holder=me)
+
     coordinator = Coordinator(session.store, member.keys, _settings(spec), master=lambda: session.master,
-                              before_round=deps.worker_store.reset, leader=member.info.id, lease=member.job.id)
+                              before_round=deps.worker_store.reset, leader=member.info.id, lease=job, fence=fence)
     session.coordinator = coordinator
-    await coordinator.run()
+    try:
+        await coordinator.run()
+    except NotCoordinator:  # deposed (its lease ended while it was stopped): the rounds notice and exit
+        session.coordinator = None
 
 
 async def _remove_the_jobs_keys(session: _Session, keep_closed_for: float) -> None:
@@ -340,9 +349,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         if outcome.interrupted_by is not None:
             return Outcome(EXIT_SIGNAL_BASE + outcome.interrupted_by, restarts)
         if member.lease.lost.is_set():
-            host, port = _endpoint(spec)
-            raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: its lease "
-                                f"expired or the connection to the host at {host}:{port} was lost; workers stopped")
+            raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: "
+                                f"{_why_lost(spec)}; workers stopped")
         if outcome.regrouped is None:  # the workers ended by themselves: say how
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
@@ -376,7 +384,7 @@ async def _wait_for_word(
                     if isinstance(stop, Interrupted):
                         return stop
                     continue  # a regroup between rounds changes nothing: we are waiting for the next one anyway
-                raise LauncherError(f"rendezvous {rdzv.run_id}: lost the connection to the host while waiting")
+                raise LauncherError(f"rendezvous {rdzv.run_id}: lost its place while waiting: {_why_lost(spec)}")
     except TimeoutError:
         raise LauncherError(await _timeout_message(spec, member)) from None
     except StoreUnavailable as exc:
@@ -385,6 +393,17 @@ async def _wait_for_word(
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await progress
+
+
+def _why_lost(spec: LaunchSpec) -> str:
+    rdzv = spec.rendezvous
+    conf = rdzv.conf
+    if isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd":
+        ttl = conf.keep_alive_interval * conf.keep_alive_max_attempt
+        return (f"its etcd lease expired (no keep-alive reached etcd for {ttl:g} s: keep_alive_interval x "
+                "keep_alive_max_attempt; was this agent stopped or starved?)")
+    host, port = _endpoint(spec)
+    return f"its lease expired or the connection to the host at {host}:{port} was lost"
 
 
 async def _progress(spec: LaunchSpec, deps: AgentDeps, member: Member) -> None:

@@ -248,6 +248,15 @@ class EtcdStore:
             return current.mod_revision  # our own write, applied before a failover retried it
         return None
 
+    async def put_if_held(self, key: str, value: bytes, *, lease: int, holder_key: str, holder: bytes) -> bool:
+        """Write ``key`` only while ``holder_key`` holds ``holder`` (one txn): how an elected coordinator is fenced."""
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        body = {"compare": [{"key": _b64(holder_key), "target": "VALUE", "result": "EQUAL", "value": _b64(holder)}],
+                "success": [{"request_put": put}]}
+        return bool((await self._lease_call("/v3/kv/txn", body, lease)).get("succeeded", False))
+
     async def delete(self, key: str) -> bool:
         obj = await self.gateway.call("/v3/kv/deleterange", {"key": _b64(key)})
         return int(obj.get("deleted", 0)) > 0

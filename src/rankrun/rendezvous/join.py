@@ -170,12 +170,15 @@ class Coordinator:
         now: Callable[[], float] | None = None,
         leader: str | None = None,
         lease: int = 0,
+        fence: Callable[[str, bytes], Awaitable[bool]] | None = None,
     ) -> None:
         self._store = store
         self._keys = keys
         self._settings = settings
         self._leader = leader  # this coordinator's own node: group rank 0, with the worker store
         self._lease = lease  # what the keys it writes are bound to (0: none; a shared store: the job lease)
+        # an elected coordinator writes only while it still holds the election (False: it does not)
+        self._fence = fence
         self._master = master  # the worker store's address and port (hosted by group rank 0)
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())
@@ -227,7 +230,10 @@ class Coordinator:
         return False
 
     async def _put(self, key: str, value: bytes) -> None:
-        await self._store.put(key, value, lease=self._lease)
+        if self._fence is None:
+            await self._store.put(key, value, lease=self._lease)
+        elif not await self._fence(key, value):
+            raise NotCoordinator("this node no longer holds the coordinator key (its lease ended): another node coordinates")
 
     async def _put_all(self, writes: list[tuple[str, bytes]]) -> None:
         """Many independent writes, up to ``PUTS_IN_FLIGHT`` at a time: a networked store (etcd) commits
@@ -488,6 +494,10 @@ class Member:
     async def leave(self) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self.lease.revoke()
+
+
+class NotCoordinator(StoreUnavailable):
+    """An elected coordinator found, on a write, that the election has moved on without it."""
 
 
 class RendezvousClosed(StoreUnavailable):
