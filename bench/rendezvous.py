@@ -413,29 +413,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.role == "host":
-        asyncio.run(_host(args.nodes))
-        return 0
-    if args.role == "agents":
-        asyncio.run(_agents(args.port, args.count, args.index))
-        return 0
-    if args.role == "etcd-host":
-        asyncio.run(_etcd_host(args.endpoints, args.nodes))
-        return 0
-    if args.role == "etcd-agents":
-        asyncio.run(_etcd_agents(args.endpoints, args.count, args.index))
+    roles: dict[str, Callable[[], object]] = {
+        "host": lambda: asyncio.run(_host(args.nodes)),
+        "agents": lambda: asyncio.run(_agents(args.port, args.count, args.index)),
+        "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
+        "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
+        "torch-host": _torch_host,
+        "torch-agents": lambda: _torch_agents(args.port, args.count, args.nodes, args.bound),
+    }
+    if args.role in roles:
+        roles[args.role]()
         return 0
     if args.failover:
         failover = run_failover(args.reps)
         print(json.dumps(failover) if args.json else
               f"etcd leader SIGKILLed: keep-alive accepted again after {failover['keepalive_median']} s, a watch event "
               f"after {failover['watch_median']} s (medians of {args.reps}: {failover['keepalive_s']}, {failover['watch_s']})")
-        return 0
-    if args.role == "torch-host":
-        _torch_host()
-        return 0
-    if args.role == "torch-agents":
-        _torch_agents(args.port, args.count, args.nodes, args.bound)
         return 0
     if args.torch:
         result = run_torch(args.nodes, args.procs, args.bound)

@@ -1,5 +1,6 @@
 """The ``rendezvous`` metric of bench/run.py: one round for M simulated agents, rankrun beside torch's c10d handler,
-plus a real-process point (64 rankrun agents, torchrun beside it), and a PNG plot of seconds vs M."""
+the same on etcd beside the embedded store, an etcd leader failover (median of 5), a real-process point (64
+rankrun agents, torchrun beside it), and a PNG plot of seconds vs M."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ REAL_AGENTS = 64
 REAL_TORCHRUN = 32  # 64 torchrun agents would need ~14 GB (220 MB each); 32 fit
 PLOT = REPO / "docs" / "rendezvous.png"
 TARGETS = {1024: 2.0, 4096: 5.0, 16384: 20.0}
+ETCD_M = (64, 256, 1024)
+ETCD_TARGETS = {1024: 5.0}
+FAILOVER_REPS = 5
 
 
 @dataclass
@@ -33,6 +37,8 @@ class Result:
     rankrun: dict[int, list[dict[str, object]]] = field(default_factory=dict)
     torch: dict[int, dict[str, object]] = field(default_factory=dict)
     real: dict[str, float] = field(default_factory=dict)
+    etcd: dict[int, list[dict[str, object]]] = field(default_factory=dict)
+    failover: dict[str, object] = field(default_factory=dict)
 
 
 def run(reps: int) -> Result:
@@ -49,6 +55,14 @@ def run(reps: int) -> Result:
         log(f"  rendezvous torch c10d M={m}: {r['seconds'] if r['completed'] else 'did not complete'} s")
         if not r["completed"]:
             break  # a larger M will not complete either
+    for m in ETCD_M:
+        for rep in range(reps):
+            r = rendezvous.run_etcd(m, 4)
+            result.etcd.setdefault(m, []).append(r)
+            log(f"  rendezvous rankrun on etcd M={m} rep {rep + 1}/{reps}: {r['seconds']} s, {r['ops_per_node']} ops per node")
+    result.failover = rendezvous.run_failover(FAILOVER_REPS)
+    f = result.failover
+    log(f"  etcd leader failover: keep-alive after {f['keepalive_s']} s, watch after {f['watch_s']} s")
     result.real["rankrun"] = _real_agents((sys.executable, "-m", "rankrun"), REAL_AGENTS)
     log(f"  {REAL_AGENTS} real rankrun agents: {result.real['rankrun']:.2f} s")
     result.real["torchrun"] = _real_agents((sys.executable, "-m", "torch.distributed.run"), REAL_TORCHRUN)
@@ -96,6 +110,23 @@ def rows(result: Result) -> list[Row]:
         out.append(Row(f"rendezvous, one round, {m:,} simulated nodes (torch c10d: " +
                        ("did not complete" if torch and not torch["completed"] else "not run" if not torch else "completed")
                        + ")", "s", rankrun=seconds, torchrun=torch_s, target=target, decimals=2))
+    for m, runs in result.etcd.items():
+        embedded = result.rankrun.get(m)
+        target = (Target(f"< {ETCD_TARGETS[m]:.0f} s", lambda r, t=ETCD_TARGETS[m]: r.rankrun < t)
+                  if m in ETCD_TARGETS else None)
+        out.append(Row(f"rendezvous on etcd (1 member), one round, {m:,} simulated nodes (torch: its etcd backends need "
+                       "the v2 API)", "s", rankrun=_median([float(r["seconds"]) for r in runs]),  # type: ignore[arg-type]
+                       torchrun=float("nan"), decimals=2, target=target, compare=False,
+                       baseline=_median([float(r["seconds"]) for r in embedded]) if embedded else None,  # type: ignore[arg-type]
+                       baseline_label="embedded store"))
+    failover = result.failover
+    if failover:
+        out.append(Row(f"etcd leader SIGKILLed (3 members): until a keep-alive is accepted again, median of {failover['reps']}",
+                       "s", rankrun=float(failover["keepalive_median"]), torchrun=float("nan"), decimals=2,  # type: ignore[arg-type]
+                       compare=False))
+        out.append(Row(f"etcd leader SIGKILLed (3 members): until the next watch event arrives, median of {failover['reps']}",
+                       "s", rankrun=float(failover["watch_median"]), torchrun=float("nan"), decimals=2,  # type: ignore[arg-type]
+                       compare=False))
     real = result.real
     out.append(Row(f"{REAL_AGENTS} real agents on one endpoint, --no-python true (torchrun: not run, ~14 GB)", "s",
                    rankrun=real.get("rankrun", float("nan")), torchrun=float("nan"), decimals=2))
@@ -136,6 +167,41 @@ def details(result: Result) -> list[str]:
             lines.append(f"| {m:,} | — | — | — | {torch['seconds'] if torch['completed'] else 'did not complete'} |")
     lines += ["", "Bytes per node grow only with the number of digits in ids and revisions (log M); operations per node "
               "are constant (below 9 when an assignment is already there at the first read).", ""]
+    if result.etcd:
+        lines += [
+            "#### On etcd",
+            "",
+            "`python bench/rendezvous.py --backend etcd --nodes M` runs the same round on a single-member etcd 3.4 the "
+            "bench starts on a fresh loopback address (and kills): the coordinator in one process and the M agents in 4, "
+            "each agent with its own etcd client (its own HTTP connections), all through rankrun's client over etcd's JSON "
+            "gateway. etcd commits every write to disk (fsync), which the embedded store never does.",
+            "",
+            "| nodes | etcd s (samples) | requests per node | embedded store s (median) |",
+            "|---|---|---|---|",
+        ]
+        for m, runs in result.etcd.items():
+            embedded = result.rankrun.get(m)
+            emb = f"{_median([float(r['seconds']) for r in embedded]):.2f}" if embedded else "—"  # type: ignore[arg-type]
+            lines.append(f"| {m:,} | {', '.join(str(r['seconds']) for r in runs)} | {runs[0]['ops_per_node']} | {emb} |")
+        lines.append("")
+    if result.failover:
+        f = result.failover
+        lines += [
+            "#### etcd leader failover",
+            "",
+            f"`python bench/rendezvous.py --failover --reps {f['reps']}`: a 3-member etcd on loopback (heartbeat 50 ms, "
+            "election timeout 500 ms, as the tests run it); a client holding a lease and a prefix watch through all three "
+            "endpoints, as an agent does; the leader is SIGKILLed, and the bench times from the kill until the cluster "
+            "accepts a keep-alive again (the client fails over and waits out the election by itself), then until a watch "
+            "event written after that arrives (the watch re-created on a survivor from the last revision seen). The "
+            "killed member rejoins between repetitions.",
+            "",
+            f"- keep-alive accepted again: {', '.join(f'{v:.2f}' for v in f['keepalive_s'])} s "  # type: ignore[attr-defined]
+            f"(median {float(f['keepalive_median']):.2f} s)",  # type: ignore[arg-type]
+            f"- next watch event: {', '.join(f'{v:.2f}' for v in f['watch_s'])} s "  # type: ignore[attr-defined]
+            f"(median {float(f['watch_median']):.2f} s)",  # type: ignore[arg-type]
+            "",
+        ]
     return lines
 
 
