@@ -141,19 +141,24 @@ def run_rankrun(nodes: int, procs: int) -> dict[str, object]:
         port = int(host.stdout.readline().split()[1])
         start = _start_agents(children, nodes, procs, lambda i, share: ["--role", "agents", "--port", str(port),
                                                                          "--count", str(share), "--index", str(i)])
-        reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
-        seconds = max(r["last"] for r in reports) - start
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write("exit\n")
-            child.stdin.flush()
-        return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
-                "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
-                "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes)}
+        return _collect(children, start, nodes, count_bytes=True)
     finally:
         for child in children:
             _end(child)
         _end(host)
+
+
+def _collect(children: list[subprocess.Popen[str]], start: float, nodes: int, *, count_bytes: bool) -> dict[str, object]:
+    """Each agents process's report → the round's figures; then tell them to exit."""
+    reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
+    seconds = max(r["last"] for r in reports) - start
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("exit\n")
+        child.stdin.flush()
+    return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
+            "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
+            "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes) if count_bytes else None}
 
 
 def _start_agents(
@@ -271,14 +276,7 @@ def run_etcd(nodes: int, procs: int) -> dict[str, object]:
             host.stdout.readline()
             start = _start_agents(children, nodes, procs, lambda i, share: [
                 "--role", "etcd-agents", "--endpoints", cluster.endpoints, "--count", str(share), "--index", str(i)])
-            reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
-            seconds = max(r["last"] for r in reports) - start
-            for child in children:
-                assert child.stdin is not None
-                child.stdin.write("exit\n")
-                child.stdin.flush()
-            return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
-                    "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2), "bytes_per_node": None}
+            return _collect(children, start, nodes, count_bytes=False)
         finally:
             for child in children:
                 _end(child)

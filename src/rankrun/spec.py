@@ -390,15 +390,21 @@ def parse_rdzv_conf(value: str) -> RendezvousConf:
     return replace(RendezvousConf(), **fields)
 
 
+def _host_port(value: str) -> tuple[str, str]:
+    """``host``, ``host:port`` or ``[v6]:port`` → host and the port's text (empty when absent)."""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        return host, rest[1:] if rest.startswith(":") else rest
+    if value.count(":") == 1:
+        host, port_text = value.split(":")
+        return host, port_text
+    return value, ""
+
+
 def parse_endpoint(value: str, default_port: int) -> tuple[str, int]:
     """``host[:port]`` or ``[v6]:port``; the port must be 0-65535."""
     value = value.strip()
-    host, port_text = value, ""
-    if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else rest
-    elif value.count(":") == 1:
-        host, port_text = value.split(":")
+    host, port_text = _host_port(value)
     if not host:
         raise UsageError("--rdzv-endpoint", value, "missing host")
     if not port_text:
@@ -468,13 +474,7 @@ def parse_etcd_endpoints(value: str, protocol: str = "http") -> tuple[Endpoint, 
             scheme, rest = protocol, item
         if scheme not in ("http", "https"):
             raise UsageError("--rdzv-endpoint", item, "the scheme must be http:// or https://")
-        rest = rest.rstrip("/")
-        host, port_text = rest, ""
-        if rest.startswith("["):
-            host, _, tail = rest[1:].partition("]")
-            port_text = tail[1:] if tail.startswith(":") else tail
-        elif rest.count(":") == 1:
-            host, port_text = rest.split(":")
+        host, port_text = _host_port(rest.rstrip("/"))
         if not host:
             raise UsageError("--rdzv-endpoint", item, "missing host")
         if port_text and (not port_text.isdigit() or not 0 < int(port_text) <= 65535):

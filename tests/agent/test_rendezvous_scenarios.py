@@ -167,3 +167,25 @@ def test_an_elected_coordinator_takes_over_mid_job_leads_the_next_round_and_keep
 
 async def _nothing() -> None:
     return None
+
+
+def test_a_member_reads_only_its_own_assignment_when_another_id_extends_its_own():
+    """Ranges and watches are by prefix: "assign/node1" also matches "assign/node10"."""
+
+    async def body():
+        store = MemoryStore()
+        node1 = await Member.join(store, KEYS, _info(1), ttl=60)
+        other = {"round": 1, "group_rank": 7, "group_world_size": 8, "master_addr": "127.0.0.9", "master_port": 9,
+                 "ranks": {"base_rank": 14, "world_size": 16, "base_role_rank": 14, "role_world_size": 16}}
+        await store.put(KEYS.assign("node10"), json.dumps(other).encode())
+        await store.put(KEYS.round, json.dumps({"round": 1, "phase": "running"}).encode())
+        waiting = asyncio.create_task(node1.next_round(0))
+        await store.put(KEYS.assign("node11"), json.dumps(other).encode())  # seen by node1's watch: not its own
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        mine = other | {"group_rank": 0, "ranks": other["ranks"] | {"base_rank": 0}}
+        await store.put(KEYS.assign("node1"), json.dumps(mine).encode())
+        got = await waiting
+        assert isinstance(got, Assignment) and (got.group_rank, got.ranks.base_rank) == (0, 0)
+
+    _run(body)

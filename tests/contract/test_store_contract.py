@@ -318,3 +318,21 @@ def test_etcd_fences_a_write_on_who_holds_a_key(tmp_path):
             await body(harness)
 
     asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+def test_a_watch_replays_a_long_history_in_order(run):
+    """Many events before the watch starts: they come back in one burst (on etcd, several per HTTP chunk)."""
+
+    async def body(h: Harness) -> None:
+        s = h.store
+        _, before = await s.range("/h/")
+        for i in range(300):
+            await s.put(f"/h/{i % 7}", str(i).encode())
+        watch = await s.watch("/h/", after=before)
+        try:
+            got = await _next(watch.__aiter__(), 300)
+            assert [e.value for e in got] == [str(i).encode() for i in range(300)]
+        finally:
+            await watch.close()
+
+    run(body)

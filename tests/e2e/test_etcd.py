@@ -191,12 +191,14 @@ def test_tls_with_a_self_signed_ca_and_client_certificates(launch, tmp_path):
     extra = ("--client-cert-auth", "--trusted-ca-file", str(ca))
     with etcd_cluster(tmp_path, 1, tls=(ca, cert, key), extra=extra, addresses=[address]) as cluster:
         conf = f"{FAST},ca_cert={ca},ssl_cert={client_cert},ssl_cert_key={client_key}"
-        runs = [launch(*_args(cluster.endpoints, "tls", "2", conf), "--no-python", "true", env=_env()) for _ in range(2)]
+        bare = cluster.members[0].endpoint  # host:port, with protocol=https instead of the scheme
+        runs = [launch(*_args(cluster.endpoints, "tls", "2", conf), "--no-python", "true", env=_env()),
+                launch(*_args(bare, "tls", "2", f"{conf},protocol=https"), "--no-python", "true", env=_env())]
         assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
         # without the client certificate etcd refuses the handshake: one line, exit 3
-        bare = launch(*_args(cluster.endpoints, "tls2", "2", f"{FAST},ca_cert={ca}"), "--no-python", "true", env=_env())
-        assert bare.finish() == 3
-        assert len(bare.err) == 1 and "cannot use etcd" in bare.err[0], bare.err
+        anonymous = launch(*_args(cluster.endpoints, "tls2", "2", f"{FAST},ca_cert={ca}"), "--no-python", "true", env=_env())
+        assert anonymous.finish() == 3
+        assert len(anonymous.err) == 1 and "cannot use etcd" in anonymous.err[0], anonymous.err
 
 
 def test_etcd_user_and_password(launch, etcd, tmp_path):

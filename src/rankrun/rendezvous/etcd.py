@@ -30,7 +30,7 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway, error_of
+from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway, Transport, error_of
 from rankrun.rendezvous.store import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
 
 _NOT_FOUND = 5
@@ -175,8 +175,8 @@ class EtcdWatch:
             while not self._closed:
                 conn = self._conn
                 assert conn is not None
-                with contextlib.suppress(OSError, EOFError, asyncio.IncompleteReadError, ValueError):
-                    async for message in conn.lines():
+                with contextlib.suppress(OSError, EOFError, asyncio.IncompleteReadError, ValueError, Transport):
+                    while (message := await conn.line()) is not None:
                         if error_of(message) is not None or not self._take(message.get("result", {})):
                             break
                 conn.close()

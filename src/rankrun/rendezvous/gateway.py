@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -73,7 +73,7 @@ class EtcdError(StoreUnavailable):
         self.message = message
 
 
-class _Transport(Exception):
+class Transport(Exception):
     """One endpoint failed at the transport level: try the next."""
 
 
@@ -85,6 +85,8 @@ class Connection:
         self.endpoint = endpoint
         self._reader = reader
         self._writer = writer
+        self._pending = b""  # a streamed answer's bytes after the last complete message
+        self._ended = False  # the chunked body's last chunk was read
         sockname = writer.get_extra_info("sockname")
         self.local_address = str(sockname[0]) if isinstance(sockname, tuple) else None
 
@@ -97,10 +99,10 @@ class Connection:
                     ssl=context if endpoint.scheme == "https" else None,
                     server_hostname=endpoint.host if endpoint.scheme == "https" else None)
         except TimeoutError:
-            raise _Transport(f"no connection within {CONNECT_TIMEOUT:.0f} s") from None
+            raise Transport(f"no connection within {CONNECT_TIMEOUT:.0f} s") from None
         except OSError as exc:  # ssl.SSLError among them
             tls = getattr(exc, "verify_message", None) or getattr(exc, "reason", None)
-            raise _Transport(f"TLS: {tls}" if tls else _reason(exc)) from None
+            raise Transport(f"TLS: {tls}" if tls else _reason(exc)) from None
         return cls(endpoint, reader, writer)
 
     async def send(self, path: str, body: bytes, headers: dict[str, str]) -> None:
@@ -114,11 +116,11 @@ class Connection:
         try:
             raw = await self._reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
-            raise _Transport("an HTTP header over 1 MiB") from None
+            raise Transport("an HTTP header over 1 MiB") from None
         lines = raw.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise _Transport(f"not an HTTP answer: {lines[0][:80]!r}")
+            raise Transport(f"not an HTTP answer: {lines[0][:80]!r}")
         headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -128,31 +130,45 @@ class Connection:
 
     async def body(self, headers: dict[str, str]) -> bytes:
         if headers.get("transfer-encoding", "").lower() == "chunked":
-            return b"".join([chunk async for chunk in self.chunks()])
+            parts = []
+            while chunk := await self._chunk():
+                parts.append(chunk)
+            return b"".join(parts)
         if "content-length" in headers:
             return await self._reader.readexactly(int(headers["content-length"]))
         return await self._reader.read()  # closed-delimited
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            size_line = await self._reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                await self._reader.readuntil(b"\r\n")  # the (empty) trailer
-                return
-            data = await self._reader.readexactly(size)
-            await self._reader.readexactly(2)
-            yield data
+    async def _chunk(self) -> bytes:
+        """The next chunk of a chunked body; b"" after the last one."""
+        if self._ended:
+            return b""
+        size_line = await self._reader.readuntil(b"\r\n")
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            await self._reader.readuntil(b"\r\n")  # the (empty) trailer
+            self._ended = True
+            return b""
+        data = await self._reader.readexactly(size)
+        await self._reader.readexactly(2)
+        return data
 
-    async def lines(self) -> AsyncIterator[dict[str, Any]]:
-        """A streamed answer (a watch): one JSON object a line, until the member closes it."""
-        pending = b""
-        async for chunk in self.chunks():
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for line in complete:
+    async def line(self) -> dict[str, Any] | None:
+        """The next message of a streamed answer (a watch: one JSON object a line); None once the member ended it.
+
+        The buffer lives on the connection: a chunk may carry more than one message, or part of one.
+        """
+        while True:
+            line, newline, rest = self._pending.partition(b"\n")
+            if newline:
+                self._pending = rest
                 if line.strip():
-                    yield _json(line)
+                    return _json(line)
+                continue
+            chunk = await self._chunk()
+            if not chunk:
+                tail, self._pending = self._pending.strip(), b""
+                return _json(tail) if tail else None
+            self._pending += chunk
 
     def close(self) -> None:
         self._writer.close()
@@ -162,9 +178,9 @@ def _json(data: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except ValueError:
-        raise _Transport(f"an answer that is not JSON: {data[:80]!r}") from None
+        raise Transport(f"an answer that is not JSON: {data[:80]!r}") from None
     if not isinstance(obj, dict):
-        raise _Transport(f"an answer that is not a JSON object: {data[:80]!r}")
+        raise Transport(f"an answer that is not a JSON object: {data[:80]!r}")
     return obj
 
 
@@ -224,7 +240,7 @@ class Gateway:
                 endpoint = self.endpoints[index]
                 try:
                     result = await attempt(endpoint)
-                except _Transport as exc:
+                except Transport as exc:
                     failures.append(f"{endpoint} ({exc})")
                     continue
                 except EtcdError as exc:
@@ -280,7 +296,7 @@ class Gateway:
 
     async def _exchange(self, endpoint: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         if self._idle.get(endpoint):
-            with contextlib.suppress(_Transport):  # a kept-alive connection the member may have closed meanwhile
+            with contextlib.suppress(Transport):  # a kept-alive connection the member may have closed meanwhile
                 return await self._exchange_on(endpoint, path, body, headers, pooled=True)
         return await self._exchange_on(endpoint, path, body, headers, pooled=False)
 
@@ -296,9 +312,9 @@ class Gateway:
                 obj = _json(await conn.body(head))
             reusable = head.get("connection", "").lower() != "close"
         except TimeoutError:
-            raise _Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
+            raise Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
-            raise _Transport(_reason(exc)) from None
+            raise Transport(_reason(exc)) from None
         finally:
             if reusable and not self._closed:
                 self._idle.setdefault(endpoint, []).append(conn)
@@ -315,20 +331,20 @@ class Gateway:
                 status, head = await conn.head()
                 if status != 200:
                     _checked(endpoint, status, _json(await conn.body(head)))
-                    raise _Transport(f"HTTP {status}")
-                first = await anext(aiter(conn.lines()), None)
+                    raise Transport(f"HTTP {status}")
+                first = await conn.line()
         except TimeoutError:
             conn.close()
-            raise _Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
+            raise Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
             conn.close()
-            raise _Transport(_reason(exc)) from None
+            raise Transport(_reason(exc)) from None
         except BaseException:
             conn.close()
             raise
         if first is None:
             conn.close()
-            raise _Transport("the stream ended at once")
+            raise Transport("the stream ended at once")
         error = error_of(first)
         if error is not None:
             conn.close()

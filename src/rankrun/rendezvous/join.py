@@ -44,7 +44,7 @@ from rankrun.rendezvous.round import (
     assign_node_ranks,
     next_step,
 )
-from rankrun.rendezvous.store import Event, EventKind, Lease, Store, StoreUnavailable
+from rankrun.rendezvous.store import Entry, Event, EventKind, Lease, Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -396,15 +396,14 @@ class Member:
     async def next_round(self, after: int) -> Assignment | Spare | Ended:
         """The first word after round ``after``: an assignment, a place as a spare, or the end of the job."""
         key, round_key = self.keys.assign(self.info.id), self.keys.round
-        entries, revision = await self.store.range(key)
+        entries, revision = await self.store.range(key)  # a prefix: "assign/n1" also finds "assign/n10", so match exactly
         round_entries, _ = await self.store.range(round_key)
-        found = self._read(entries[0].value if entries else None, round_entries[0].value if round_entries else None, after)
+        latest_assign, latest_round = _exact(entries, key), _exact(round_entries, round_key)
+        found = self._read(latest_assign, latest_round, after)
         if found is not None:
             return found
         watch_assign, watch_round = await self.store.watch(key, revision), await self.store.watch(round_key, revision)
         try:
-            latest_assign = entries[0].value if entries else None
-            latest_round = round_entries[0].value if round_entries else None
             merged: asyncio.Queue[Event] = asyncio.Queue()
             feeders = [asyncio.create_task(_feed(w, merged)) for w in (watch_assign, watch_round)]
             try:
@@ -413,7 +412,7 @@ class Member:
                     if event.kind is EventKind.PUT:
                         if event.key == key:
                             latest_assign = event.value
-                        else:
+                        elif event.key == round_key:
                             latest_round = event.value
                     found = self._read(latest_assign, latest_round, after)
                     if found is not None:
@@ -447,15 +446,18 @@ class Member:
     async def round_changed(self, round_: int) -> RoundWord:
         """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
         entries, revision = await self.store.range(self.keys.round)
-        if entries:
-            word = RoundWord.parse(entries[0].value)
+        current = _exact(entries, self.keys.round)
+        if current is not None:
+            word = RoundWord.parse(current)
             if word.round != round_ or word.phase != "running":
                 return word
         watch = await self.store.watch(self.keys.round, revision)
         try:
             async for event in watch:
+                if event.kind is not EventKind.PUT or event.key != self.keys.round:
+                    continue
                 word = RoundWord.parse(event.value)
-                if event.kind is EventKind.PUT and (word.round != round_ or word.phase != "running"):
+                if word.round != round_ or word.phase != "running":
                     return word
         finally:
             with contextlib.suppress(StoreUnavailable):
@@ -502,6 +504,11 @@ class NotCoordinator(StoreUnavailable):
 
 class RendezvousClosed(StoreUnavailable):
     """The job this node wants to join has already finished."""
+
+
+def _exact(entries: list[Entry], key: str) -> bytes | None:
+    """The value of exactly ``key`` in a prefix range's entries (None if it is not there)."""
+    return next((e.value for e in entries if e.key == key), None)
 
 
 async def _feed(watch: Any, queue: asyncio.Queue[Event]) -> None:
