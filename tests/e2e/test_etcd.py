@@ -161,6 +161,7 @@ def test_etcd_v2_is_an_alias_with_a_note(launch, etcd):
                  "--no-python", "true", env=_env())
     assert run.finish() == 0, run.err
     assert any("v3 API" in line for line in run.err), run.err
+    assert any("etcd without a user or client certificate" in line for line in run.err), run.err  # told once
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -195,6 +196,7 @@ def test_tls_with_a_self_signed_ca_and_client_certificates(launch, tmp_path):
         runs = [launch(*_args(cluster.endpoints, "tls", "2", conf), "--no-python", "true", env=_env()),
                 launch(*_args(bare, "tls", "2", f"{conf},protocol=https"), "--no-python", "true", env=_env())]
         assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+        assert not any("without a user" in line for r in runs for line in r.err)  # a client certificate guards it
         # without the client certificate etcd refuses the handshake: one line, exit 3
         anonymous = launch(*_args(cluster.endpoints, "tls2", "2", f"{FAST},ca_cert={ca}"), "--no-python", "true", env=_env())
         assert anonymous.finish() == 3

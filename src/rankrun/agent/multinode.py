@@ -76,10 +76,14 @@ class _Session:
 async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs) -> Outcome:
     rdzv = spec.rendezvous
     assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
-    if spec.secret is None:
+    on_etcd = isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd"
+    if not on_etcd and spec.secret is None:
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
     session = await _open(spec, deps)
+    if on_etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
+        deps.console.say(f"rendezvous {rdzv.run_id}: etcd without a user or client certificate (--rdzv-conf user=, "
+                         "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
     conf = rdzv.conf
     try:
         async with asyncio.TaskGroup() as group:  # the coordinator and the keep-alives live exactly as long as the rounds

@@ -226,7 +226,7 @@ class Gateway:
         return await self._over_endpoints(lambda ep: self._call_on(ep, path, body))
 
     async def open_stream(self, path: str, body: dict[str, Any]) -> tuple[Connection, dict[str, Any]]:
-        """Start a streamed request; returns its connection (read ``lines()``) and the first message."""
+        """Start a streamed request; returns its connection (read on with ``line()``) and the first message."""
         return await self._over_endpoints(lambda ep: self._stream_on(ep, path, body))
 
     async def _over_endpoints(self, attempt: Callable[[Endpoint], Awaitable[T]]) -> T:
