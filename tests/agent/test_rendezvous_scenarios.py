@@ -11,6 +11,7 @@ import pytest
 from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, RendezvousClosed, Spare
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.rendezvous.store import StoreUnavailable
 
 BOUND = 20.0
 KEYS = Keys.for_run("job")
@@ -187,5 +188,31 @@ def test_a_member_reads_only_its_own_assignment_when_another_id_extends_its_own(
         await store.put(KEYS.assign("node1"), json.dumps(mine).encode())
         got = await waiting
         assert isinstance(got, Assignment) and (got.group_rank, got.ranks.base_rank) == (0, 0)
+
+    _run(body)
+
+
+def test_a_coordinator_whose_watches_end_says_so_instead_of_going_deaf():
+    async def body():
+        store, _coordinator, task, _ = await _rig(Settings(2, 2, last_call_timeout=600.0, max_restarts=0))
+        await Member.join(store, KEYS, _info(0), ttl=60)
+        await store.close()  # its watches end with StoreUnavailable
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(task, BOUND)
+
+    _run(body)
+
+
+def test_a_successor_finishes_a_job_whose_coordinator_died_between_closed_and_the_end():
+    async def body():
+        store = MemoryStore()
+        await store.put(KEYS.round, json.dumps({"round": 3, "phase": "running", "restarts": 1}).encode())
+        await store.put(KEYS.closed, json.dumps({"ok": True}).encode())
+        member = Member(store, KEYS, _info(1), await store.grant(60))
+        successor = Coordinator(store, KEYS, Settings(1, 2, 600.0, 2), master=lambda: ("127.0.0.1", 1),
+                                before_round=_nothing, leader="node1")
+        await asyncio.wait_for(successor.run(), BOUND)  # returns: the job is over
+        end = await member.next_round(3)
+        assert isinstance(end, Ended) and end.word.ok and end.word.round == 3
 
     _run(body)

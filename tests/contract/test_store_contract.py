@@ -20,7 +20,7 @@ from etcdserver import etcd_cluster
 from fakes import FakeTimers
 from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.etcd import EtcdStore
-from rankrun.rendezvous.gateway import Gateway
+from rankrun.rendezvous.gateway import Connection, Gateway
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
@@ -336,3 +336,34 @@ def test_a_watch_replays_a_long_history_in_order(run):
             await watch.close()
 
     run(body)
+
+
+def test_etcd_reuses_one_connection_for_calls_one_after_another(tmp_path, monkeypatch):
+    """Kept-alive connections carry answer after answer (chunked ones included) without a new connection each."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed")
+    opened: list[object] = []
+    original = Connection.open
+
+    async def counting(endpoint: object, context: object) -> Connection:
+        conn = await original(endpoint, context)  # type: ignore[arg-type]
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(Connection, "open", staticmethod(counting))
+
+    async def body(h: Harness) -> None:
+        s = h.store
+        lease = await s.grant(30)
+        before = len(opened)
+        for i in range(20):
+            await lease.keep_alive()  # etcd streams keep-alive answers (chunked)
+            await s.put(f"/k/{i}", b"v", lease=lease.id)
+        assert len(opened) == before  # the same connection throughout
+        await lease.revoke()
+
+    async def main() -> None:
+        async with _etcd(tmp_path) as harness:
+            await body(harness)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))

@@ -96,8 +96,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
             finally:
                 if lead is not None:  # no campaign once this node leaves (it would be on a revoked lease)
                     lead.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await lead
+                    await asyncio.gather(lead, return_exceptions=True)  # its error, if any, the group raises
                 await session.member.leave()
                 if session.coordinator is not None:
                     all_left = await _let_the_others_leave(session, conf.close_timeout, deps)
@@ -293,6 +292,8 @@ async def _let_the_others_leave(session: _Session, timeout: float, deps: AgentDe
                 async for event in watch:
                     if event.kind is EventKind.DELETE:
                         left.discard(event.key)
+                    else:
+                        left.add(event.key)  # registered just now: it will read the end and leave too
                     if not left:
                         return True
             finally:

@@ -51,4 +51,8 @@ async def job_lease(store: Store, key: str, ttl: float, adopt: Callable[[int, fl
             return lease
         await lease.revoke()  # another node created it first
         entry = await store.get(key)
-    return adopt(int(entry.value), ttl)
+    try:
+        lease_id = int(entry.value)
+    except ValueError:
+        raise StoreUnavailable(f"{key} holds {entry.value[:40]!r}, not a lease id: another program uses this prefix?") from None
+    return adopt(lease_id, ttl)

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway, Transport, error_of
-from rankrun.rendezvous.store import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
+from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
 
 _NOT_FOUND = 5
 _OUT_OF_RANGE = 11
@@ -119,8 +119,9 @@ class EtcdLease:
             await asyncio.sleep(max(0.0, self._deadline - loop.time()) + 0.25)  # a deadline timer, not a poll
             if loop.time() < self._deadline:
                 continue  # refreshed meanwhile
-            try:
-                obj = await self._store.gateway.call("/v3/lease/timetolive", {"ID": str(self._id)})
+            try:  # bounded by the TTL: a lease etcd cannot vouch for is not held on to for read_timeout
+                obj = await self._store.gateway.call("/v3/lease/timetolive", {"ID": str(self._id)},
+                                                     retry_for=max(1.0, self._ttl))
             except StoreUnavailable:
                 break  # past its TTL and etcd cannot say otherwise: treat it as gone
             ttl = int(obj.get("TTL", -1))
@@ -146,11 +147,18 @@ class EtcdWatch:
         self._reader = asyncio.create_task(self._read_forever())
 
     async def _open(self) -> None:
+        # progress_notify: etcd says now and then "nothing up to revision R", so a quiet watch's resume point moves
+        # on too (a reconnect long after the last event would otherwise ask for history compaction has removed)
         body = {"create_request": {"key": _b64(self._prefix), "range_end": prefix_end(self._prefix),
-                                   "start_revision": str(self._next)}}
+                                   "start_revision": str(self._next), "progress_notify": True}}
         conn, first = await self._store.gateway.open_stream("/v3/watch", body)
         self._conn = conn
-        self._take(first.get("result", {}))
+        result = first.get("result", {})
+        if not self._take(result):  # refused at creation (permission denied, ...): the stream would stay silent
+            conn.close()
+            reason = result.get("cancel_reason") or "cancelled by etcd"
+            raise (AuthenticationFailed if "permission" in reason or "auth" in reason else StoreUnavailable)(
+                f"etcd: a watch on {self._prefix!r} was refused: {reason}")
 
     def _take(self, result: dict[str, Any]) -> bool:
         """Queue a response's events; False when etcd ended the watch (compacted: raised to the reader)."""
@@ -168,6 +176,8 @@ class EtcdWatch:
         events = result.get("events", ())
         if events:
             self._next = max(self._next, max(int(e.get("kv", {}).get("mod_revision", 0)) for e in events) + 1)
+        elif not result.get("created") and not result.get("canceled"):  # a progress notification: synced up to R
+            self._next = max(self._next, _revision(result) + 1)
         return not result.get("canceled", False)
 
     async def _read_forever(self) -> None:
@@ -295,6 +305,8 @@ class EtcdStore:
 
     async def grant(self, ttl: float) -> EtcdLease:
         obj = await self.gateway.call("/v3/lease/grant", {"TTL": str(max(1, math.ceil(ttl)))})
+        if not obj.get("ID"):
+            raise StoreUnavailable(f"etcd granted no lease: {obj.get('error') or obj}")
         lease = EtcdLease(self, int(obj["ID"]), float(obj.get("TTL", ttl)))
         self.leases[lease.id] = lease
         return lease

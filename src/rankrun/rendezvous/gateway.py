@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -77,6 +78,10 @@ class Transport(Exception):
     """One endpoint failed at the transport level: try the next."""
 
 
+class _Stale(Exception):
+    """A kept-alive connection turned out closed before any answer: the same request again on a new one is safe."""
+
+
 # --------------------------------------------------------------------------- one HTTP/1.1 connection
 
 
@@ -103,9 +108,17 @@ class Connection:
         except OSError as exc:  # ssl.SSLError among them
             tls = getattr(exc, "verify_message", None) or getattr(exc, "reason", None)
             raise Transport(f"TLS: {tls}" if tls else _reason(exc)) from None
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # a member gone without a RST (power, partition): a watch notices in about 10 s
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 4)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
         return cls(endpoint, reader, writer)
 
     async def send(self, path: str, body: bytes, headers: dict[str, str]) -> None:
+        self._pending, self._ended = b"", False  # a new answer (a kept-alive connection carries one after another)
         lines = [f"POST {path} HTTP/1.1", f"Host: {self.endpoint.host}:{self.endpoint.port}",
                  "Content-Type: application/json", f"Content-Length: {len(body)}",
                  *(f"{k}: {v}" for k, v in headers.items())]
@@ -221,15 +234,16 @@ class Gateway:
         self._closed = False
         self._said = 0.0
 
-    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, path: str, body: dict[str, Any], *, retry_for: float | None = None) -> dict[str, Any]:
         """One unary request, on the first endpoint that can serve it (failing over as the module says)."""
-        return await self._over_endpoints(lambda ep: self._call_on(ep, path, body))
+        return await self._over_endpoints(lambda ep: self._call_on(ep, path, body), retry_for)
 
     async def open_stream(self, path: str, body: dict[str, Any]) -> tuple[Connection, dict[str, Any]]:
         """Start a streamed request; returns its connection (read on with ``line()``) and the first message."""
         return await self._over_endpoints(lambda ep: self._stream_on(ep, path, body))
 
-    async def _over_endpoints(self, attempt: Callable[[Endpoint], Awaitable[T]]) -> T:
+    async def _over_endpoints(self, attempt: Callable[[Endpoint], Awaitable[T]], retry_for: float | None = None) -> T:
+        window = self.retry_for if retry_for is None else retry_for
         loop = asyncio.get_running_loop()
         started = loop.time()
         pause = PAUSE[0]
@@ -254,7 +268,7 @@ class Gateway:
                 raise StoreUnavailable("the etcd client was closed")
             waited = loop.time() - started
             why = "; ".join(failures)
-            if waited + pause > self.retry_for:
+            if waited + pause > window:
                 raise StoreUnavailable(f"etcd: no endpoint could serve after {waited:.1f} s: {why}")
             if self.say is not None and waited >= SAY_AFTER and loop.time() - self._said >= SAY_EVERY:
                 self._said = loop.time()
@@ -296,7 +310,7 @@ class Gateway:
 
     async def _exchange(self, endpoint: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         if self._idle.get(endpoint):
-            with contextlib.suppress(Transport):  # a kept-alive connection the member may have closed meanwhile
+            with contextlib.suppress(_Stale):  # a kept-alive connection the member closed meanwhile: nothing was served
                 return await self._exchange_on(endpoint, path, body, headers, pooled=True)
         return await self._exchange_on(endpoint, path, body, headers, pooled=False)
 
@@ -304,16 +318,19 @@ class Gateway:
         self, endpoint: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str], *, pooled: bool
     ) -> dict[str, Any]:
         conn = await self._connection(endpoint, pooled=pooled)
-        reusable = False
+        reusable, answered = False, False
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
                 await conn.send(path, json.dumps(body).encode(), headers)
                 status, head = await conn.head()
+                answered = True
                 obj = _json(await conn.body(head))
             reusable = head.get("connection", "").lower() != "close"
         except TimeoutError:
             raise Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
+            if pooled and not answered and isinstance(exc, ConnectionError | asyncio.IncompleteReadError):
+                raise _Stale from None
             raise Transport(_reason(exc)) from None
         finally:
             if reusable and not self._closed:

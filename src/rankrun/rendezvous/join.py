@@ -191,7 +191,7 @@ class Coordinator:
         self._results: dict[str, Result] = {}
         self._spares: set[str] = set()  # told they wait as spares in the current round
         self._arrived: list[str] = []  # nodes that joined since the last decision
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
         self._status_dirty = True
         self._status_due = 0.0
 
@@ -203,7 +203,7 @@ class Coordinator:
             node_id = entry.key[len(self._keys.nodes) :]
             self._nodes[node_id] = node_from(entry.value, entry.create_revision, node_id)
         watches = [await self._store.watch(self._keys.nodes, revision), await self._store.watch(self._keys.results, revision)]
-        feeders = [asyncio.create_task(self._feed(w)) for w in watches]
+        feeders = [asyncio.create_task(_feed(w, self._events)) for w in watches]
         try:
             await self._decide_forever()
         finally:
@@ -219,6 +219,11 @@ class Coordinator:
         if entry is None:
             return False
         word = RoundWord.parse(entry.value)
+        closed = await self._store.get(self._keys.closed)
+        if word.phase != "ended" and closed is not None:  # the last coordinator died between the two writes: finish it
+            ok = bool(_load(closed.value).get("ok"))
+            word = RoundWord(word.round, "ended", word.restarts, "the job had ended", ok)
+            await self._put(self._keys.round, _dump(asdict(word)))
         if word.phase == "ended":
             self._phase = Phase.ENDED
             return True
@@ -240,10 +245,6 @@ class Coordinator:
         concurrent writes together, where one after another would each wait for their own commit."""
         for at in range(0, len(writes), PUTS_IN_FLIGHT):
             await asyncio.gather(*(self._put(key, value) for key, value in writes[at : at + PUTS_IN_FLIGHT]))
-
-    async def _feed(self, watch: Any) -> None:
-        async for event in watch:
-            self._events.put_nowait(event)
 
     async def _decide_forever(self) -> None:
         while True:
@@ -287,7 +288,9 @@ class Coordinator:
         while not self._events.empty():
             self._apply(self._events.get_nowait())
 
-    def _apply(self, event: Event) -> None:
+    def _apply(self, event: Event | StoreUnavailable) -> None:
+        if isinstance(event, StoreUnavailable):  # a watch ended: deciding on without it would go deaf
+            raise event
         if event.key.startswith(self._keys.nodes):
             node_id = event.key[len(self._keys.nodes) :]
             if event.kind is EventKind.PUT:
@@ -334,8 +337,8 @@ class Coordinator:
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
         cause = failures[0][1] if failures else ""
         word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause)
+        await self._put(self._keys.closed, _dump({"ok": step.ok}))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, _dump(asdict(word)))
-        await self._put(self._keys.closed, _dump({"ok": step.ok}))
         self._phase = Phase.ENDED
 
     async def _tell_spares(self) -> None:
@@ -404,11 +407,13 @@ class Member:
             return found
         watch_assign, watch_round = await self.store.watch(key, revision), await self.store.watch(round_key, revision)
         try:
-            merged: asyncio.Queue[Event] = asyncio.Queue()
+            merged: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
             feeders = [asyncio.create_task(_feed(w, merged)) for w in (watch_assign, watch_round)]
             try:
                 while True:
                     event = await merged.get()
+                    if isinstance(event, StoreUnavailable):
+                        raise event
                     if event.kind is EventKind.PUT:
                         if event.key == key:
                             latest_assign = event.value
@@ -511,6 +516,10 @@ def _exact(entries: list[Entry], key: str) -> bytes | None:
     return next((e.value for e in entries if e.key == key), None)
 
 
-async def _feed(watch: Any, queue: asyncio.Queue[Event]) -> None:
-    async for event in watch:
-        queue.put_nowait(event)
+async def _feed(watch: Any, queue: asyncio.Queue[Event | StoreUnavailable]) -> None:
+    """A watch's events into a queue several watches share; its end (``StoreUnavailable``) too, for the reader to raise."""
+    try:
+        async for event in watch:
+            queue.put_nowait(event)
+    except StoreUnavailable as exc:
+        queue.put_nowait(exc)
