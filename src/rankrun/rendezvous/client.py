@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.rendezvous import wire
-from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, LeaseLost, StoreUnavailable
+from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
 
 _ERRORS: dict[str, type[StoreUnavailable]] = {"lease_lost": LeaseLost, "compacted": Compacted}
 
@@ -56,28 +56,13 @@ class _Protocol(asyncio.Protocol):
         self.inbox.put_nowait({})  # wakes a handshake waiting for a frame
 
 
-class ClientLease:
+class ClientLease(LeaseHandle):
     def __init__(self, client: StoreClient, lease_id: int, ttl: float) -> None:
+        super().__init__(lease_id, ttl)
         self._client = client
-        self._id = lease_id
-        self._ttl = ttl
-        self._lost = asyncio.Event()
-
-    @property
-    def id(self) -> int:
-        return self._id
-
-    @property
-    def ttl(self) -> float:
-        return self._ttl
-
-    @property
-    def lost(self) -> asyncio.Event:
-        return self._lost
 
     async def keep_alive(self) -> None:
-        if self._lost.is_set():
-            raise LeaseLost(f"lease {self._id:x} is gone")
+        self._check_held()
         await self._client.call("keepalive", l=self._id)
 
     async def revoke(self) -> None:

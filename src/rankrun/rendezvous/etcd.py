@@ -31,7 +31,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway, Transport, error_of
-from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
+from rankrun.rendezvous.store import (
+    AuthenticationFailed,
+    Compacted,
+    Entry,
+    Event,
+    EventKind,
+    LeaseHandle,
+    LeaseLost,
+    StoreUnavailable,
+)
 
 _NOT_FOUND = 5
 _OUT_OF_RANGE = 11
@@ -65,26 +74,12 @@ def _revision(obj: dict[str, Any]) -> int:
     return int(obj.get("header", {}).get("revision", 0))
 
 
-class EtcdLease:
+class EtcdLease(LeaseHandle):
     def __init__(self, store: EtcdStore, lease_id: int, ttl: float) -> None:
+        super().__init__(lease_id, ttl)
         self._store = store
-        self._id = lease_id
-        self._ttl = ttl
-        self._lost = asyncio.Event()
         self._deadline = asyncio.get_running_loop().time() + ttl
         self._checker = asyncio.create_task(self._check_at_deadline())
-
-    @property
-    def id(self) -> int:
-        return self._id
-
-    @property
-    def ttl(self) -> float:
-        return self._ttl
-
-    @property
-    def lost(self) -> asyncio.Event:
-        return self._lost
 
     def mark_lost(self) -> None:
         self._lost.set()
@@ -92,8 +87,7 @@ class EtcdLease:
         self._store.leases.pop(self._id, None)
 
     async def keep_alive(self) -> None:
-        if self._lost.is_set():
-            raise LeaseLost(f"lease {self._id:x} is gone")
+        self._check_held()
         obj = await self._store.gateway.call("/v3/lease/keepalive", {"ID": str(self._id)})
         ttl = int(obj.get("result", obj).get("TTL", 0))
         if ttl <= 0:  # etcd's word for an unknown or expired lease: no TTL, HTTP 200

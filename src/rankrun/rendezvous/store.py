@@ -98,6 +98,31 @@ class Lease(Protocol):
         ...
 
 
+class LeaseHandle:
+    """What a client-side lease holds, whatever the store: its id, its TTL, and the event set once it is gone."""
+
+    def __init__(self, lease_id: int, ttl: float) -> None:
+        self._id = lease_id
+        self._ttl = ttl
+        self._lost = asyncio.Event()
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._lost
+
+    def _check_held(self) -> None:
+        if self._lost.is_set():
+            raise LeaseLost(f"lease {self._id:x} is gone")
+
+
 class Store(Protocol):
     async def get(self, key: str) -> Entry | None: ...
 
