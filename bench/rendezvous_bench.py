@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import rendezvous
+from etcdserver import fresh_address
 from harness import REPO, bench_env, log
 from report import Row, Target
 
@@ -75,8 +75,7 @@ def run(reps: int) -> Result:
 def _real_agents(launcher: tuple[str, ...], count: int) -> float:
     """``count`` agents on one endpoint, ``--nproc-per-node=1 --no-python true``: seconds until every one exited 0."""
     port = 29400
-    a, b, c = os.urandom(3)
-    addr = f"127.{1 + a % 254}.{b}.{1 + c % 254}"  # a fresh loopback address: the fixed port cannot collide
+    addr = fresh_address()  # a fresh loopback address: the fixed port cannot collide
     cmd = [*launcher, "--nnodes", str(count), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:{port}", "--rdzv-id", "real",
            "--nproc-per-node", "1", "--rdzv-conf", "join_timeout=300", "--no-python", "true"]
     env = bench_env() | {"RANKRUN_RDZV_SECRET": "bench"}

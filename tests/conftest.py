@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from etcdserver import fresh_address
+
 PAYLOADS = Path(__file__).parent / "payloads"
 GOLDEN_DIR = Path(__file__).parent / "golden"
 LAYERS = ("unit", "agent", "contract", "integration", "e2e")  # tests/<layer>/, each also a marker (pytest -m unit)
@@ -222,8 +224,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
 def fresh_loopback() -> str:
     """A loopback address nobody else uses (127.0.0.0/8 without 127.0.0.x), for a test's fixed-port endpoint:
     multi-node jobs need a port every node knows in advance, and a fresh address cannot collide (no port probing)."""
-    a, b, c = os.urandom(3)
-    return f"127.{1 + a % 254}.{b}.{1 + c % 254}"
+    return fresh_address()
 
 
 def payload(name: str) -> str:

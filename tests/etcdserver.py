@@ -25,6 +25,7 @@ READY_WITHIN = 30.0
 
 
 def fresh_address() -> str:
+    """A loopback address outside 127.0.0.x, random: a fixed port on it cannot collide (tests, benchmarks, etcd)."""
     a, b, c = os.urandom(3)
     return f"127.{1 + a % 254}.{b}.{1 + c % 254}"
 

@@ -154,6 +154,11 @@ class DynamicRendezvous:
 RendezvousSpec = Standalone | StaticRendezvous | DynamicRendezvous
 
 
+def on_etcd(rdzv: RendezvousSpec) -> bool:
+    """Whether the job meets in etcd (``--rdzv-backend etcd``) rather than a store one of its agents hosts."""
+    return isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd"
+
+
 @dataclass(frozen=True)
 class StoreSpec:
     """Where the worker store (the one env:// connects to) listens."""
@@ -216,7 +221,7 @@ class LaunchSpec:
     def multi_node(self) -> bool:
         """Whether nodes meet through a rendezvous (etcd: always, even for one node: the store is the point)."""
         rdzv = self.rendezvous
-        if isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd":
+        if on_etcd(rdzv):
             return True
         return not isinstance(rdzv, Standalone) and rdzv.max_nodes > 1
 

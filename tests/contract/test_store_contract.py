@@ -298,6 +298,16 @@ def test_a_closed_store_says_so(run):
     run(body)
 
 
+def _on_etcd(tmp_path: object, body: Callable[[Harness], Awaitable[None]]) -> None:
+    """An etcd-only case: ``body`` against a fresh etcd, under the same bound."""
+
+    async def main() -> None:
+        async with _etcd(tmp_path) as harness:
+            await body(harness)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
 def test_etcd_fences_a_write_on_who_holds_a_key(tmp_path):
     """``put_if_held``: the elected coordinator's writes land only while it holds the election key."""
     if shutil.which("etcd") is None:
@@ -313,11 +323,7 @@ def test_etcd_fences_a_write_on_who_holds_a_key(tmp_path):
         entry = await s.get("/e/round")
         assert entry is not None and entry.value == b"1"
 
-    async def main() -> None:
-        async with _etcd(tmp_path) as harness:
-            await body(harness)
-
-    asyncio.run(asyncio.wait_for(main(), BOUND))
+    _on_etcd(tmp_path, body)
 
 
 def test_a_watch_replays_a_long_history_in_order(run):
@@ -362,8 +368,4 @@ def test_etcd_reuses_one_connection_for_calls_one_after_another(tmp_path, monkey
         assert len(opened) == before  # the same connection throughout
         await lease.revoke()
 
-    async def main() -> None:
-        async with _etcd(tmp_path) as harness:
-            await body(harness)
-
-    asyncio.run(asyncio.wait_for(main(), BOUND))
+    _on_etcd(tmp_path, body)

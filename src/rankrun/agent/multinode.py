@@ -41,7 +41,7 @@ from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import EventKind, Store, StoreUnavailable
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
-from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous
+from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
 
 if TYPE_CHECKING:
     from rankrun.rendezvous.etcd import EtcdStore
@@ -76,12 +76,12 @@ class _Session:
 async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs) -> Outcome:
     rdzv = spec.rendezvous
     assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
-    on_etcd = isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd"
-    if not on_etcd and spec.secret is None:
+    etcd = on_etcd(rdzv)
+    if not etcd and spec.secret is None:
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
     session = await _open(spec, deps)
-    if on_etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
+    if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
         deps.console.say(f"rendezvous {rdzv.run_id}: etcd without a user or client certificate (--rdzv-conf user=, "
                          "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
     conf = rdzv.conf
@@ -129,7 +129,8 @@ def _endpoint(spec: LaunchSpec) -> tuple[str, int]:
 
 async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
     rdzv = spec.rendezvous
-    if isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd":
+    if on_etcd(rdzv):
+        assert isinstance(rdzv, DynamicRendezvous)
         return await _open_etcd(spec, deps, rdzv)
     host, port = _endpoint(spec)
     keys = Keys.for_run(rdzv.run_id)
@@ -403,7 +404,7 @@ async def _wait_for_word(
 def _why_lost(spec: LaunchSpec) -> str:
     rdzv = spec.rendezvous
     conf = rdzv.conf
-    if isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd":
+    if on_etcd(rdzv):
         ttl = conf.keep_alive_interval * conf.keep_alive_max_attempt
         return (f"its etcd lease expired (no keep-alive reached etcd for {ttl:g} s: keep_alive_interval x "
                 "keep_alive_max_attempt; was this agent stopped or starved?)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from rankrun.rendezvous.store import EventKind, Lease, Store, StoreUnavailable
+from rankrun.rendezvous.store import EventKind, Lease, Store, StoreUnavailable, exact
 
 
 async def campaign(store: Store, key: str, node_id: str, lease: Lease) -> None:
@@ -24,7 +24,7 @@ async def campaign(store: Store, key: str, node_id: str, lease: Lease) -> None:
         if await store.compare_and_set(key, mine, revision=0, lease=lease.id) is not None:
             return
         entries, revision = await store.range(key)
-        holder = next((e for e in entries if e.key == key), None)
+        holder = exact(entries, key)
         if holder is not None and holder.value == mine:
             return
         if holder is None:

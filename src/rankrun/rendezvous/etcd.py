@@ -70,6 +70,13 @@ def _entry(kv: dict[str, Any]) -> Entry:
                  int(kv.get("mod_revision", 0)), int(kv.get("lease", 0)))
 
 
+def _put_body(key: str, value: bytes, lease: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return body
+
+
 def _revision(obj: dict[str, Any]) -> int:
     return int(obj.get("header", {}).get("revision", 0))
 
@@ -231,15 +238,10 @@ class EtcdStore:
         return _entry(kvs[0]) if kvs else None
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
-        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            body["lease"] = str(lease)
-        return _revision(await self._lease_call("/v3/kv/put", body, lease))
+        return _revision(await self._lease_call("/v3/kv/put", _put_body(key, value, lease), lease))
 
     async def compare_and_set(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int | None:
-        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            put["lease"] = str(lease)
+        put = _put_body(key, value, lease)
         body = {"compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}],
                 "success": [{"request_put": put}], "failure": [{"request_range": {"key": _b64(key)}}]}
         obj = await self._lease_call("/v3/kv/txn", body, lease)
@@ -254,9 +256,7 @@ class EtcdStore:
 
     async def put_if_held(self, key: str, value: bytes, *, lease: int, holder_key: str, holder: bytes) -> bool:
         """Write ``key`` only while ``holder_key`` holds ``holder`` (one txn): how an elected coordinator is fenced."""
-        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            put["lease"] = str(lease)
+        put = _put_body(key, value, lease)
         body = {"compare": [{"key": _b64(holder_key), "target": "VALUE", "result": "EQUAL", "value": _b64(holder)}],
                 "success": [{"request_put": put}]}
         return bool((await self._lease_call("/v3/kv/txn", body, lease)).get("succeeded", False))

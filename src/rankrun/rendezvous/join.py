@@ -44,7 +44,7 @@ from rankrun.rendezvous.round import (
     assign_node_ranks,
     next_step,
 )
-from rankrun.rendezvous.store import Entry, Event, EventKind, Lease, Store, StoreUnavailable
+from rankrun.rendezvous.store import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact
 
 logger = logging.getLogger(__name__)
 
@@ -401,7 +401,7 @@ class Member:
         key, round_key = self.keys.assign(self.info.id), self.keys.round
         entries, revision = await self.store.range(key)  # a prefix: "assign/n1" also finds "assign/n10", so match exactly
         round_entries, _ = await self.store.range(round_key)
-        latest_assign, latest_round = _exact(entries, key), _exact(round_entries, round_key)
+        latest_assign, latest_round = _value(entries, key), _value(round_entries, round_key)
         found = self._read(latest_assign, latest_round, after)
         if found is not None:
             return found
@@ -451,7 +451,7 @@ class Member:
     async def round_changed(self, round_: int) -> RoundWord:
         """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
         entries, revision = await self.store.range(self.keys.round)
-        current = _exact(entries, self.keys.round)
+        current = _value(entries, self.keys.round)
         if current is not None:
             word = RoundWord.parse(current)
             if word.round != round_ or word.phase != "running":
@@ -511,9 +511,9 @@ class RendezvousClosed(StoreUnavailable):
     """The job this node wants to join has already finished."""
 
 
-def _exact(entries: list[Entry], key: str) -> bytes | None:
-    """The value of exactly ``key`` in a prefix range's entries (None if it is not there)."""
-    return next((e.value for e in entries if e.key == key), None)
+def _value(entries: list[Entry], key: str) -> bytes | None:
+    entry = exact(entries, key)
+    return entry.value if entry is not None else None
 
 
 async def _feed(watch: Any, queue: asyncio.Queue[Event | StoreUnavailable]) -> None:

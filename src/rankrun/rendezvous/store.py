@@ -54,6 +54,11 @@ class Entry:
     lease: int = 0  # 0: not attached to a lease
 
 
+def exact(entries: list[Entry], key: str) -> Entry | None:
+    """Exactly ``key`` among a prefix range's entries: ``range("a/n1")`` also finds ``a/n10``."""
+    return next((e for e in entries if e.key == key), None)
+
+
 class EventKind(Enum):
     PUT = "put"
     DELETE = "delete"
