@@ -28,7 +28,8 @@ async def _rig(settings: Settings):
     async def before_round() -> None:
         resets.append(1)
 
-    coordinator = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.1", 29500), before_round=before_round)
+    coordinator = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.1", 29500), before_round=before_round,
+                              why_gone=store.why_deleted)
     task = asyncio.create_task(coordinator.run())
     return store, coordinator, task, resets
 
@@ -88,7 +89,7 @@ def test_a_lost_node_regroups_the_survivors_and_a_spare_takes_its_place():
         assert isinstance(await a.next_round(0), Assignment)
         changed = asyncio.create_task(host.round_changed(1))
         await a.leave()  # its lease goes: as when its agent dies and the lease expires
-        assert (await changed).reason == "node node1 was lost"
+        assert (await changed).reason == "node node1 at 127.0.0.2 was lost: it left (revoked its lease)"
         second = [await m.next_round(1) for m in (host, spare)]
         assert [(g.round, g.group_rank) for g in second] == [(2, 0), (2, 1)]
         task.cancel()

@@ -6,6 +6,9 @@ import time
 import torch
 import torch.distributed as dist
 
+if "TEST_PID_DIR" in os.environ:  # so a test can check that no worker outlives its agent
+    with open(os.path.join(os.environ["TEST_PID_DIR"], f"g{os.getpid()}"), "w") as fh:
+        fh.write(str(os.getpid()))
 dist.init_process_group("gloo", init_method="env://")
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.ones(1)

@@ -36,6 +36,7 @@ from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.election import campaign, job_lease
 from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, NotCoordinator, Spare
 from rankrun.rendezvous.listener import SharedListener
+from rankrun.rendezvous.liveness import Liveness
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.rendezvous.server import StoreServer
@@ -140,7 +141,7 @@ async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
         listener, server, memory, bound = hosted
         addr = spec.local_addr or listener.address
         coordinator = Coordinator(memory, keys, _settings(spec), master=lambda: (addr, bound),
-                                  before_round=deps.worker_store.reset)
+                                  before_round=deps.worker_store.reset, why_gone=memory.why_deleted)
         member = await Member.join(memory, keys, _node_info(spec, addr, is_host=True), ttl)
         return _Session(memory, member, listener.address, coordinator, listener, server, memory)
     client = await _connect(spec, deps, host, port)
@@ -197,8 +198,10 @@ async def _lead(spec: LaunchSpec, deps: AgentDeps, session: _Session) -> None:
     async def fence(key: str, value: bytes) -> bool:
         return await shared.put_if_held(key, value, lease=job, holder_key=member.keys.coordinator, holder=me)
 
+    ttl = member.lease.ttl
     coordinator = Coordinator(session.store, member.keys, _settings(spec), master=lambda: session.master,
-                              before_round=deps.worker_store.reset, leader=member.info.id, lease=job, fence=fence)
+                              before_round=deps.worker_store.reset, leader=member.info.id, lease=job, fence=fence,
+                              why_gone=lambda _key: f"its etcd lease ended (no keep-alive for {ttl:g} s, or it left)")
     session.coordinator = coordinator
     try:
         await coordinator.run()
@@ -254,7 +257,7 @@ async def _connect(spec: LaunchSpec, deps: AgentDeps, host: str, port: int) -> S
     pause, said = CONNECT_RETRY[0], loop.time()
     while True:
         try:
-            return await StoreClient.connect(host, port, spec.secret, spec.local_addr)
+            return await StoreClient.connect(host, port, spec.secret, spec.local_addr, _liveness(spec))
         except StoreUnavailable as exc:
             if "authentication" in str(exc) or "secret" in str(exc) or loop.time() + pause > deadline:
                 raise
@@ -264,6 +267,11 @@ async def _connect(spec: LaunchSpec, deps: AgentDeps, host: str, port: int) -> S
                 said = loop.time()
         await asyncio.sleep(pause)  # no event announces a host that is not listening yet: retry with backoff
         pause = min(pause * 2, CONNECT_RETRY[1])
+
+
+def _liveness(spec: LaunchSpec) -> Liveness:
+    conf = spec.rendezvous.conf
+    return Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt)
 
 
 def _node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
@@ -330,13 +338,7 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome(EXIT_SIGNAL_BASE + word.signum, restarts)
         if isinstance(word, Ended):
-            if attempt < 0:
-                deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job ended "
-                                 f"({'succeeded' if word.word.ok else 'failed'}) while this node waited as a spare")
-                return Outcome(EXIT_SUCCESS, word.word.restarts)
-            if word.word.ok:
-                return Outcome(EXIT_SUCCESS, word.word.restarts)
-            return Outcome(EXIT_WORKERS_FAILED, word.word.restarts, last, word.word.cause or word.word.reason)
+            return _ended(spec, deps, word, last, spare=attempt < 0)
         if isinstance(word, Spare):
             if not spare_said:
                 deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
@@ -356,10 +358,25 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             return Outcome(EXIT_SIGNAL_BASE + outcome.interrupted_by, restarts)
         if member.lease.lost.is_set():
             raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: "
-                                f"{_why_lost(spec)}; workers stopped")
-        if outcome.regrouped is None:  # the workers ended by themselves: say how
+                                f"{_why_lost(spec, member)}; workers stopped")
+        if outcome.regrouped is not None:
+            deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
+        else:  # the workers ended by themselves: say how
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
+
+
+def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult | None, *, spare: bool) -> Outcome:
+    end = word.word
+    if spare:
+        deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job ended "
+                         f"({'succeeded' if end.ok else 'failed'}) while this node waited as a spare")
+        return Outcome(EXIT_SUCCESS, end.restarts)
+    if end.ok:
+        return Outcome(EXIT_SUCCESS, end.restarts)
+    if end.stranded:  # not the workers' failure: the job could not go on with the nodes left
+        raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: the job ended: {end.reason}")
+    return Outcome(EXIT_WORKERS_FAILED, end.restarts, last, end.cause or end.reason)
 
 
 def _drop_stale_regroups(stops: StopStream) -> int | None:
@@ -390,7 +407,7 @@ async def _wait_for_word(
                     if isinstance(stop, Interrupted):
                         return stop
                     continue  # a regroup between rounds changes nothing: we are waiting for the next one anyway
-                raise LauncherError(f"rendezvous {rdzv.run_id}: lost its place while waiting: {_why_lost(spec)}")
+                raise LauncherError(f"rendezvous {rdzv.run_id}: lost its place while waiting: {_why_lost(spec, member)}")
     except TimeoutError:
         raise LauncherError(await _timeout_message(spec, member)) from None
     except StoreUnavailable as exc:
@@ -401,7 +418,9 @@ async def _wait_for_word(
             await progress
 
 
-def _why_lost(spec: LaunchSpec) -> str:
+def _why_lost(spec: LaunchSpec, member: Member) -> str:
+    if member.lease.why:
+        return member.lease.why
     rdzv = spec.rendezvous
     conf = rdzv.conf
     if on_etcd(rdzv):

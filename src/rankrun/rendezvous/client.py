@@ -6,6 +6,16 @@ the connection goes, every pending call fails with ``StoreUnavailable`` naming t
 every watch ends with it, and every lease is lost (the server revokes them too): the caller —
 the rendezvous — decides whether to rejoin or exit. There is no silent reconnect, because a
 new connection would not own the old leases.
+
+Liveness is not left to TCP, which holds a silent connection (a pulled cable, a dropping switch
+port: no RST, no FIN) for the kernel's ~15 minutes of retransmissions. The client asks the server,
+in its hello, to ping an idle connection every ``Liveness.interval``; any frame counts as a sign of
+life, and once nothing has come for ``Liveness.window`` (the lease TTL) the connection is declared
+dead: calls fail, watches end, leases are lost, each with "the host stopped answering". A timer
+that fires far too late means this process itself was not running (SIGSTOP, a starved machine):
+then the silence is not the host's fault and the window starts again; if the lease was lost
+meanwhile, the reason says this node was frozen. As a second line of defence the socket gets
+``TCP_USER_TIMEOUT`` and TCP keep-alive at the same window (``rendezvous.liveness``).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.rendezvous import wire
+from rankrun.rendezvous.liveness import Liveness, froze_for, tune_socket
 from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
 
 _ERRORS: dict[str, type[StoreUnavailable]] = {"lease_lost": LeaseLost, "compacted": Compacted}
@@ -40,6 +51,7 @@ class _Protocol(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        self._client.heard()
         try:
             frames = self._frames.feed(data)
         except wire.FrameError as exc:
@@ -52,7 +64,11 @@ class _Protocol(asyncio.Protocol):
                 self.inbox.put_nowait(msg)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._client.lost(f"{exc.strerror or exc}" if isinstance(exc, OSError) else "the connection was closed")
+        if isinstance(exc, TimeoutError):  # TCP_USER_TIMEOUT: the kernel gave up on unacknowledged data
+            self._client.lost(self._client.silent_why(), silent=True)
+        else:
+            closed = f"the host at {self._client.endpoint} closed the connection"
+            self._client.lost(f"{exc.strerror or exc}" if isinstance(exc, OSError) else closed)
         self.inbox.put_nowait({})  # wakes a handshake waiting for a frame
 
 
@@ -69,7 +85,7 @@ class ClientLease(LeaseHandle):
         if not self._lost.is_set():
             with contextlib.suppress(StoreUnavailable):
                 await self._client.call("revoke", l=self._id)
-            self._lost.set()
+            self.set_lost("this node left")
 
 
 class ClientWatch:
@@ -99,22 +115,41 @@ class ClientWatch:
 
 
 class StoreClient:
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, liveness: Liveness | None = None) -> None:
         self.endpoint = endpoint
+        self.liveness = liveness or Liveness()
         self.ready = False
         self.local_address: str | None = None  # this side's address of the connection (what peers can reach)
         self.watches: dict[int, ClientWatch] = {}
         self._protocol: _Protocol | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._leases: dict[int, ClientLease] = {}
-        self._lost_early: set[int] = set()
+        self._lost_early: dict[int, str] = {}
         self._ids = itertools.count(1)
         self._closed_why: str | None = None
+        self._heard = 0.0  # the loop's time of the last byte from the server
+        self._silent_since = 0.0  # when the current stretch of silence began counting (reset after a freeze)
+        self._frozen = 0.0  # how long this process last stood still, when that may explain a loss
+        self._frozen_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
-    async def connect(cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None) -> StoreClient:
-        """Connect and authenticate; ``StoreUnavailable`` (``AuthenticationFailed``) naming the endpoint otherwise."""
-        client = cls(f"{host}:{port}")
+    async def connect(
+        cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None
+    ) -> StoreClient:
+        """Connect and authenticate within the liveness window; ``StoreUnavailable`` (``AuthenticationFailed``) naming
+        the endpoint otherwise."""
+        client = cls(f"{host}:{port}", liveness)
+        try:
+            async with asyncio.timeout(client.liveness.window):
+                return await client._connect(host, port, secret, local_addr)
+        except TimeoutError:
+            client.lost(client.silent_why(), silent=True)
+            raise StoreUnavailable(f"rendezvous {client.endpoint}: no answer within {client.liveness.window:g} s "
+                                   "(the network or the host is down)") from None
+
+    async def _connect(self, host: str, port: int, secret: bytes | None, local_addr: str | None) -> StoreClient:
+        client = self
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.create_connection(
@@ -128,18 +163,21 @@ class StoreClient:
         client._protocol = protocol
         sockname = transport.get_extra_info("sockname")
         client.local_address = sockname[0] if isinstance(sockname, tuple) else None
+        tune_socket(transport.get_extra_info("socket"), client.liveness)
         try:
             await client._handshake(secret)
         except BaseException:
             transport.abort()
             raise
+        client._watch_silence()
         return client
 
     async def _handshake(self, secret: bytes | None) -> None:
         assert self._protocol is not None
         assert self._protocol.transport is not None
         nonce = os.urandom(16)
-        self._protocol.transport.write(wire.MAGIC + wire.frame({"hello": wire.VERSION, "nonce": wire.b64(nonce)}))
+        live = [self.liveness.interval, self.liveness.window]  # ping me when idle; give me up after the window
+        self._protocol.transport.write(wire.MAGIC + wire.frame({"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}))
         hello = await self._handshake_frame()
         if hello.get("version") != wire.VERSION:
             raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {hello.get('version')!r}, not {wire.VERSION}")
@@ -167,17 +205,48 @@ class StoreClient:
 
     # -- protocol plumbing
 
+    def heard(self) -> None:
+        self._heard = self._silent_since = asyncio.get_running_loop().time()
+
+    def silent_why(self) -> str:
+        silent = asyncio.get_running_loop().time() - self._heard if self._heard else self.liveness.window
+        return f"the host at {self.endpoint} stopped answering (no reply for {silent:.0f} s; the network or the host is down)"
+
+    def _watch_silence(self) -> None:
+        """Give the connection up after a window of silence: a timer every half interval (no state is polled: the
+        silence itself is the event, and only a clock can see it)."""
+        self._schedule(asyncio.get_running_loop().time() + self.liveness.interval / 2)
+
+    def _schedule(self, due: float) -> None:
+        self._timer = asyncio.get_running_loop().call_at(due, self._check_silence, due)
+
+    def _check_silence(self, due: float) -> None:
+        if self._closed_why is not None:
+            return
+        now = asyncio.get_running_loop().time()
+        frozen = froze_for(now - due, self.liveness)
+        if frozen is not None:  # this process stood still: its own silence, not the host's; count afresh from now
+            self._frozen, self._frozen_at, self._silent_since = frozen, now, now
+        elif now - self._silent_since >= self.liveness.window:
+            self.lost(self.silent_why(), silent=True)
+            return
+        self._schedule(now + self.liveness.interval / 2)
+
     def dispatch(self, msg: dict[str, Any]) -> None:
+        if "ping" in msg:
+            self._send({"pong": msg["ping"]})
+            return
         if "watch" in msg:
             watch = self.watches.get(int(msg["watch"]))
             if watch is not None:
                 watch.queue.put_nowait(wire.event_from_wire(msg["ev"]))
         elif "lease_lost" in msg:
+            why = self._lease_why(str(msg.get("why", "")))
             lease = self._leases.pop(int(msg["lease_lost"]), None)
             if lease is not None:
-                lease.lost.set()
+                lease.set_lost(why)
             else:
-                self._lost_early.add(int(msg["lease_lost"]))  # before its grant's caller has resumed
+                self._lost_early[int(msg["lease_lost"])] = why  # before its grant's caller has resumed
         else:
             future = self._pending.pop(int(msg.get("id", 0)), None)
             if future is None or future.done():
@@ -188,11 +257,29 @@ class StoreClient:
             else:
                 future.set_result(msg.get("r"))
 
-    def lost(self, why: str) -> None:
+    def _freeze(self) -> str | None:
+        """"This node was frozen", if it stood still lately: that, more than the host's view, is why a lease ended."""
+        now = asyncio.get_running_loop().time()
+        if self._timer is not None and not self._timer.cancelled():  # frames are read before late timers run
+            late = froze_for(now - self._timer.when(), self.liveness)
+            if late is not None:
+                self._frozen, self._frozen_at = late, now
+        recent = now - self._frozen_at <= self.liveness.window + self.liveness.interval
+        if not self._frozen or not recent:
+            return None
+        return f"this node was frozen (stopped or starved) for {self._frozen:.0f} s, past its lease ({self.liveness.window:g} s)"
+
+    def _lease_why(self, server_says: str) -> str:
+        return self._freeze() or (f"the host ended its lease ({server_says})" if server_says else "the host ended its lease")
+
+    def lost(self, why: str, *, silent: bool = False) -> None:
         if self._closed_why is not None:
             return
         self._closed_why = why
         self.ready = False
+        frozen = self._freeze()
+        if self._timer is not None:
+            self._timer.cancel()
         error = f"lost the connection to the rendezvous at {self.endpoint}: {why}"
         for future in self._pending.values():
             if not future.done():
@@ -200,11 +287,16 @@ class StoreClient:
         self._pending.clear()
         for watch in self.watches.values():
             watch.queue.put_nowait(error)
+        said = why if silent or why.startswith("the host") else f"the connection to the host at {self.endpoint} was lost ({why})"
         for lease in self._leases.values():
-            lease.lost.set()
+            lease.set_lost(frozen or said)
         self._leases.clear()
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.abort()
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        if self._protocol is not None and self._protocol.transport is not None and not self._protocol.transport.is_closing():
+            self._protocol.transport.write(wire.frame(obj))
 
     async def call(self, op: str, **fields: Any) -> Any:
         if self._closed_why is not None or self._protocol is None or self._protocol.transport is None:
@@ -252,7 +344,7 @@ class StoreClient:
         lease_id = int(await self.call("grant", ttl=ttl))
         lease = ClientLease(self, lease_id, ttl)
         if lease_id in self._lost_early or self._closed_why is not None:
-            lease.lost.set()
+            lease.set_lost(self._lost_early.get(lease_id) or self._lease_why(""))
         else:
             self._leases[lease_id] = lease
         return lease

@@ -145,12 +145,13 @@ class RoundWord:
     reason: str = ""
     ok: bool = False  # for "ended"
     cause: str = ""  # for a failed end: the job's first failure, in a few lines
+    stranded: bool = False  # for a failed end: too few nodes were left (not the workers' failure)
 
     @classmethod
     def parse(cls, value: bytes) -> RoundWord:
         d = _load(value)
         return cls(int(d.get("round", 0)), str(d.get("phase", "")), int(d.get("restarts", 0)), str(d.get("reason", "")),
-                   bool(d.get("ok", False)), str(d.get("cause", "")))
+                   bool(d.get("ok", False)), str(d.get("cause", "")), bool(d.get("stranded", False)))
 
 
 # --------------------------------------------------------------------------- the coordinator
@@ -171,6 +172,7 @@ class Coordinator:
         leader: str | None = None,
         lease: int = 0,
         fence: Callable[[str, bytes], Awaitable[bool]] | None = None,
+        why_gone: Callable[[str], str] | None = None,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -182,7 +184,10 @@ class Coordinator:
         self._master = master  # the worker store's address and port (hosted by group rank 0)
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())
+        self._why_gone = why_gone or (lambda _key: "")  # the store's word on why a node key went (its lease's end)
         self._nodes: dict[str, NodeInfo] = {}
+        self._gone: dict[str, tuple[str, str]] = {}  # node id → (name, why it went), for the reasons given
+        self._alone_since: float | None = None
         self._phase = Phase.FORMING
         self._round = 0
         self._members: tuple[str, ...] = ()
@@ -265,7 +270,7 @@ class Coordinator:
 
     def _view(self) -> View:
         return View(tuple(self._nodes.values()), self._phase, self._round, self._members, self._restarts, self._min_since,
-                    self._results, self._leader)
+                    self._results, self._leader, self._gone, self._alone_since)
 
     def _note_min(self) -> None:
         enough = len(self._nodes) >= self._settings.min_nodes
@@ -273,6 +278,12 @@ class Coordinator:
             self._min_since = self._now()
         elif not enough:
             self._min_since = None
+        mine = [n for n in self._nodes.values() if n.id == self._leader or n.is_host]
+        alone = self._phase is Phase.FORMING and self._round > 0 and len(self._nodes) == 1 and bool(mine)
+        if alone and self._alone_since is None:
+            self._alone_since = self._now()
+        elif not alone:
+            self._alone_since = None
 
     async def _next_events(self, step: Wait) -> None:
         """Wait for something to change (or the step's deadline), then take every event already there."""
@@ -296,8 +307,8 @@ class Coordinator:
             if event.kind is EventKind.PUT:
                 self._nodes[node_id] = node_from(event.value, event.revision, node_id)
                 self._arrived.append(node_id)
-            else:
-                self._nodes.pop(node_id, None)
+            elif (info := self._nodes.pop(node_id, None)) is not None:
+                self._gone[node_id] = (f"{node_id} at {info.addr}" if info.addr else node_id, self._why_gone(event.key))
             self._status_dirty = True
             return
         round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
@@ -336,7 +347,7 @@ class Coordinator:
     async def _finish(self, step: Finish) -> None:
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
         cause = failures[0][1] if failures else ""
-        word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause)
+        word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause, step.stranded)
         await self._put(self._keys.closed, _dump({"ok": step.ok}))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, _dump(asdict(word)))
         self._phase = Phase.ENDED
@@ -478,25 +489,36 @@ class Member:
         return _load(entry.value) if entry is not None else {}
 
     async def keep_alive(self, interval: float, max_attempts: int) -> None:
-        """Refresh the lease every ``interval`` s until it is lost; give up after ``max_attempts`` failures in a row."""
-        misses = 0
-        while not self.lease.lost.is_set():
+        """Refresh the lease every ``interval`` s until it is lost.
+
+        Each keep-alive gets ``interval`` s to be answered (a silent network must not hold it for TCP's
+        15 minutes); one that fails or is not answered in time is a miss. After ``max_attempts`` misses in
+        a row the lease is given up on this side, whatever TCP believes: the store has expired it too.
+        """
+        loop = asyncio.get_running_loop()
+        misses, started, first_miss = 0, loop.time(), 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):  # a keep-alive every interval, or the lease's end
+                async with asyncio.timeout_at(started + interval):
+                    await self.lease.lost.wait()
+                    return
+            started = loop.time()
             try:
                 async with asyncio.timeout(interval):
-                    await self.lease.lost.wait()
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self.lease.keep_alive()
-                if self.job is not None:
-                    with contextlib.suppress(StoreUnavailable):  # every node keeps the job's keys alive
-                        await self.job.keep_alive()
+                    await self.lease.keep_alive()
                 misses = 0
-            except StoreUnavailable:
+            except (StoreUnavailable, TimeoutError) as exc:
                 misses += 1
+                first_miss = started if misses == 1 else first_miss
                 if misses >= max_attempts or self.lease.lost.is_set():
+                    why = f"no answer within {interval:g} s" if isinstance(exc, TimeoutError) else str(exc)
+                    self.lease.set_lost(f"{misses} keep-alives in a row failed over {loop.time() - first_miss:.0f} s ({why})")
                     return
+                continue
+            if self.job is not None:  # every node keeps the job's keys alive (a shared store); its failures are not ours
+                with contextlib.suppress(StoreUnavailable, TimeoutError):
+                    async with asyncio.timeout(interval):
+                        await self.job.keep_alive()
 
     async def leave(self) -> None:
         with contextlib.suppress(StoreUnavailable):

@@ -45,7 +45,8 @@ class _LeaseState:
     keys: set[str] = field(default_factory=set)
     timer: Cancellable | None = None
     lost: asyncio.Event = field(default_factory=asyncio.Event)
-    on_lost: list[Callable[[], None]] = field(default_factory=list)
+    on_lost: list[Callable[[str], None]] = field(default_factory=list)
+    why: str = ""
 
 
 class MemoryLease:
@@ -65,11 +66,18 @@ class MemoryLease:
     def lost(self) -> asyncio.Event:
         return self._state.lost
 
+    @property
+    def why(self) -> str:
+        return self._state.why
+
     async def keep_alive(self) -> None:
         self._store.refresh(self._state.id)
 
     async def revoke(self) -> None:
         self._store.revoke(self._state.id)
+
+    def set_lost(self, why: str) -> None:
+        self._store.revoke(self._state.id, why)
 
 
 class MemoryWatch:
@@ -123,6 +131,7 @@ class MemoryStore:
         self._lengths: dict[int, int] = {}
         self._closing: list[Callable[[], None]] = []
         self._leases: dict[int, _LeaseState] = {}
+        self._deleted_why: dict[str, str] = {}  # a key a lease's end deleted → why it ended (one entry per key)
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -277,13 +286,17 @@ class MemoryStore:
         self._arm(state)
         return state.id
 
-    def on_lease_lost(self, lease_id: int, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the lease is gone (at once if it already is)."""
+    def on_lease_lost(self, lease_id: int, callback: Callable[[str], None]) -> None:
+        """Call ``callback(why)`` once the lease is gone (at once if it already is)."""
         state = self._leases.get(lease_id)
         if state is None:
-            callback()
+            callback("it no longer exists")
         else:
             state.on_lost.append(callback)
+
+    def why_deleted(self, key: str) -> str:
+        """Why the lease that ``key`` was attached to ended, if a lease's end deleted it ("" otherwise)."""
+        return self._deleted_why.get(key, "")
 
     def refresh(self, lease_id: int) -> None:
         state = self._leases.get(lease_id)
@@ -291,23 +304,26 @@ class MemoryStore:
             raise LeaseLost(f"lease {lease_id:x} is gone")
         self._arm(state)
 
-    def revoke(self, lease_id: int) -> None:
+    def revoke(self, lease_id: int, why: str = "it left (revoked its lease)") -> None:
         """End a lease now: its keys are deleted, each as one event. Idempotent."""
         state = self._leases.pop(lease_id, None)
         if state is None:
             return
         if state.timer is not None:
             state.timer.cancel()
+        state.why = why
         for key in sorted(state.keys):
+            self._deleted_why[key] = why
             self._remove(key)
         state.lost.set()
         for callback in state.on_lost:
-            callback()
+            callback(why)
 
     def _arm(self, state: _LeaseState) -> None:
         if state.timer is not None:
             state.timer.cancel()
-        state.timer = self._timers.call_at(self._timers.now() + state.ttl, lambda: self.revoke(state.id))
+        why = f"its lease expired after {state.ttl:g} s of silence (no keep-alive)"
+        state.timer = self._timers.call_at(self._timers.now() + state.ttl, lambda: self.revoke(state.id, why))
 
     # -- lifetime
 

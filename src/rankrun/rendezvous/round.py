@@ -68,6 +68,8 @@ class View:
     min_since: float | None = None  # when enough nodes (MIN) were first there in this forming phase
     results: Mapping[str, Result] | None = None
     leader: str | None = None  # the coordinator's own node (dynamic: group rank 0, it holds the worker store)
+    gone: Mapping[str, tuple[str, str]] | None = None  # a node that left → (how to name it, why it went)
+    alone_since: float | None = None  # when the coordinator's node was left alone by a round's loss (forming)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Restart:
 class Finish:
     ok: bool
     reason: str
+    stranded: bool = False  # not the workers' doing: too few nodes were left to go on (an infrastructure error)
 
 
 Step = Wait | Start | Regroup | Restart | Finish
@@ -157,12 +160,32 @@ def enough(view: View, settings: Settings) -> bool:
 
 def _forming(view: View, settings: Settings, now: float) -> Step:
     if not enough(view, settings):
-        return Wait(None)
+        return _short(view, settings, now)
     placement = place(view.nodes, view.members, settings, view.leader)
     if settings.static or len(view.nodes) >= settings.max_nodes:
         return Start(placement)
     deadline = (view.min_since if view.min_since is not None else now) + settings.last_call_timeout
     return Start(placement) if now >= deadline else Wait(deadline)
+
+
+def _short(view: View, settings: Settings, now: float) -> Step:
+    """Too few nodes to form a round. Before the first round: wait (join_timeout bounds the members). After a round
+    whose loss left the coordinator alone — most likely its own network failed, not everyone else's — wait
+    ``last_call_timeout`` for nodes to come back, then end the job rather than hold it for join_timeout."""
+    if view.round == 0 or view.alone_since is None:
+        return Wait(None)
+    deadline = view.alone_since + settings.last_call_timeout
+    if now < deadline:
+        return Wait(deadline)
+    wanted = f"min {settings.min_nodes}" if not settings.static else f"{settings.max_nodes} (static)"
+    return Finish(False, f"every other node was lost and none came back within last_call_timeout "
+                         f"({settings.last_call_timeout:g} s): 1 node left, {wanted} needed", stranded=True)
+
+
+def _lost(view: View, lost: list[str]) -> str:
+    name, why = (view.gone or {}).get(lost[0], (lost[0], ""))
+    more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+    return f"node {name} was lost{more}" + (f": {why}" if why else "")
 
 
 def _running(view: View, settings: Settings) -> Step:
@@ -171,12 +194,12 @@ def _running(view: View, settings: Settings) -> Step:
     lost = [m for m in view.members if m not in alive and m not in results]
     failures = sorted((r.revision, m) for m, r in results.items() if not r.ok)
     if failures or (lost and settings.static):
-        why = f"node {failures[0][1]} reported a worker failure" if failures else f"node {lost[0]} was lost"
+        why = f"node {failures[0][1]} reported a worker failure" if failures else _lost(view, lost)
         if view.restarts < settings.max_restarts:
             return Restart(why)
         return Finish(False, why)
     if lost:
-        return Regroup(f"node {lost[0]} was lost" + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""))
+        return Regroup(_lost(view, lost))
     if all(m in results for m in view.members):
         return Finish(True, "every node's workers succeeded")
     members = set(view.members)

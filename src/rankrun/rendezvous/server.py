@@ -25,6 +25,7 @@ from typing import Any
 
 from rankrun.errors import StoreError
 from rankrun.rendezvous import wire
+from rankrun.rendezvous.liveness import Liveness, tune_socket
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.store import Compacted, Event, LeaseLost, StoreUnavailable
 
@@ -46,6 +47,10 @@ class _Connection(asyncio.Protocol):
         self._leases: set[int] = set()
         self._watches: dict[int, int] = {}  # client's watch id → store token
         self.peer = "?"
+        self._liveness: Liveness | None = None  # what the client asked for in its hello
+        self._heard = self._sent = 0.0  # the loop's time of the last frame from, and to, the client
+        self._pings = 0
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- transport events
 
@@ -61,6 +66,7 @@ class _Connection(asyncio.Protocol):
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self._heard = asyncio.get_running_loop().time()
         if self._state == "magic":
             self._prefix += data
             if len(self._prefix) < len(wire.MAGIC):
@@ -79,15 +85,52 @@ class _Connection(asyncio.Protocol):
             self._close(f"protocol error: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        del exc
+        why = "its connection to the host was closed"
+        if isinstance(exc, TimeoutError):
+            why = "its lease was given up: the host's TCP gave up on its silent connection"
+        self._end(why)
+
+    def _end(self, why: str) -> None:
         self._server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
         for token in self._watches.values():
             self._store.unsubscribe(token)
         self._watches.clear()
         leases, self._leases = self._leases, set()
         for lease_id in leases:  # the owner is gone: its keys go with it
-            self._store.revoke(lease_id)
+            self._store.revoke(lease_id, why)
+        if self._transport is not None:
+            self._transport.abort()
         self._transport = None
+
+    # -- liveness (``rendezvous.liveness``)
+
+    def _watch_silence(self, liveness: Liveness) -> None:
+        self._liveness = liveness
+        tune_socket(self._transport.get_extra_info("socket") if self._transport else None, liveness)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        assert self._liveness is not None
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + self._liveness.interval / 2, self._check_silence)
+
+    def _check_silence(self) -> None:
+        """Ping an idle client; give up one that has said nothing for the window (its leases go, as if expired)."""
+        assert self._liveness is not None
+        if self._transport is None:
+            return
+        now = asyncio.get_running_loop().time()
+        silent = now - self._heard
+        if silent >= self._liveness.window:
+            logger.info("rendezvous: %s said nothing for %.0f s: closing its connection", self.peer, silent)
+            self._end(f"its lease expired after {silent:.0f} s of silence (no keep-alive)")
+            return
+        if now - self._sent >= self._liveness.interval:
+            self._pings += 1
+            self._send({"ping": self._pings})
+        self._schedule()
 
     # -- handshake
 
@@ -99,6 +142,9 @@ class _Connection(asyncio.Protocol):
                 self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
                 return
             self._nonce = wire.unb64(msg.get("nonce", ""))
+            liveness = Liveness.parse(msg.get("live"))
+            if liveness is not None:
+                self._watch_silence(liveness)
             self._challenge = os.urandom(16)
             self._state = "proof"
             self._send({"version": wire.VERSION, "challenge": wire.b64(self._challenge), "auth": self._server.secret is not None})
@@ -117,6 +163,8 @@ class _Connection(asyncio.Protocol):
     # -- requests
 
     def _request(self, msg: dict[str, Any]) -> None:
+        if "pong" in msg:
+            return  # an answer to our ping: hearing it was the point
         rid = msg.get("id")
         try:
             result = self._dispatch(str(msg.get("op")), msg)
@@ -168,7 +216,7 @@ class _Connection(asyncio.Protocol):
     def _grant(self, msg: dict[str, Any]) -> Any:
         lease_id = self._store.new_lease(float(msg["ttl"]))
         self._leases.add(lease_id)
-        self._store.on_lease_lost(lease_id, lambda: self._lease_gone(lease_id))
+        self._store.on_lease_lost(lease_id, lambda why: self._lease_gone(lease_id, why))
         return lease_id
 
     def _keepalive(self, msg: dict[str, Any]) -> Any:
@@ -185,16 +233,17 @@ class _Connection(asyncio.Protocol):
 
         return push
 
-    def _lease_gone(self, lease_id: int) -> None:
+    def _lease_gone(self, lease_id: int, why: str) -> None:
         if lease_id in self._leases:
             self._leases.discard(lease_id)
-            self._send({"lease_lost": lease_id})
+            self._send({"lease_lost": lease_id, "why": why})
 
     # -- output
 
     def _send(self, obj: dict[str, Any]) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(wire.frame(obj))
+            self._sent = asyncio.get_running_loop().time()
 
     def _close(self, why: str) -> None:
         if why:

@@ -94,8 +94,17 @@ class Lease(Protocol):
         """Set once the lease is gone (expired, revoked, or the connection that kept it dropped)."""
         ...
 
+    @property
+    def why(self) -> str:
+        """Once ``lost`` is set: why, in words for the user ("" when nobody could tell)."""
+        ...
+
     async def keep_alive(self) -> None:
         """Refresh the TTL once; ``LeaseLost`` if it is already gone."""
+        ...
+
+    def set_lost(self, why: str) -> None:
+        """Give it up on this side (its keep-alives went unanswered too long): ``lost`` is set, with ``why``."""
         ...
 
     async def revoke(self) -> None:
@@ -110,6 +119,7 @@ class LeaseHandle:
         self._id = lease_id
         self._ttl = ttl
         self._lost = asyncio.Event()
+        self._why = ""
 
     @property
     def id(self) -> int:
@@ -122,6 +132,16 @@ class LeaseHandle:
     @property
     def lost(self) -> asyncio.Event:
         return self._lost
+
+    @property
+    def why(self) -> str:
+        return self._why
+
+    def set_lost(self, why: str) -> None:
+        """The lease is gone; the first reason given is the one kept (it is the cause, later ones are effects)."""
+        if not self._lost.is_set():
+            self._why = why
+            self._lost.set()
 
     def _check_held(self) -> None:
         if self._lost.is_set():
