@@ -203,7 +203,8 @@ def test_a_frozen_node_is_noticed_by_its_lease_and_leaves_cleanly_when_it_wakes(
     finally:
         os.kill(frozen.proc.pid, signal.SIGCONT)
     assert frozen.finish() == 3  # woken up: it finds its place gone, stops its workers, says so
-    assert "this node lost its place in the job" in frozen.err[-1]
+    assert "this node lost its place in the job: this node was frozen (stopped or starved) for" in frozen.err[-1], frozen.err
+    assert "past its lease (0.6 s)" in frozen.err[-1]
     finish.touch()
     assert host.finish() == 0
 

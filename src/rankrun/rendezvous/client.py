@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.rendezvous import wire
-from rankrun.rendezvous.liveness import Liveness, froze_for, tune_socket
+from rankrun.rendezvous.liveness import Liveness, froze_for, seconds, tune_socket
 from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
 
 _ERRORS: dict[str, type[StoreUnavailable]] = {"lease_lost": LeaseLost, "compacted": Compacted}
@@ -128,7 +128,7 @@ class StoreClient:
         self._ids = itertools.count(1)
         self._closed_why: str | None = None
         self._heard = 0.0  # the loop's time of the last byte from the server
-        self._silent_since = 0.0  # when the current stretch of silence began counting (reset after a freeze)
+        self._silent_since = 0.0  # when the host's silence began, moved on by the time this process stood still
         self._frozen = 0.0  # how long this process last stood still, when that may explain a loss
         self._frozen_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -209,8 +209,9 @@ class StoreClient:
         self._heard = self._silent_since = asyncio.get_running_loop().time()
 
     def silent_why(self) -> str:
-        silent = asyncio.get_running_loop().time() - self._heard if self._heard else self.liveness.window
-        return f"the host at {self.endpoint} stopped answering (no reply for {silent:.0f} s; the network or the host is down)"
+        silent = asyncio.get_running_loop().time() - self._silent_since if self._heard else self.liveness.window
+        host = f"the host at {self.endpoint}"
+        return f"{host} stopped answering (no reply for {seconds(silent)} s; the network or the host is down)"
 
     def _watch_silence(self) -> None:
         """Give the connection up after a window of silence: a timer every half interval (no state is polled: the
@@ -224,10 +225,12 @@ class StoreClient:
         if self._closed_why is not None:
             return
         now = asyncio.get_running_loop().time()
-        frozen = froze_for(now - due, self.liveness)
-        if frozen is not None:  # this process stood still: its own silence, not the host's; count afresh from now
-            self._frozen, self._frozen_at, self._silent_since = frozen, now, now
-        elif now - self._silent_since >= self.liveness.window:
+        stalled = max(0.0, now - due)
+        self._silent_since += stalled  # only time this process ran (and could have read) counts as the host's silence
+        frozen = froze_for(stalled, self.liveness)
+        if frozen is not None:
+            self._frozen, self._frozen_at = frozen, now
+        if now - self._silent_since >= self.liveness.window:
             self.lost(self.silent_why(), silent=True)
             return
         self._schedule(now + self.liveness.interval / 2)
@@ -267,7 +270,8 @@ class StoreClient:
         recent = now - self._frozen_at <= self.liveness.window + self.liveness.interval
         if not self._frozen or not recent:
             return None
-        return f"this node was frozen (stopped or starved) for {self._frozen:.0f} s, past its lease ({self.liveness.window:g} s)"
+        lease = self.liveness.window
+        return f"this node was frozen (stopped or starved) for {seconds(self._frozen)} s, past its lease ({lease:g} s)"
 
     def _lease_why(self, server_says: str) -> str:
         return self._freeze() or (f"the host ended its lease ({server_says})" if server_says else "the host ended its lease")

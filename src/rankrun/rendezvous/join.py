@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rankrun.rendezvous.liveness import seconds
 from rankrun.rendezvous.round import (
     Finish,
     NodeInfo,
@@ -512,7 +513,8 @@ class Member:
                 first_miss = started if misses == 1 else first_miss
                 if misses >= max_attempts or self.lease.lost.is_set():
                     why = f"no answer within {interval:g} s" if isinstance(exc, TimeoutError) else str(exc)
-                    self.lease.set_lost(f"{misses} keep-alives in a row failed over {loop.time() - first_miss:.0f} s ({why})")
+                    over = seconds(loop.time() - first_miss)
+                    self.lease.set_lost(f"{misses} keep-alives in a row failed over {over} s ({why})")
                     return
                 continue
             if self.job is not None:  # every node keeps the job's keys alive (a shared store); its failures are not ours

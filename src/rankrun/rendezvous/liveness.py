@@ -44,11 +44,16 @@ class Liveness:
 def froze_for(late: float, liveness: Liveness) -> float | None:
     """How long this process stood still, judged by how late a timer fired (pure); None if it was running.
 
-    A timer that should have fired every half interval but fired more than an interval (at least 1 s)
-    late was not serviced: the process was stopped (SIGSTOP) or starved, and a peer's silence over that
-    time tells nothing about the peer.
+    A timer due every half interval that fires more than an interval late (a second at least), or
+    more than half the window late, was not serviced: the process was stopped (SIGSTOP) or starved,
+    and whatever a peer said meanwhile could not be heard.
     """
-    return late if late > max(1.0, liveness.interval) else None
+    return late if late > min(max(1.0, liveness.interval), liveness.window / 2) else None
+
+
+def seconds(value: float) -> str:
+    """A duration for a message: whole seconds from 10 s on, tenths below ("0.4", "3", "12")."""
+    return f"{value:.0f}" if value >= 10 else f"{round(value, 1):g}"
 
 
 def tune_socket(sock: socket.socket | None, liveness: Liveness) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from rankrun.errors import StoreError
 from rankrun.rendezvous import wire
-from rankrun.rendezvous.liveness import Liveness, tune_socket
+from rankrun.rendezvous.liveness import Liveness, seconds, tune_socket
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.store import Compacted, Event, LeaseLost, StoreUnavailable
 
@@ -125,7 +125,7 @@ class _Connection(asyncio.Protocol):
         silent = now - self._heard
         if silent >= self._liveness.window:
             logger.info("rendezvous: %s said nothing for %.0f s: closing its connection", self.peer, silent)
-            self._end(f"its lease expired after {silent:.0f} s of silence (no keep-alive)")
+            self._end(f"its lease expired after {seconds(silent)} s of silence (no keep-alive)")
             return
         if now - self._sent >= self._liveness.interval:
             self._pings += 1
