@@ -21,7 +21,9 @@ def main_exit() -> None:
 
     from rankrun.cli import main  # noqa: PLC0415 - after the catcher, on purpose
 
-    sys.exit(main(catcher=catcher))
+    code = main(catcher=catcher)
+    catcher.settle()  # decided: a late signal must not turn it into a death by that signal during exit
+    sys.exit(code)
 
 
 def _may_need_tls(argv: list[str], env: "os._Environ[str]") -> bool:

@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from rankrun.agent.loop import AgentDeps, run_agent
 from rankrun.cli import spec_from_args
 from rankrun.logs.console import Console
 from rankrun.proc.early import EarlyCatcher
+from rankrun.proc.output import OutputReader
+from rankrun.proc.spawn import WorkerHandle
 from rankrun.spec import LaunchSpec
 
 
@@ -37,12 +41,14 @@ async def _bounded(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> 
 
 def _run(tmp_path: Path, spec: LaunchSpec, spawner: FakeSpawner, catcher: EarlyCatcher | None = None) -> tuple[int, str, str]:
     out, err = tmp_path / "console.out", tmp_path / "console.err"
+    catcher = catcher or EarlyCatcher(())
     with out.open("wb") as o, err.open("wb") as e:
         console = Console(o.fileno(), e.fileno())
         try:
-            rc = asyncio.run(_bounded(spec, AgentDeps(spawner, console, "testhost"), catcher or EarlyCatcher(())))
+            rc = asyncio.run(_bounded(spec, AgentDeps(spawner, console, "testhost"), catcher))
         finally:
             console.close()
+            catcher.restore()  # the agent leaves the handled signals caught (as a launcher must until it exits)
     return rc, out.read_text(), err.read_text()
 
 
@@ -119,6 +125,80 @@ def test_second_signal_skips_the_grace_period(tmp_path):
     assert spawner.spawned[0].signals[:2] == [signal.SIGTERM, signal.SIGKILL]
 
 
+@dataclass
+class _SignalOnceTheGroupEnded(AgentDeps):
+    """Deps whose hook after a worker group is gone (and before its output is drained) sends a real signal."""
+
+    signum: int = signal.SIGINT
+
+    async def after_group(self, handles: Sequence[WorkerHandle]) -> None:
+        os.kill(os.getpid(), self.signum)  # handled by the agent's loop: queued on its stop stream
+        await super().after_group(handles)
+
+
+@pytest.mark.parametrize("console_reads", [True, False], ids=["console-reads", "console-stalled"])
+def test_a_signal_after_every_worker_exited_0_is_still_not_success(tmp_path, console_reads):
+    """Issue #11 6b: the workers all exit 0, then SIGINT arrives before the agent has judged the attempt.
+
+    With a console that reads, the signal waits on the stop stream, which nobody reads any more; with a
+    console that does not read (stdout: a pipe nobody drains, as in test_interrupt_while_the_console_does_not_read)
+    the drain is stuck on it, takes the signal, abandons the console and puts the signal back, after which
+    the attempt was judged a success. Both used to exit 0.
+    """
+    chunk = b"y" * 4095 + b"\n"
+    # stalled: 4 MB in 1,000 writes, more than the console's queue (256) and its pipe (64 KB) hold
+    chunks = 1 if console_reads else 1000
+
+    def after_spawn(handle: FakeHandle) -> None:  # one chunk per write (the fake feeds its stdout in one), then exit 0
+        source = handle.stdout
+        assert isinstance(source, OutputReader)
+        for _ in range(chunks):
+            source.feed_data(chunk)
+        handle._finish(0)  # the fake's own exit, after the output it wrote
+
+    spawner = FakeSpawner(lambda a, r: Behaviour(), after_spawn)
+    read_fd, write_fd = os.pipe()
+    catcher = EarlyCatcher(())
+    err = tmp_path / "err"
+    try:
+        with err.open("wb") as e, (tmp_path / "out").open("wb") as o:
+            console = Console(o.fileno() if console_reads else write_fd, e.fileno())
+            deps = _SignalOnceTheGroupEnded(spawner, console, "h")
+            try:
+                rc = asyncio.run(_bounded(_spec(tmp_path, "--nproc-per-node", "1"), deps, catcher))
+            finally:
+                console.close()
+                catcher.restore()
+    finally:
+        os.close(read_fd)  # the stalled writer thread gets EPIPE and ends
+        os.close(write_fd)
+    assert set(spawner.spawned[0].signals) == {signal.SIGKILL}  # only the final sweeps: the group ended on its own
+    assert console.abandoned is not console_reads  # the stalled console was abandoned by the drain
+    assert rc == 128 + signal.SIGINT
+    if console_reads:
+        assert (tmp_path / "out").stat().st_size == len(chunk) * chunks  # nothing was dropped
+        assert "rankrun: received SIGINT as the job ended; exiting" in err.read_text()
+
+
+def test_handled_signals_stay_caught_after_the_agent_returns(tmp_path):
+    """The loop's teardown used to reset them to their defaults: a SIGTERM during the final flush killed rankrun."""
+    catcher = EarlyCatcher(())
+    spawner = FakeSpawner(lambda a, r: Behaviour(exit_status=0))
+    console = Console(os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY))
+    try:
+        rc = asyncio.run(_bounded(_spec(tmp_path, "--nproc-per-node", "1"), AgentDeps(spawner, console, "h"), catcher))
+        assert rc == 0
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)  # or the kill below ends pytest
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert catcher.first == signal.SIGTERM
+    finally:
+        catcher.restore()
+        console.close()
+        os.close(console.stdout_fd)
+        os.close(console.stderr_fd)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back as it was
+
+
 def test_signal_before_workers_start_spawns_nothing(tmp_path):
     catcher = EarlyCatcher(())
     catcher.pending.append(signal.SIGINT)
@@ -167,12 +247,14 @@ def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypa
     reader = threading.Thread(target=slow_reader)
     reader.start()
     err = tmp_path / "err"
+    catcher = EarlyCatcher(())
     with err.open("wb") as e:
         console = Console(write_fd, e.fileno())
         try:
-            rc = asyncio.run(_bounded(_spec(tmp_path, "--nproc-per-node", "2"), AgentDeps(spawner, console, "h"), EarlyCatcher(())))
+            rc = asyncio.run(_bounded(_spec(tmp_path, "--nproc-per-node", "2"), AgentDeps(spawner, console, "h"), catcher))
         finally:
             console.close()
+            catcher.restore()
             os.close(write_fd)
             reader.join(60)
             os.close(read_fd)

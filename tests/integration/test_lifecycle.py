@@ -274,6 +274,44 @@ def test_interrupt_while_the_console_does_not_read(tmp_path, reaper):
                 stream.close()
 
 
+def test_interrupt_after_the_workers_exited_0_is_not_success(tmp_path, reaper):
+    """Issue #11 6b, the interleaving the test above met under load: the worker has already exited 0 when SIGINT
+    comes, and its output is still draining into a console that does not read. The drain took the signal and the
+    attempt was then judged a success: exit 0. Whatever phase the signal lands in, an interrupted job is not a success.
+    """
+    script = tmp_path / "trickle.py"
+    script.write_text(  # separate writes, so the launcher reads many chunks: more than its console queue holds
+        "import os, sys, time\n"
+        "for i in range(400):\n"
+        "    os.write(1, b'y' * 999 + b'\\n')\n"
+        "    time.sleep(0.0005)\n"
+        "print('DONE', os.getpid(), file=sys.stderr, flush=True)\n"
+    )
+    proc = subprocess.Popen([*RANKRUN, str(script)], env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    reaper.pids.add(proc.pid)
+    try:
+        assert proc.stderr is not None
+        done, pid = proc.stderr.readline().split()
+        assert done == b"DONE"
+        assert wait_gone([int(pid)], 30.0) == []  # exited 0 before the signal: the order that used to lose it
+        rc = None
+        for _ in range(20):  # a signal that lands before the final flush does not abandon a console that does not read
+            proc.send_signal(signal.SIGINT)
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert rc == 128 + signal.SIGINT
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def _children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 

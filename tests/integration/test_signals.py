@@ -118,6 +118,21 @@ def test_adopt_redelivers_an_early_signal_under_its_default_action(tmp_path):
     assert res.stdout == "still here\n"
 
 
+def test_a_signal_after_the_exit_code_is_chosen_changes_nothing():
+    """Python's exit resets caught signals to their defaults: a repeated Ctrl-C then killed rankrun by SIGINT."""
+    code = textwrap.dedent("""
+        import os, signal, sys
+        from rankrun.proc.early import EarlyCatcher
+        catcher = EarlyCatcher.install([signal.SIGINT, signal.SIGTERM])
+        catcher.settle()                       # what the entry point does once main() returned its code
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sys.exit(130)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 130, res.stderr
+
+
 def test_second_signal_message_says_killed(tmp_path, reaper):
     env = clean_environ() | {"PAYLOAD_IGNORE_TERM": "say", "TEST_PID_DIR": str(reaper.watch_dir(tmp_path / "pids"))}
     proc = subprocess.Popen([*RANKRUN, "--nproc-per-node", "2", payload("sigwait.py")], env=env, cwd=tmp_path,

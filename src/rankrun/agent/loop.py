@@ -5,7 +5,7 @@ watchdog before any thread exists, become a child subreaper, start the console t
 then run the async agent. ``run_agent`` is one screen of sequencing over injected
 dependencies (``AgentDeps``: spawner, console, stores, clock) so scenarios can run on
 fakes; every decision (``plan``, ``decide``, ``group_ended``) is a pure function, and exit
-codes are chosen here, at the edge.
+codes are chosen here, at the edge (``exit_code``: a handled signal always wins).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from types import FrameType
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
@@ -29,7 +28,7 @@ from rankrun.logs.layout import RunLogs
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.group import GroupOutcome
-from rankrun.proc.signals import Interrupted, StopStream, attach
+from rankrun.proc.signals import Interrupted, StopStream, attach, detach
 from rankrun.proc.spawn import OsSpawner
 from rankrun.proc.terminal import is_foreground_terminal
 from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
@@ -57,24 +56,26 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
         code = exc.exit_code
     finally:
         reap_orphans(exclude={watchdog.pid, *keep})
-        interrupted = _close_console(console, spec.signals)
+        # The catcher has the handled signals back (run_agent detached them): one during the flush means
+        # the user gave up on a console that does not read.
+        catcher.on_signal = lambda _signum: console.abandon()
+        console.close()
         watchdog.close()
-    return EXIT_SIGNAL_BASE + interrupted if interrupted else code
+    return exit_code(code, catcher.first)  # a signal during the flush counts too
 
 
-def _close_console(console: Console, signums: tuple[int, ...]) -> int:
-    """Flush the console; a signal meanwhile abandons a console that stopped reading. Returns that signal or 0."""
-    got: list[int] = []
+def exit_code(outcome: int, first_signal: int | None) -> int:
+    """The launcher's exit code (pure): ``outcome`` (0, 1, 3, ...) unless a handled signal arrived.
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        del frame
-        got.append(signum)
-        console.abandon()
-
-    for signum in signums:  # the handled set only: any other signal keeps its inherited disposition
-        signal.signal(signum, on_signal)
-    console.close()
-    return got[0] if got else 0
+    The rule, here and only here: once rankrun has received a handled signal, before the job's
+    outcome is final (up to the end of the final flush), it exits 128+N for the first such signal,
+    whatever the workers did. Interrupted is never success: not when the workers exit 0 just as
+    the signal lands, not when the signal is taken off the stop stream by a consumer that cannot
+    act on it (the drain after the group had ended) or arrives while the loop winds down.
+    ``first_signal`` is the catcher's record, written on arrival, so no interleaving of consumers
+    can lose it.
+    """
+    return EXIT_SIGNAL_BASE + first_signal if first_signal is not None else outcome
 
 
 class _ConsoleLogHandler(logging.Handler):
@@ -107,11 +108,27 @@ def _use_pidfd_child_watcher() -> None:
 
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
-    stops = attach(catcher, asyncio.get_running_loop(), spec.signals)
+    loop = asyncio.get_running_loop()
+    stops = attach(catcher, loop, spec.signals)
+    try:
+        final, kept = await _run(spec, deps, stops)
+    finally:
+        detach(catcher, loop)  # still caught (and counted) while the loop closes and the console flushes
+    first = catcher.first
+    code = exit_code(final.exit_code, first)
+    if first is not None and code != final.exit_code:  # e.g. the workers had all exited 0 as it came: it still wins
+        deps.console.say(f"received {signal_name(first)} as the job ended; exiting")
+    # Last of all, after every other line: the report (the private log dir is gone by now).
+    if final.report is not None or final.job_cause:
+        _report(spec, deps, final, error_files_kept=kept)
+    return code
+
+
+async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[_Final, bool]:
+    """The job on this node; returns how it ended and whether worker logs were kept."""
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     if deps.watchdog is not None and logs.base is not None and not logs.keep:
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
-    final: _Final | None = None
     try:
         if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
@@ -130,10 +147,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
         kept = logs.finish()
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")
-    # Last of all, after every other line: the report (the private log dir is gone by now).
-    if final.report is not None or final.job_cause:
-        _report(spec, deps, final, error_files_kept=kept is not None)
-    return final.exit_code
+    return final, kept is not None
 
 
 @dataclass(frozen=True)
@@ -217,4 +231,4 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: _Final, *, error_files_kep
             deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
 
 
-__all__ = ["AgentDeps", "group_ended", "launch", "run_agent"]
+__all__ = ["AgentDeps", "exit_code", "group_ended", "launch", "run_agent"]

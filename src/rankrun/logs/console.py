@@ -242,7 +242,7 @@ class Console:
         for dest, mark in zip(destinations, marks, strict=True):
             self._put_blocking(dest, mark)
         for mark in marks:
-            while not mark.done.wait(_POLL) and not self.abandoned:
+            while not self.abandoned and not mark.done.wait(_POLL):  # abandoned: at once, not a _POLL per mark
                 pass
 
     def _put_blocking(self, dest: _Destination, item: _Item) -> None:

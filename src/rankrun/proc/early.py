@@ -47,8 +47,19 @@ def requested_signals(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int,
 class EarlyCatcher:
     def __init__(self, signums: tuple[int, ...]) -> None:
         self.signums = signums
-        self.pending: list[int] = []
+        self.pending: list[int] = []  # caught, not yet handed to the event loop's stream
+        self.received: list[int] = []  # every handled signal that arrived, in order; never consumed
+        self.on_signal: Callable[[int], None] | None = None  # called once one is recorded (not on the loop)
         self._inherited: dict[int, _Disposition] = {}
+
+    @property
+    def first(self) -> int | None:
+        """The first handled signal this process received, if any."""
+        return self.received[0] if self.received else None
+
+    def note(self, signum: int) -> None:
+        """Record a handled signal that arrived (the event loop's handler calls this too)."""
+        self.received.append(signum)
 
     @classmethod
     def install(cls, signums: Iterable[int] | None = None) -> EarlyCatcher:
@@ -68,6 +79,7 @@ class EarlyCatcher:
             # Python's own SIGINT handler is not what rankrun inherited from its parent: SIG_DFL was.
             restored = signal.SIG_DFL if inherited in (signal.default_int_handler, None) else inherited
             signal.signal(signum, restored)
+            self.received = [s for s in self.received if s != signum]  # as if never caught
             if signum in self.pending:
                 self.pending = [s for s in self.pending if s != signum]
                 if restored == signal.SIG_DFL:
@@ -78,6 +90,35 @@ class EarlyCatcher:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
         self.signums = wanted
 
+    def rearm(self, signum: int) -> None:
+        """Catch ``signum`` here again (the event loop let go of it and left it at its default)."""
+        while True:
+            try:
+                signal.signal(signum, self._record)
+                return
+            except KeyboardInterrupt:  # raised before installing: a SIGINT met Python's own handler meanwhile
+                self.note(signal.SIGINT)
+
+    def settle(self) -> None:
+        """The exit code is chosen: from now on the handled signals are ignored, until the process is gone.
+
+        Python's own exit puts every caught signal back to its default, so one arriving while the
+        interpreter shuts down (a user repeating Ctrl-C) would end rankrun by that signal instead of
+        with the code chosen; none can change the outcome any more.
+        """
+        for signum in self.signums:
+            signal.signal(signum, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        """Give every caught signal exactly the disposition it had before (for callers that live on: tests)."""
+        for signum, inherited in self._inherited.items():
+            signal.signal(signum, signal.SIG_DFL if inherited is None else inherited)
+        self._inherited.clear()
+        self.signums = ()
+
     def _record(self, signum: int, frame: FrameType | None) -> None:
         del frame
         self.pending.append(signum)
+        self.note(signum)
+        if self.on_signal is not None:
+            self.on_signal(signum)

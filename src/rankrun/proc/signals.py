@@ -6,12 +6,16 @@ fatal. Once the event loop runs, ``attach`` moves delivery of exactly the handle
 (``--signals-to-handle``) onto the loop and replays what arrived before; every other signal
 keeps the disposition rankrun inherited. The rest of rankrun sees signals only as
 ``Interrupted`` events on the ``StopStream``, the one stream of reasons to stop a worker group
-(membership changes arrive there too, as ``Regroup``).
+(membership changes arrive there too, as ``Regroup``). Every arrival is also noted in the
+catcher's ``received`` as it happens, so that a stop a consumer takes off the stream and cannot
+act on (the group had already ended) still decides the exit code. ``detach`` gives the signals
+back to the catcher before the loop closes, so they stay caught until the process exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -78,9 +82,32 @@ def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iter
     """Deliver exactly ``signums`` through a stream on ``loop``, replaying what came early."""
     catcher.adopt(signums)  # any other signal keeps the disposition rankrun inherited
     stream = StopStream()
+
+    def arrived(signum: int) -> None:
+        catcher.note(signum)  # on arrival, not when consumed: the exit code must not depend on who took it
+        stream.deliver(signum)
+
     for signum in catcher.signums:
-        loop.add_signal_handler(signum, stream.deliver, signum)
-    for signum in catcher.pending:
+        loop.add_signal_handler(signum, arrived, signum)
+    for signum in catcher.pending:  # already noted by the catcher
         stream.deliver(signum)
     catcher.pending.clear()
     return stream
+
+
+def detach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop) -> None:
+    """Hand the signals ``attach`` gave ``loop`` back to the catcher, which records them until the process exits.
+
+    Called while the loop still runs: closing it would reset them to their defaults, and a signal
+    during the final flush would kill rankrun (SIGINT: raise KeyboardInterrupt) instead of being
+    counted. Between removing and re-arming, a signal meets that default for a few instructions:
+    a SIGINT then is a KeyboardInterrupt, counted here; any other ends rankrun by that signal,
+    which is still 128+N to its parent's shell, never success.
+    """
+    for signum in catcher.signums:
+        try:
+            loop.remove_signal_handler(signum)
+            catcher.rearm(signum)
+        except KeyboardInterrupt:
+            catcher.note(signal.SIGINT)
+            catcher.rearm(signum)
