@@ -15,7 +15,10 @@ Errors (all ``StoreUnavailable``, a ``rankrun.errors.LauncherError``, or below):
 be reached or the connection was lost; ``AuthenticationFailed`` when the secrets do not match;
 ``LeaseLost`` for an operation on a lease that no longer exists;
 ``Compacted`` for a watch from a revision the store no longer has. No call takes a timeout:
-callers bound them (``asyncio.timeout``), and every call may be cancelled.
+callers bound them (``asyncio.timeout``), and every call may be cancelled. A networked store never
+waits on a silent network for longer than its liveness allows, whatever the caller: the embedded
+client gives its connection up after a window of silence (``rendezvous.liveness``), etcd's gateway
+bounds each attempt and moves on to the next member.
 """
 
 from __future__ import annotations
