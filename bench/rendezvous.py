@@ -20,8 +20,17 @@ endpoints; the leader is SIGKILLed and the bench times, from the kill, the first
 accepts again and the first watch event delivered after it (a put made once the keep-alive succeeded).
 ``--reps`` times (the killed member rejoins between them); the median and every value are reported.
 
+``--partition``: the same, but the leader is cut off instead of killed, silently (no RST, no FIN: a switch
+drops its frames), in network namespaces the bench makes and removes (root, iproute2 and nftables): one
+member a host, the client on a fourth. The client holds a lease through all three endpoints and talks
+to the leader; right after the cut it sends a keep-alive, and the bench times from the cut until the
+cluster accepts it (the client leaves the silent member after its attempt bound and waits out the
+election). With a 3 s lease (keep_alive_interval=1, keep_alive_max_attempt=3) and the default 15 s,
+``--reps`` times each (the member is healed and rejoins between them).
+
 The last line with ``--json`` is one object: ``nodes``, ``seconds``, ``ops_per_node``, ``bytes_per_node``
-(and ``completed``); with ``--failover``: ``keepalive_s`` and ``watch_s`` lists and their medians.
+(and ``completed``); with ``--failover``: ``keepalive_s`` and ``watch_s`` lists and their medians; with
+``--partition``: per lease (``"3"``, ``"15"``) a ``keepalive_s`` list, its median and how many leases were kept.
 """
 
 from __future__ import annotations
@@ -230,9 +239,9 @@ async def _etcd_agents(endpoints: str, count: int, index: int) -> None:
     ops = [0]
     original_call, original_stream = Gateway.call, Gateway.open_stream
 
-    async def call(self: Gateway, path: str, body: dict[str, object]) -> dict[str, object]:
+    async def call(self: Gateway, path: str, body: dict[str, object], **bounds: float | None) -> dict[str, object]:
         ops[0] += 1
-        return await original_call(self, path, body)
+        return await original_call(self, path, body, **bounds)  # type: ignore[arg-type]
 
     async def stream(self: Gateway, path: str, body: dict[str, object]) -> object:
         ops[0] += 1
@@ -322,6 +331,73 @@ def run_failover(reps: int) -> dict[str, object]:
             "watch_median": statistics.median(watch)}
 
 
+PARTITION_LEASES = (3.0, 15.0)  # seconds: keep_alive_interval x keep_alive_max_attempt, 1 x 3 and the default 5 x 3
+
+
+async def _partition_client(endpoints: str, ttl: float) -> None:
+    """On the fourth host: hold a lease (its first member is the leader); at each "go", one keep-alive, timed."""
+    from rankrun.rendezvous.store import StoreUnavailable
+
+    store = _etcd_store(endpoints)
+    lease = await store.grant(ttl)  # type: ignore[attr-defined]
+    await lease.keep_alive()
+    print("READY", flush=True)
+    loop = asyncio.get_running_loop()
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "go":
+        try:
+            await lease.keep_alive()  # the client fails over (and waits out the election) by itself
+            print(json.dumps({"at": time.monotonic(), "member": store.gateway.serving.host}), flush=True)  # type: ignore[attr-defined]
+        except StoreUnavailable as exc:
+            print(json.dumps({"at": time.monotonic(), "lost": str(exc)}), flush=True)
+    with contextlib.suppress(StoreUnavailable):
+        await lease.revoke()
+    await store.close()  # type: ignore[attr-defined]
+
+
+def _partition_once(sw: object, cluster: object, ttl: float) -> dict[str, object]:
+    """Cut the leader off; seconds from the cut until a keep-alive is accepted, and whether the lease was kept."""
+    leader = cluster.leader()  # type: ignore[attr-defined]
+    members = cluster.members  # type: ignore[attr-defined]
+    endpoints = ",".join(m.endpoint for m in [leader, *(m for m in members if m is not leader)])
+    client = subprocess.Popen([*sw.exec(3), sys.executable, __file__, "--role", "partition-client", "--endpoints",  # type: ignore[attr-defined]
+                               endpoints, "--ttl", str(ttl)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None
+        assert client.stdin is not None
+        assert client.stdout.readline().strip() == "READY"
+        sw.cut(members.index(leader))  # type: ignore[attr-defined]
+        cut = time.monotonic()
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        answer = json.loads(client.stdout.readline())
+        return {"seconds": answer["at"] - cut, "kept": "lost" not in answer, "why": answer.get("lost", "")}
+    finally:
+        sw.heal()  # type: ignore[attr-defined]
+        _end(client)
+        cluster.wait_healthy([leader])  # type: ignore[attr-defined]
+
+
+def run_partition(reps: int) -> dict[str, object]:
+    import shutil
+    import statistics
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nft") is None:
+        raise SystemExit("--partition needs root, iproute2 and nftables (network namespaces and a switch that drops frames)")
+    import netns
+    from etcdserver import etcd_cluster
+
+    results: dict[str, object] = {"reps": reps}
+    with tempfile.TemporaryDirectory() as tmp, netns.switch(4, nft=True) as sw, etcd_cluster(
+            Path(tmp), 3, addresses=[sw.addr(i) for i in range(3)], prefixes=[sw.exec(i) for i in range(3)]) as cluster:
+        for ttl in PARTITION_LEASES:
+            runs = [_partition_once(sw, cluster, ttl) for _ in range(reps)]
+            seconds = [round(float(r["seconds"]), 3) for r in runs]  # type: ignore[arg-type]
+            results[f"{ttl:g}"] = {"keepalive_s": seconds, "keepalive_median": statistics.median(seconds),
+                                   "kept": sum(bool(r["kept"]) for r in runs), "lost": [r["why"] for r in runs if r["why"]]}
+    return results
+
+
 # --------------------------------------------------------------------------- torch's c10d rendezvous
 
 
@@ -404,7 +480,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
     parser.add_argument("--backend", choices=("embedded", "etcd"), default="embedded", help="rankrun's store")
     parser.add_argument("--failover", action="store_true", help="time an etcd leader failover instead (3 members)")
-    parser.add_argument("--reps", type=int, default=5, help="--failover: how many leader kills")
+    parser.add_argument("--partition", action="store_true",
+                        help="time a keep-alive after the etcd leader is partitioned off instead (3 members, namespaces, root)")
+    parser.add_argument("--reps", type=int, default=5, help="--failover, --partition: how many per lease")
+    parser.add_argument("--ttl", type=float, default=3.0, help=argparse.SUPPRESS)
     parser.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--endpoints", default="", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -416,6 +495,7 @@ def main(argv: list[str]) -> int:
         "agents": lambda: asyncio.run(_agents(args.port, args.count, args.index)),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
+        "partition-client": lambda: asyncio.run(_partition_client(args.endpoints, args.ttl)),
         "torch-host": _torch_host,
         "torch-agents": lambda: _torch_agents(args.port, args.count, args.nodes, args.bound),
     }
@@ -427,6 +507,18 @@ def main(argv: list[str]) -> int:
         print(json.dumps(failover) if args.json else
               f"etcd leader SIGKILLed: keep-alive accepted again after {failover['keepalive_median']} s, a watch event "
               f"after {failover['watch_median']} s (medians of {args.reps}: {failover['keepalive_s']}, {failover['watch_s']})")
+        return 0
+    if args.partition:
+        partition = run_partition(args.reps)
+        if args.json:
+            print(json.dumps(partition))
+            return 0
+        for ttl in PARTITION_LEASES:
+            row = partition[f"{ttl:g}"]
+            assert isinstance(row, dict)
+            print(f"etcd leader partitioned ({ttl:g} s lease): keep-alive accepted again after {row['keepalive_median']} s, "
+                  f"lease kept {row['kept']}/{args.reps} (median of {args.reps}: {row['keepalive_s']})"
+                  + (f"; lost: {row['lost']}" if row["lost"] else ""))
         return 0
     if args.torch:
         result = run_torch(args.nodes, args.procs, args.bound)

@@ -3,6 +3,10 @@
 Every member listens on a loopback address nobody else uses (``conftest.fresh_loopback``'s
 scheme) with etcd's standard ports, has its own data directory, and is killed by PID when the
 ``with`` block ends. Readiness is etcd's own ``/health`` answering ``true`` (bounded).
+
+A member may run inside a network namespace (``prefixes``: the command prefix of its host, e.g.
+``netns.Switch.exec(i)``, with ``addresses`` on that host): ``ip netns exec`` execs etcd, so the PID
+is still etcd's; this side reaches such a member through a small Python run with the same prefix.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -37,6 +42,7 @@ class Member:
     data_dir: Path
     log: Path
     scheme: str = "http"
+    prefix: tuple[str, ...] = ()  # runs it (and reaches it) on a namespace host: ("ip", "netns", "exec", NAME)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,7 +72,7 @@ class Cluster:
 
     def start(self, member: Member, state: str = "new") -> None:
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        args = [ETCD or "etcd", "--name", member.name, "--data-dir", str(member.data_dir),
+        args = [*member.prefix, ETCD or "etcd", "--name", member.name, "--data-dir", str(member.data_dir),
                 "--listen-client-urls", member.client_url, "--advertise-client-urls", member.client_url,
                 "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
                 "--initial-cluster", initial, "--initial-cluster-token", self.token, "--initial-cluster-state", state,
@@ -89,10 +95,22 @@ class Cluster:
 
     def _healthy(self, member: Member) -> bool:
         try:
-            with urllib.request.urlopen(member.client_url + "/health", timeout=1, context=self._ssl()) as answer:
-                return bool(json.loads(answer.read()).get("health") == "true")
+            return bool(self._fetch(member, "/health", None, 1.0).get("health") == "true")
         except (OSError, ValueError):
             return False
+
+    def _fetch(self, member: Member, path: str, body: dict[str, object] | None, timeout: float) -> dict[str, object]:
+        """GET (no body) or POST a JSON body; the JSON answer. ``OSError`` when the member cannot be reached."""
+        url, data = member.client_url + path, json.dumps(body) if body is not None else ""
+        if member.prefix:  # in its namespace: only a process there reaches it
+            done = subprocess.run([*member.prefix, sys.executable, "-c", _FETCH, url, data, str(timeout)],
+                                  capture_output=True, text=True, timeout=timeout + 30, check=False)
+            if done.returncode != 0:
+                raise OSError(f"{url}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+            return dict(json.loads(done.stdout))
+        request = urllib.request.Request(url, data=data.encode() or None, method="POST" if data else "GET")
+        with urllib.request.urlopen(request, timeout=timeout, context=self._ssl()) as answer:
+            return dict(json.loads(answer.read()))
 
     def _ssl(self) -> ssl.SSLContext | None:
         if self.tls is None:
@@ -103,9 +121,7 @@ class Cluster:
         return self._context
 
     def call(self, member: Member, path: str, body: dict[str, object]) -> dict[str, object]:
-        request = urllib.request.Request(member.client_url + path, data=json.dumps(body).encode(), method="POST")
-        with urllib.request.urlopen(request, timeout=5, context=self._ssl()) as answer:
-            return dict(json.loads(answer.read()))
+        return self._fetch(member, path, body, 5.0)
 
     def leader(self) -> Member:
         """The member the live members agree leads (bounded wait for an election to finish)."""
@@ -147,17 +163,31 @@ class Cluster:
         return [{"key": base64.b64decode(kv["key"]).decode(), "lease": int(kv.get("lease", 0))} for kv in kvs]
 
 
+_FETCH = """
+import sys, urllib.request
+url, data, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+request = urllib.request.Request(url, data=data.encode() or None, method="POST" if data else "GET")
+with urllib.request.urlopen(request, timeout=timeout) as answer:
+    sys.stdout.write(answer.read().decode())
+"""
+
+
 @contextlib.contextmanager
 def etcd_cluster(tmp_path: Path, size: int = 1, *, tls: tuple[Path, Path, Path] | None = None,
-                 extra: tuple[str, ...] = (), addresses: list[str] | None = None) -> Iterator[Cluster]:
-    """``size`` members, all healthy on return; every one killed by PID on exit."""
+                 extra: tuple[str, ...] = (), addresses: list[str] | None = None,
+                 prefixes: list[tuple[str, ...]] | None = None) -> Iterator[Cluster]:
+    """``size`` members, all healthy on return; every one killed by PID on exit.
+
+    ``prefixes``: each member's command prefix (its namespace host), with ``addresses`` on those hosts.
+    """
     if ETCD is None:
         raise RuntimeError("etcd is not installed (apt-get install etcd-server)")
     base = tmp_path / f"etcd-{os.urandom(3).hex()}"
     base.mkdir()
     scheme = "https" if tls else "http"
     addresses = addresses or [fresh_address() for _ in range(size)]
-    members = [Member(f"m{i}", addresses[i], base / f"m{i}.data", base / f"m{i}.log", scheme) for i in range(size)]
+    members = [Member(f"m{i}", addresses[i], base / f"m{i}.data", base / f"m{i}.log", scheme,
+                      prefixes[i] if prefixes else ()) for i in range(size)]
     cluster = Cluster(members, f"t-{os.urandom(4).hex()}", tls, extra)
     try:
         for member in members:

@@ -20,7 +20,7 @@ from etcdserver import etcd_cluster
 from fakes import FakeTimers
 from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.etcd import EtcdStore
-from rankrun.rendezvous.gateway import Connection, Gateway
+from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
@@ -345,26 +345,38 @@ def test_a_watch_replays_a_long_history_in_order(run):
 
 
 def test_etcd_reuses_one_connection_for_calls_one_after_another(tmp_path, monkeypatch):
-    """Kept-alive connections carry answer after answer (chunked ones included) without a new connection each."""
+    """Kept-alive connections carry answer after answer (chunked ones, and error answers with a trailer, included)
+    without a new connection each, and no request is ever sent twice."""
     if shutil.which("etcd") is None:
         pytest.skip("etcd is not installed")
     opened: list[object] = []
-    original = Connection.open
+    sent: list[str] = []
+    original_open, original_send = Connection.open, Connection.send
 
     async def counting(endpoint: object, context: object) -> Connection:
-        conn = await original(endpoint, context)  # type: ignore[arg-type]
+        conn = await original_open(endpoint, context)  # type: ignore[arg-type]
         opened.append(conn)
         return conn
 
+    async def send(self: Connection, path: str, body: bytes, headers: dict[str, str]) -> None:
+        sent.append(path)
+        await original_send(self, path, body, headers)
+
     monkeypatch.setattr(Connection, "open", staticmethod(counting))
+    monkeypatch.setattr(Connection, "send", send)
 
     async def body(h: Harness) -> None:
         s = h.store
+        assert isinstance(s, EtcdStore)
         lease = await s.grant(30)
-        before = len(opened)
+        before, sent_before = len(opened), len(sent)
         for i in range(20):
             await lease.keep_alive()  # etcd streams keep-alive answers (chunked)
             await s.put(f"/k/{i}", b"v", lease=lease.id)
+            with pytest.raises(EtcdError) as refused:  # an error answer: chunked, with a Grpc-Trailer-* trailer
+                await s.gateway.call("/v3/kv/range", {"key": "L2sv", "revision": "1000000"})
+            assert refused.value.code == 11  # a future revision (as watch() provokes on purpose)
+        assert sent[sent_before:] == ["/v3/lease/keepalive", "/v3/kv/put", "/v3/kv/range"] * 20  # each once
         assert len(opened) == before  # the same connection throughout
         await lease.revoke()
 

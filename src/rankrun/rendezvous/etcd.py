@@ -6,9 +6,17 @@ stream, so the rendezvous algorithm (``rendezvous.join``) is the same as on the 
 and the same contract suite runs against both. What etcd does differently, and how it is met:
 
 - A lease is not tied to a connection: it lives until its TTL runs out without a keep-alive, on
-  whichever member answers. ``lost`` is set when etcd says the lease is gone (a keep-alive
-  without a TTL, a put on an unknown lease), and at the lease's local deadline (the last
-  refresh plus its TTL) the lease asks etcd once: a timer, not a polling loop.
+  whichever member answers. Its *expiry* here is the last refresh etcd confirmed, counted from
+  when that request was sent (etcd refreshed it later, never earlier), plus the TTL etcd gave:
+  before then it surely lives. A lease call (keep-alive, time-to-live) gives each member a third
+  of the TTL to answer, and never more than is left before the expiry, so that a member cut off
+  from the client (no RST, only silence) leaves time for the others before etcd drops the lease
+  (``attempt_bound``). ``lost`` is set, with the reason (``why``), when etcd says the lease is
+  gone (a keep-alive without a TTL, a put on an unknown lease, a time-to-live of -1). At the
+  expiry, if no keep-alive was confirmed meanwhile, the lease asks etcd whether it still lives
+  (etcd renews every lease when a new leader is elected, and other clients may keep a shared one
+  alive), on every member, until one more TTL has passed (``give_up_at``): an etcd that cannot
+  vouch for the lease that long is not believed to keep it. A timer, not a polling loop.
 - A watch stream ends when its member dies or loses the leader; it is re-created on the next
   endpoint from the revision after the last one delivered, so no event is missed or repeated.
   A watch from compacted history is refused with ``Compacted``: etcd tells that only some time
@@ -81,26 +89,63 @@ def _revision(obj: dict[str, Any]) -> int:
     return int(obj.get("header", {}).get("revision", 0))
 
 
+# --------------------------------------------------------------------------- a lease's time (pure)
+
+MIN_ATTEMPT = 0.2  # seconds: the least one member gets to answer a lease call
+
+
+def attempt_bound(ttl: float, left: float, members: int) -> float | None:
+    """Seconds one member may take to answer a lease call; None: the gateway's own bound (one member: nowhere else to go).
+
+    A third of the TTL, so that a member that does not answer leaves time for two more before etcd may
+    drop the lease; no more than ``left`` (seconds to the lease's expiry); never less than ``MIN_ATTEMPT``.
+    """
+    if members < 2:
+        return None
+    return max(MIN_ATTEMPT, min(ttl / 3, left))
+
+
+def give_up_at(expiry: float, ttl: float) -> float:
+    """When a lease that no member could vouch for since ``expiry`` is taken for gone: one more TTL later."""
+    return expiry + ttl
+
+
+def next_look(expiry: float, looked: float, ttl: float) -> float:
+    """When to ask etcd about the lease: at its expiry, but not within a tenth of the TTL of the last look.
+
+    etcd rounds a remaining TTL down to whole seconds: a lease with 0 s left still lives for up to a second.
+    """
+    return max(expiry, looked + ttl / 10)
+
+
 class EtcdLease(LeaseHandle):
-    def __init__(self, store: EtcdStore, lease_id: int, ttl: float) -> None:
+    def __init__(self, store: EtcdStore, lease_id: int, ttl: float, *, confirmed: float | None = None) -> None:
+        """``confirmed``: when the request that granted or last refreshed it was sent (now if not given)."""
         super().__init__(lease_id, ttl)
         self._store = store
-        self._deadline = asyncio.get_running_loop().time() + ttl
-        self._checker = asyncio.create_task(self._check_at_deadline())
+        loop = asyncio.get_running_loop()
+        self._confirmed = loop.time() if confirmed is None else confirmed
+        self._expiry = self._confirmed + ttl  # before this, etcd surely holds it
+        self._checker = asyncio.create_task(self._watch_expiry())
 
-    def mark_lost(self) -> None:
-        self._lost.set()
+    @property
+    def expiry(self) -> float:
+        return self._expiry
+
+    def mark_lost(self, why: str) -> None:
+        self.set_lost(why)
         self._checker.cancel()
         self._store.leases.pop(self._id, None)
 
     async def keep_alive(self) -> None:
         self._check_held()
-        obj = await self._store.gateway.call("/v3/lease/keepalive", {"ID": str(self._id)})
+        sent = asyncio.get_running_loop().time()
+        obj = await self._call("/v3/lease/keepalive")
         ttl = int(obj.get("result", obj).get("TTL", 0))
         if ttl <= 0:  # etcd's word for an unknown or expired lease: no TTL, HTTP 200
-            self.mark_lost()
+            self.mark_lost(self._expired("etcd says it is gone"))
             raise LeaseLost(f"lease {self._id:x} expired")
-        self._deadline = asyncio.get_running_loop().time() + ttl
+        self._confirm(sent, ttl)
 
     async def revoke(self) -> None:
         if self._lost.is_set():
@@ -111,26 +156,52 @@ class EtcdLease(LeaseHandle):
             if exc.code != _NOT_FOUND:
                 raise
         finally:
-            self.mark_lost()
+            self.mark_lost("it was revoked")
 
-    async def _check_at_deadline(self) -> None:
-        """At the local deadline, ask etcd whether the lease still lives (it may: a refresh we did not see)."""
+    def _confirm(self, sent: float, ttl: float) -> None:
+        """etcd vouched, for a request sent at ``sent``, that the lease lives ``ttl`` s more."""
+        if sent + ttl > self._expiry:
+            self._confirmed, self._expiry = sent, sent + ttl
+
+    async def _call(self, path: str) -> dict[str, Any]:
+        """A lease request: each member bounded by what is left of the lease, every member tried until the give-up time."""
+        gateway = self._store.gateway
+        now = asyncio.get_running_loop().time()
+        return await gateway.call(path, {"ID": str(self._id)},
+                                  attempt_timeout=attempt_bound(self._ttl, self._expiry - now, len(gateway.endpoints)),
+                                  retry_for=max(0.0, give_up_at(self._expiry, self._ttl) - now))
+
+    def _expired(self, how: str) -> str:
+        since = asyncio.get_running_loop().time() - self._confirmed
+        return f"its etcd lease expired: {how} (no keep-alive reached etcd for {since:.0f} s; its TTL is {self._ttl:g} s)"
+
+    async def _watch_expiry(self) -> None:
+        """At the expiry, unless a keep-alive was confirmed meanwhile, ask etcd whether the lease still lives."""
         loop = asyncio.get_running_loop()
+        looked = -math.inf
         while True:
-            await asyncio.sleep(max(0.0, self._deadline - loop.time()) + 0.25)  # a deadline timer, not a poll
-            if loop.time() < self._deadline:
+            await asyncio.sleep(max(0.0, next_look(self._expiry, looked, self._ttl) - loop.time()))  # a timer, not a poll
+            if loop.time() < self._expiry:
                 continue  # refreshed meanwhile
-            try:  # bounded by the TTL: a lease etcd cannot vouch for is not held on to for read_timeout
-                obj = await self._store.gateway.call("/v3/lease/timetolive", {"ID": str(self._id)},
-                                                     retry_for=max(1.0, self._ttl))
-            except StoreUnavailable:
-                break  # past its TTL and etcd cannot say otherwise: treat it as gone
-            ttl = int(obj.get("TTL", -1))
-            if ttl <= 0:
+            looked = loop.time()
+            why = await self._ask_etcd()
+            if why is not None and loop.time() >= self._expiry:  # (a keep-alive may have been confirmed meanwhile)
                 break
-            self._deadline = loop.time() + ttl
-        self._lost.set()
+        self.set_lost(why)
         self._store.leases.pop(self._id, None)
+
+    async def _ask_etcd(self) -> str | None:
+        """None if etcd vouches for the lease (its expiry moves on); else why it is taken for gone."""
+        sent = asyncio.get_running_loop().time()
+        try:
+            obj = await self._call("/v3/lease/timetolive")
+        except StoreUnavailable as exc:
+            return self._expired(f"no etcd member could say otherwise ({exc})")
+        left = int(obj.get("TTL", -1))
+        if left < 0:  # -1: etcd has no such lease (0: it lives, for less than a second)
+            return self._expired("etcd says it is gone")
+        self._confirm(sent, left)
+        return None
 
 
 class EtcdWatch:
@@ -298,10 +369,11 @@ class EtcdStore:
             # "a future revision": nothing to replay, the watch starts with what comes next
 
     async def grant(self, ttl: float) -> EtcdLease:
+        sent = asyncio.get_running_loop().time()
         obj = await self.gateway.call("/v3/lease/grant", {"TTL": str(max(1, math.ceil(ttl)))})
         if not obj.get("ID"):
             raise StoreUnavailable(f"etcd granted no lease: {obj.get('error') or obj}")
-        lease = EtcdLease(self, int(obj["ID"]), float(obj.get("TTL", ttl)))
+        lease = EtcdLease(self, int(obj["ID"]), float(obj.get("TTL", ttl)), confirmed=sent)  # the TTL etcd gave
         self.leases[lease.id] = lease
         return lease
 
@@ -322,7 +394,7 @@ class EtcdStore:
             if exc.code == _NOT_FOUND and lease:
                 held = self.leases.get(lease)
                 if held is not None:
-                    held.mark_lost()
+                    held.mark_lost(f"its etcd lease expired or was revoked: etcd refused a write on it ({exc.message})")
                 raise LeaseLost(f"etcd: lease {lease:x} is gone ({exc.message})") from None
             raise
 
@@ -330,5 +402,5 @@ class EtcdStore:
         for watch in list(self.watches):
             await watch.close()
         for lease in list(self.leases.values()):
-            lease.mark_lost()  # forgotten here, not revoked: their owners revoke what they mean to end
+            lease.mark_lost("the etcd client was closed")  # forgotten, not revoked: owners revoke what they end
         await self.gateway.close()

@@ -10,10 +10,21 @@ a watch), its error codes, and which of them mean "ask another member".
 Failover: a call goes to the endpoint that answered last; on a connection error, a timeout, or
 an answer that says the member cannot serve now (no leader, leader changed, request timed out:
 gRPC codes 14 and 4) it goes on to the next endpoint, and after a full turn it pauses (50 ms,
-doubling to 1 s: no event announces a member coming back) and tries again until ``retry_for``
-seconds have passed. Then ``StoreUnavailable`` names every endpoint tried and why each failed.
-Every request carries ``Grpc-Metadata-hasleader: true``, etcd's "require a leader" flag: a
-member cut off from the quorum refuses at once (and ends its watches) instead of hanging.
+doubling to 1 s or a quarter of an attempt's bound: no event announces a member coming back) and
+tries again until ``retry_for`` seconds have passed. Then ``StoreUnavailable`` names every
+endpoint tried and why each failed. Every request carries ``Grpc-Metadata-hasleader: true``,
+etcd's "require a leader" flag: a member cut off from the quorum refuses at once (and ends its
+watches) instead of hanging.
+
+Slow members: each attempt (connecting included) has ``REQUEST_TIMEOUT`` seconds, or less where
+the call says so (``attempt_timeout``: a lease's keep-alive cannot wait longer than the lease
+lasts). A member that lets an attempt run out, or whose attempt the caller cancelled after
+``SLOW_AFTER`` seconds without an answer (a partitioned member sends no RST: only time tells),
+*rests* for ``REST`` seconds: a turn tries it only after the others (``attempt_order``), and not
+at all if one of them answered that it cannot serve yet (no leader: it is up, and the next turn
+asks it again rather than wait on a silent member), so neither the next turn nor the next call
+waits on it first. A turn in which every attempt ran out doubles the bound for the next one (up
+to ``REQUEST_TIMEOUT``): when no member is faster, patience is what is left.
 
 Authentication: with a user, each endpoint gets its own token (etcd's simple tokens are valid on
 the member that issued them only), fetched on first use and again when the member says it is
@@ -27,7 +38,8 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,7 +51,10 @@ if TYPE_CHECKING:
     import ssl  # imported only for https: the launcher keeps asyncio from loading it otherwise (rankrun.__main__)
 
 CONNECT_TIMEOUT = 3.0  # seconds to open a connection (and finish TLS) to one member
-REQUEST_TIMEOUT = 5.0  # seconds for one unary answer; etcd's own proposal timeout is about as long
+REQUEST_TIMEOUT = 5.0  # seconds for one attempt (connection and answer) unless the call says less; etcd's own
+#                        proposal timeout is about as long
+REST = 5.0  # seconds a member that did not answer an attempt in time is left out while another can be tried
+SLOW_AFTER = 0.25  # an attempt its caller cancels after this long without an answer counts as not answered
 PAUSE = (0.05, 1.0)  # first and longest pause after every endpoint failed once
 SAY_AFTER = 1.0  # an outage shorter than this (a leader election) is not worth a line
 SAY_EVERY = 5.0  # seconds between two "etcd unavailable, retrying" lines
@@ -76,6 +91,15 @@ class EtcdError(StoreUnavailable):
 
 class Transport(Exception):
     """One endpoint failed at the transport level: try the next."""
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """An attempt on one endpoint that failed in a way another endpoint may not: why, and how."""
+
+    why: str
+    slow: bool = False  # it ran out of time (or its caller's patience)
+    up: bool = False  # the member answered, only not with a result (no leader yet): it will serve soon
 
 
 class _Stale(Exception):
@@ -157,8 +181,9 @@ class Connection:
             return b""
         size_line = await self._reader.readuntil(b"\r\n")
         size = int(size_line.split(b";")[0].strip() or b"0", 16)
-        if size == 0:
-            await self._reader.readuntil(b"\r\n")  # the (empty) trailer
+        if size == 0:  # the trailer: header lines up to an empty one (etcd sends Grpc-Trailer-* with every error)
+            while await self._reader.readuntil(b"\r\n") != b"\r\n":
+                pass
             self._ended = True
             return b""
         data = await self._reader.readexactly(size)
@@ -210,6 +235,19 @@ def error_of(obj: dict[str, Any]) -> tuple[int, str] | None:
 # --------------------------------------------------------------------------- the endpoints
 
 
+def attempt_order(count: int, current: int, resting: Mapping[int, float], now: float) -> tuple[list[int], list[int]]:
+    """The endpoints one turn tries: those awake, round the list from ``current`` (the one that answered last);
+    then those resting (``resting``: endpoint → when its rest ends), the one whose rest ends first first."""
+    rotation = [(current + step) % count for step in range(count)]
+    awake = [i for i in rotation if resting.get(i, now) <= now]
+    return awake, sorted((i for i in rotation if i not in awake), key=lambda i: resting[i])
+
+
+def next_pause(pause: float, bound: float) -> float:
+    """The pause after the next turn that failed: doubling, at most ``PAUSE[1]`` or a quarter of an attempt's bound."""
+    return max(PAUSE[0], min(pause * 2, PAUSE[1], bound / 4))
+
+
 class Gateway:
     def __init__(
         self,
@@ -229,52 +267,89 @@ class Gateway:
         self._password = password or ""
         self.say = say  # where "etcd unavailable, retrying" goes (None: quiet)
         self._current = 0
+        self._resting: dict[int, float] = {}  # endpoint index → when its rest ends (it did not answer in time)
         self._idle: dict[Endpoint, list[Connection]] = {}
         self._tokens: dict[Endpoint, str] = {}
         self._closed = False
         self._said = 0.0
 
-    async def call(self, path: str, body: dict[str, Any], *, retry_for: float | None = None) -> dict[str, Any]:
-        """One unary request, on the first endpoint that can serve it (failing over as the module says)."""
-        return await self._over_endpoints(lambda ep: self._call_on(ep, path, body), retry_for)
+    @property
+    def serving(self) -> Endpoint:
+        """The endpoint that answered last (where the next call starts unless it rests)."""
+        return self.endpoints[self._current]
+
+    async def call(
+        self, path: str, body: dict[str, Any], *, retry_for: float | None = None, attempt_timeout: float | None = None
+    ) -> dict[str, Any]:
+        """One unary request, on the first endpoint that can serve it (failing over as the module says).
+
+        ``retry_for``: seconds to go on trying (the gateway's ``retry_for`` by default); ``attempt_timeout``:
+        seconds one member has to answer before the next is tried (``REQUEST_TIMEOUT`` at most, and by default).
+        """
+        return await self._over_endpoints(lambda ep: self._call_on(ep, path, body), retry_for, attempt_timeout)
 
     async def open_stream(self, path: str, body: dict[str, Any]) -> tuple[Connection, dict[str, Any]]:
         """Start a streamed request; returns its connection (read on with ``line()``) and the first message."""
         return await self._over_endpoints(lambda ep: self._stream_on(ep, path, body))
 
-    async def _over_endpoints(self, attempt: Callable[[Endpoint], Awaitable[T]], retry_for: float | None = None) -> T:
+    async def _over_endpoints(
+        self, attempt: Callable[[Endpoint], Awaitable[T]], retry_for: float | None = None, attempt_timeout: float | None = None
+    ) -> T:
         window = self.retry_for if retry_for is None else retry_for
+        bound = REQUEST_TIMEOUT if attempt_timeout is None else max(0.001, min(attempt_timeout, REQUEST_TIMEOUT))
         loop = asyncio.get_running_loop()
         started = loop.time()
         pause = PAUSE[0]
+        last: dict[int, str] = {}  # endpoint index → why it failed last (a resting one is not tried every turn)
         while True:
-            failures: list[str] = []
-            for step in range(len(self.endpoints)):
-                index = (self._current + step) % len(self.endpoints)
-                endpoint = self.endpoints[index]
-                try:
-                    result = await attempt(endpoint)
-                except Transport as exc:
-                    failures.append(f"{endpoint} ({exc})")
-                    continue
-                except EtcdError as exc:
-                    if exc.code not in _RETRY_CODES:
-                        raise
-                    failures.append(f"{endpoint} ({exc.message})")
-                    continue
-                self._current = index
-                return result
+            failures: list[_Failed] = []
+            awake, resting = attempt_order(len(self.endpoints), self._current, self._resting, loop.time())
+            for index in awake + resting:
+                if index in resting and any(f.up for f in failures):
+                    break  # a member that is up waits for its leader: ask it again rather than wait on a silent one
+                result = await self._attempt(index, attempt, bound)
+                if not isinstance(result, _Failed):
+                    return result
+                failures.append(result)
+                last[index] = result.why
             if self._closed:
                 raise StoreUnavailable("the etcd client was closed")
             waited = loop.time() - started
-            why = "; ".join(failures)
+            why = "; ".join(last[i] for i in sorted(last))
             if waited + pause > window:
                 raise StoreUnavailable(f"etcd: no endpoint could serve after {waited:.1f} s: {why}")
             if self.say is not None and waited >= SAY_AFTER and loop.time() - self._said >= SAY_EVERY:
                 self._said = loop.time()
-                self.say(f"etcd unavailable for {waited:.0f} s ({why}); retrying for up to {self.retry_for:.0f} s")
+                self.say(f"etcd unavailable for {waited:.0f} s ({why}); retrying for up to {window:.0f} s")
+            if all(f.slow for f in failures):  # no member answered in time: none is faster, so wait longer on them
+                bound = min(bound * 2, REQUEST_TIMEOUT)
             await asyncio.sleep(pause)  # every member refused: wait for one to come back (no event says when)
-            pause = min(pause * 2, PAUSE[1])
+            pause = next_pause(pause, bound)
+
+    async def _attempt(self, index: int, attempt: Callable[[Endpoint], Awaitable[T]], bound: float) -> T | _Failed:
+        """One attempt on one endpoint, within ``bound`` seconds; what failed, if it is worth trying the next."""
+        loop = asyncio.get_running_loop()
+        endpoint = self.endpoints[index]
+        begun = loop.time()
+        try:
+            async with asyncio.timeout(bound):
+                result = await attempt(endpoint)
+        except TimeoutError:
+            self._resting[index] = loop.time() + REST
+            return _Failed(f"{endpoint} (no answer within {bound:.2g} s)", slow=True)
+        except asyncio.CancelledError:
+            if loop.time() - begun >= SLOW_AFTER:  # its caller gave up waiting on this member: rest it all the same
+                self._resting[index] = loop.time() + REST
+            raise
+        except Transport as exc:
+            return _Failed(f"{endpoint} ({exc})")
+        except EtcdError as exc:
+            if exc.code not in _RETRY_CODES:
+                raise
+            return _Failed(f"{endpoint} ({exc.message})", up=True)
+        self._current = index
+        self._resting.pop(index, None)
+        return result
 
     async def _connection(self, endpoint: Endpoint, *, pooled: bool) -> Connection:
         idle = self._idle.get(endpoint)
@@ -319,15 +394,12 @@ class Gateway:
     ) -> dict[str, Any]:
         conn = await self._connection(endpoint, pooled=pooled)
         reusable, answered = False, False
-        try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await conn.send(path, json.dumps(body).encode(), headers)
-                status, head = await conn.head()
-                answered = True
-                obj = _json(await conn.body(head))
+        try:  # bounded by the caller (_over_endpoints): a timeout or a cancellation closes the connection
+            await conn.send(path, json.dumps(body).encode(), headers)
+            status, head = await conn.head()
+            answered = True
+            obj = _json(await conn.body(head))
             reusable = head.get("connection", "").lower() != "close"
-        except TimeoutError:
-            raise Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
             if pooled and not answered and isinstance(exc, ConnectionError | asyncio.IncompleteReadError):
                 raise _Stale from None
@@ -342,17 +414,13 @@ class Gateway:
     async def _stream_on(self, endpoint: Endpoint, path: str, body: dict[str, Any]) -> tuple[Connection, dict[str, Any]]:
         headers = await self._headers(endpoint)
         conn = await self._connection(endpoint, pooled=False)  # a stream keeps its connection to itself
-        try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await conn.send(path, json.dumps(body).encode(), headers)
-                status, head = await conn.head()
-                if status != 200:
-                    _checked(endpoint, status, _json(await conn.body(head)))
-                    raise Transport(f"HTTP {status}")
-                first = await conn.line()
-        except TimeoutError:
-            conn.close()
-            raise Transport(f"no answer within {REQUEST_TIMEOUT:.0f} s") from None
+        try:  # bounded by the caller (_over_endpoints) up to the first message
+            await conn.send(path, json.dumps(body).encode(), headers)
+            status, head = await conn.head()
+            if status != 200:
+                _checked(endpoint, status, _json(await conn.body(head)))
+                raise Transport(f"HTTP {status}")
+            first = await conn.line()
         except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as exc:
             conn.close()
             raise Transport(_reason(exc)) from None
