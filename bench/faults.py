@@ -29,13 +29,14 @@ import json
 import os
 import queue
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -166,6 +167,48 @@ def _samples(values: list[float | None]) -> str:
     return ", ".join("capped" if v is None else f"{v:.2f}" for v in values)
 
 
+Runs = dict[str, list[dict[str, float | None]]]
+FAULTS = (  # (fault, what is timed, the key in a run, its target)
+    ("cut: host 2's switch port drops everything", "the survivors' first all_reduce in world 2", "survivors_reformed", TARGET),
+    ("cut", "the cut-off agent exits (3)", "cut_off_agent_exited", TARGET),
+    ("dark: host 0 (the rendezvous) takes its link down", "its members exit (3)", "members_exited", TARGET),
+    ("dark", "the host, left alone below MIN, exits (3)", "host_exited", TARGET + 1.0),  # + last_call_timeout
+)
+PARTITION_REPS = 5
+
+
+def possible() -> str | None:
+    """Why these faults cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "not root (network namespaces need it)"
+    if shutil.which("ip") is None or shutil.which("nft") is None:
+        return "iproute2 or nftables missing"
+    return None
+
+
+def run(reps: int, torch_reps: int, cap: float, say: Callable[[str], None] = lambda _line: None) -> Runs:
+    runs: Runs = {"cut": [], "dark": [], "torchrun cut": []}
+    for rep in range(max(reps, torch_reps)):
+        if rep < torch_reps:
+            runs["torchrun cut"].append(cut("torchrun", cap))
+        if rep < reps:
+            runs["cut"].append(cut("rankrun", cap))
+            runs["dark"].append(dark(cap))
+        say(f"  faults rep {rep + 1}: {json.dumps({k: v[-1] for k, v in runs.items() if len(v) > rep})}")
+    return runs
+
+
+def table(runs: Runs, cap: float) -> list[str]:
+    lines = ["| fault | time from the fault until | launcher | samples (s) | median | target |", "|---|---|---|---|---|---|"]
+    for fault, what, key, target in FAULTS:
+        kind = fault.split(":")[0]
+        for launcher, name in (("rankrun", kind), ("torchrun", f"torchrun {kind}")):
+            values = [r[key] for r in runs.get(name, [])]
+            if values:
+                lines.append(f"| {fault} | {what} | {launcher} | {_samples(values)} | {_median(values, cap)} | ≤ {target:g} s |")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -173,32 +216,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cap", type=float, default=60.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench/faults.py needs root (network namespaces)", file=sys.stderr)
+    why = possible()
+    if why is not None:
+        print(f"bench/faults.py: {why}", file=sys.stderr)
         return 2
-    runs: dict[str, list[dict[str, float | None]]] = {"cut": [], "dark": [], "torchrun cut": []}
-    for rep in range(max(args.reps, args.torch_reps)):
-        if rep < args.torch_reps:
-            runs["torchrun cut"].append(cut("torchrun", args.cap))
-        if rep < args.reps:
-            runs["cut"].append(cut("rankrun", args.cap))
-            runs["dark"].append(dark(args.cap))
-        print(f"rep {rep + 1}: {json.dumps({k: v[-1] for k, v in runs.items() if v})}", file=sys.stderr, flush=True)
-    if args.json:
-        print(json.dumps(runs, indent=1))
-        return 0
-    print("| fault | time from the fault until | launcher | samples (s) | median | target |\n|---|---|---|---|---|---|")
-    for fault, what, key, target in (
-            ("cut: host 2's switch port drops everything", "the survivors' first all_reduce in world 2",
-             "survivors_reformed", f"≤ {TARGET:g} s"),
-            ("cut", "the cut-off agent exits (3)", "cut_off_agent_exited", f"≤ {TARGET:g} s"),
-            ("dark: host 0 (the rendezvous) takes its link down", "its members exit (3)", "members_exited", f"≤ {TARGET:g} s"),
-            ("dark", "the host, left alone below MIN, exits (3)", "host_exited", f"≤ {TARGET + 1:g} s (+ last_call_timeout)")):
-        kind = fault.split(":")[0]
-        for launcher, name in (("rankrun", kind), ("torchrun", f"torchrun {kind}")):
-            values = [r[key] for r in runs.get(name, [])]
-            if values:
-                print(f"| {fault} | {what} | {launcher} | {_samples(values)} | {_median(values, args.cap)} | {target} |")
+    runs = run(args.reps, args.torch_reps, args.cap, lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(runs, indent=1) if args.json else "\n".join(table(runs, args.cap)))
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import console_bench
 import failure_bench
+import faults_bench
 import launch_bench
 import rendezvous_bench
 import rss_bench
@@ -44,7 +45,7 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults")
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,13 @@ class Plan:
     console_lines: int
     store_reps: int
     rendezvous_reps: int
+    faults_reps: int
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
-            rendezvous_reps=3)
+            rendezvous_reps=3, faults_reps=5)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
-             rendezvous_reps=1)
+             rendezvous_reps=1, faults_reps=1)
 
 
 @dataclass
@@ -164,8 +166,12 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = rendezvous_bench.run(plan.rendezvous_reps)
         return rendezvous_bench.rows(r), rendezvous_bench.details(r)
 
+    def faults() -> tuple[list[Row], list[str]]:
+        r = faults_bench.run(plan.faults_reps)
+        return faults_bench.rows(r), faults_bench.details(r)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
-            "rendezvous": rendezvous}
+            "rendezvous": rendezvous, "faults": faults}
 
 
 def warm_up() -> None:
@@ -241,7 +247,7 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
            if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
-        f"rendezvous {plan.rendezvous_reps}",
+        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}",
         "",
         "## Summary (medians)",
         "",

@@ -257,21 +257,9 @@ def test_interrupt_while_the_console_does_not_read(tmp_path, reaper):
     try:
         assert proc.stderr is not None
         assert proc.stderr.readline() == b"DONE\n"  # one rank: unprefixed; stderr is not held back by the stalled stdout
-        rc = None
-        for _ in range(20):  # bounded: the first SIGINT may land before the launcher reaches its final flush
-            proc.send_signal(signal.SIGINT)
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        assert rc == 128 + signal.SIGINT
+        assert _interrupt_until_it_exits(proc) == 128 + signal.SIGINT
     finally:
-        proc.kill()
-        proc.wait(timeout=30)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        _close(proc)
 
 
 def test_interrupt_after_the_workers_exited_0_is_not_success(tmp_path, reaper):
@@ -295,21 +283,29 @@ def test_interrupt_after_the_workers_exited_0_is_not_success(tmp_path, reaper):
         done, pid = proc.stderr.readline().split()
         assert done == b"DONE"
         assert wait_gone([int(pid)], 30.0) == []  # exited 0 before the signal: the order that used to lose it
-        rc = None
-        for _ in range(20):  # a signal that lands before the final flush does not abandon a console that does not read
-            proc.send_signal(signal.SIGINT)
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        assert rc == 128 + signal.SIGINT
+        assert _interrupt_until_it_exits(proc) == 128 + signal.SIGINT
     finally:
-        proc.kill()
-        proc.wait(timeout=30)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        _close(proc)
+
+
+def _interrupt_until_it_exits(proc: subprocess.Popen[bytes]) -> int | None:
+    """SIGINT, again every half second (bounded): one that lands before the final flush does not abandon a console
+    that does not read, so the launcher may need another. Returns its exit code, None if it never exited."""
+    for _ in range(20):
+        proc.send_signal(signal.SIGINT)
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            continue
+    return None
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=30)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def _children(pid: int) -> set[int]:
