@@ -331,7 +331,7 @@ def details(result: StoreResult) -> list[str]:
         "### Worker store",
         "",
         "In the summary rows above, the *torchrun* column is **torch's own TCPStore server** (`TCPStore(is_master=True)`, "
-        "libuv backend, C++, the server torchrun's agent hosts), and *rankrun* is `rankrun.rendezvous.tcpstore."
+        "libuv backend, C++, the server torchrun's agent hosts), and *rankrun* is `rankrun.workerstore.tcpstore."
         "TCPStoreServer` on a default asyncio event loop, as in the launcher. Each runs in its own process "
         "(`bench/payloads/store_torch_server.py`, `store_rankrun_server.py`), both for the whole metric; both are driven "
         "by the same client code, torch's `TCPStore(is_master=False)` client (`bench/payloads/store_client.py`).",

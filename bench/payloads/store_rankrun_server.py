@@ -9,7 +9,7 @@ import asyncio
 import cProfile
 import sys
 
-from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.workerstore.tcpstore import TCPStoreServer
 
 
 async def main() -> None:

@@ -14,7 +14,7 @@ from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.server import StoreServer
 from rankrun.rendezvous.store import AuthenticationFailed, EventKind, StoreUnavailable
-from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.workerstore.tcpstore import TCPStoreServer
 
 BOUND = 20.0
 SECRET = b"s3cret-of-this-job"
@@ -154,7 +154,7 @@ def test_an_unreachable_endpoint_is_named():
 
 def test_one_port_serves_agents_and_torch_store_clients():
     from rankrun.rendezvous.listener import SharedListener  # noqa: PLC0415
-    from rankrun.rendezvous.tcpstore import MAGIC  # noqa: PLC0415
+    from rankrun.workerstore.tcpstore import MAGIC  # noqa: PLC0415
 
     async def main() -> None:
         store = MemoryStore(FakeTimers())

@@ -37,7 +37,7 @@ JOB_TIMEOUT_S = 60.0
 
 SERVER_SCRIPT = """
 import asyncio, sys
-from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.workerstore.tcpstore import TCPStoreServer
 
 async def main() -> None:
     server = TCPStoreServer()

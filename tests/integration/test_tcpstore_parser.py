@@ -45,7 +45,7 @@ from test_tcpstore_protocol import (
     wait,
 )
 
-from rankrun.rendezvous.tcpstore import MAX_KEY_COUNT, MAX_VALUE_LEN, TCPStoreServer, _Connection
+from rankrun.workerstore.tcpstore import MAX_KEY_COUNT, MAX_VALUE_LEN, TCPStoreServer, _Connection
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankrun.errors import StoreError
-from rankrun.rendezvous import keyspace
-from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.workerstore import keyspace
+from rankrun.workerstore.tcpstore import TCPStoreServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -188,7 +188,7 @@ class ServedStore:
         self.loop_errors: list[dict[str, Any]] = []
         self.loop.set_exception_handler(lambda _loop, context: self.loop_errors.append(context))
         self.log_errors = _ErrorRecords()
-        logging.getLogger("rankrun.rendezvous.tcpstore").addHandler(self.log_errors)
+        logging.getLogger("rankrun.workerstore.tcpstore").addHandler(self.log_errors)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = TCPStoreServer()
@@ -219,7 +219,7 @@ class ServedStore:
             self.thread.join(TIMEOUT_S)
             assert not self.thread.is_alive()
             self.loop.close()
-            logging.getLogger("rankrun.rendezvous.tcpstore").removeHandler(self.log_errors)
+            logging.getLogger("rankrun.workerstore.tcpstore").removeHandler(self.log_errors)
         assert self.loop_errors == [], "the event loop reported errors"
         assert self.log_errors.records == [], "the server logged errors"
 

@@ -12,7 +12,7 @@ from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.spawn import Spawner, WorkerHandle
 from rankrun.proc.watchdog import Watchdog, reap_orphans
-from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.workerstore.tcpstore import TCPStoreServer
 
 
 @dataclass

@@ -17,7 +17,7 @@ import contextlib
 from rankrun.errors import StoreError
 from rankrun.rendezvous import wire
 from rankrun.rendezvous.server import StoreServer
-from rankrun.rendezvous.tcpstore import TCPStoreServer
+from rankrun.workerstore.tcpstore import TCPStoreServer
 
 _BACKLOG = 4096
 

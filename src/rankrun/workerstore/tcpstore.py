@@ -1,10 +1,10 @@
 """An asyncio server for torch's c10d TCPStore wire protocol (torch >= 2.4): the worker store.
 
 Owns: the listening socket, which stays bound from ``start()`` to ``close()`` so restarts never race for the port; the
-client connections; and the current :class:`~rankrun.rendezvous.keyspace.Keyspace` (keys, queues, blocked callers),
+client connections; and the current :class:`~rankrun.workerstore.keyspace.Keyspace` (keys, queues, blocked callers),
 which ``reset()`` swaps for a fresh one after dropping the previous attempt's connections (the stale-key restart bug of
 torchrun). Must not depend on: torch, threads, blocking calls on the event loop, or anything in rankrun except
-``rankrun.errors`` and ``rendezvous.keyspace``. Byte layouts follow ``reference/tcpstore-protocol.md`` (written from
+``rankrun.errors`` and ``workerstore.keyspace``. Byte layouts follow ``reference/tcpstore-protocol.md`` (written from
 observation, not from torch's code).
 
 Design: one ``asyncio.BufferedProtocol`` per connection (no streams, no task per client). The transport reads straight
@@ -55,7 +55,7 @@ from collections.abc import Callable
 from typing import cast
 
 from rankrun.errors import StoreError
-from rankrun.rendezvous.keyspace import Keyspace, NotAnInteger, Waiter
+from rankrun.workerstore.keyspace import Keyspace, NotAnInteger, Waiter
 
 __all__ = ["MAGIC", "MAX_KEY_COUNT", "MAX_KEY_LEN", "MAX_VALUE_LEN", "TCPStoreServer"]
 

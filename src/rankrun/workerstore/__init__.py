@@ -1,0 +1,6 @@
+"""torch's TCPStore for the workers: what ``MASTER_ADDR:MASTER_PORT`` and ``init_method="env://"`` reach.
+
+``tcpstore`` speaks torch's wire protocol (one asyncio protocol per connection, an incremental
+parser); ``keyspace`` holds the keys, queues and blocked waiters (pure state, no I/O). Nothing here
+knows the rendezvous or its store (``rankrun.store``); only ``rendezvous.listener`` knows both.
+"""
