@@ -12,7 +12,7 @@ reported as "did not complete".
 
 ``--backend etcd``: the same round on a single-member etcd the bench starts (and kills) itself, on a fresh
 loopback address: the coordinator process and the agents talk to it through rankrun's etcd client
-(``rendezvous.etcd``), each agent with its own client (its own connections). Operations per node are the
+(``store.etcd.store``), each agent with its own client (its own connections). Operations per node are the
 requests it makes (a watch counts one); bytes are not counted.
 
 ``--failover``: a 3-member etcd; a client holding a lease and a watch (as an agent does) through all three
@@ -58,9 +58,9 @@ SECRET = b"bench-secret"
 
 async def _host(nodes: int) -> None:
     from rankrun.rendezvous.join import Coordinator, Keys
-    from rankrun.rendezvous.memory import MemoryStore
     from rankrun.rendezvous.round import Settings
-    from rankrun.rendezvous.server import StoreServer
+    from rankrun.store.embedded.server import StoreServer
+    from rankrun.store.memory import MemoryStore
 
     memory = MemoryStore()
     server = StoreServer(memory, SECRET)
@@ -83,10 +83,10 @@ async def _host(nodes: int) -> None:
 
 
 async def _agents(port: int, count: int, index: int) -> None:
-    from rankrun.rendezvous import client as client_module
-    from rankrun.rendezvous.client import StoreClient
     from rankrun.rendezvous.join import Assignment, Keys, Member
     from rankrun.rendezvous.round import NodeInfo
+    from rankrun.store.embedded import client as client_module
+    from rankrun.store.embedded.client import StoreClient
 
     counted: dict[int, list[int]] = {}  # id(client) -> [ops, bytes]
     original_call = StoreClient.call
@@ -206,9 +206,9 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def _etcd_store(endpoints: str) -> object:
-    from rankrun.rendezvous.etcd import EtcdStore
-    from rankrun.rendezvous.gateway import Gateway
     from rankrun.spec import parse_etcd_endpoints
+    from rankrun.store.etcd.gateway import Gateway
+    from rankrun.store.etcd.store import EtcdStore
 
     return EtcdStore(Gateway(parse_etcd_endpoints(endpoints), retry_for=30.0))
 
@@ -232,9 +232,9 @@ async def _etcd_host(endpoints: str, nodes: int) -> None:
 
 
 async def _etcd_agents(endpoints: str, count: int, index: int) -> None:
-    from rankrun.rendezvous.gateway import Gateway
     from rankrun.rendezvous.join import Assignment, Keys, Member
     from rankrun.rendezvous.round import NodeInfo
+    from rankrun.store.etcd.gateway import Gateway
 
     ops = [0]
     original_call, original_stream = Gateway.call, Gateway.open_stream
@@ -336,7 +336,7 @@ PARTITION_LEASES = (3.0, 15.0)  # seconds: keep_alive_interval x keep_alive_max_
 
 async def _partition_client(endpoints: str, ttl: float) -> None:
     """On the fourth host: hold a lease (its first member is the leader); at each "go", one keep-alive, timed."""
-    from rankrun.rendezvous.store import StoreUnavailable
+    from rankrun.store.api import StoreUnavailable
 
     store = _etcd_store(endpoints)
     lease = await store.grant(ttl)  # type: ignore[attr-defined]

@@ -100,7 +100,7 @@ class FakeSpawner:
 
 
 class FakeTimers:
-    """``rankrun.rendezvous.memory.Timers`` on a clock that moves only when a test says so."""
+    """``rankrun.store.memory.Timers`` on a clock that moves only when a test says so."""
 
     def __init__(self) -> None:
         self.time = 0.0

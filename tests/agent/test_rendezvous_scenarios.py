@@ -9,9 +9,9 @@ import json
 import pytest
 
 from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, RendezvousClosed, Spare
-from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo, Settings
-from rankrun.rendezvous.store import StoreUnavailable
+from rankrun.store.api import StoreUnavailable
+from rankrun.store.memory import MemoryStore
 
 BOUND = 20.0
 KEYS = Keys.for_run("job")

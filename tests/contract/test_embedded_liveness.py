@@ -15,13 +15,13 @@ import re
 import pytest
 
 from fakes import FakeTimers
-from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.join import Keys, Member
-from rankrun.rendezvous.liveness import Liveness
-from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo
-from rankrun.rendezvous.server import StoreServer
-from rankrun.rendezvous.store import LeaseHandle, StoreUnavailable
+from rankrun.store.api import LeaseHandle, StoreUnavailable
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.liveness import Liveness
+from rankrun.store.embedded.server import StoreServer
+from rankrun.store.memory import MemoryStore
 
 BOUND = 20.0
 FAST = Liveness(0.1, 0.4)

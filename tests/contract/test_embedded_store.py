@@ -9,11 +9,11 @@ import socket
 import pytest
 
 from fakes import FakeTimers
-from rankrun.rendezvous import wire
-from rankrun.rendezvous.client import StoreClient
-from rankrun.rendezvous.memory import MemoryStore
-from rankrun.rendezvous.server import StoreServer
-from rankrun.rendezvous.store import AuthenticationFailed, EventKind, StoreUnavailable
+from rankrun.store.api import AuthenticationFailed, EventKind, StoreUnavailable
+from rankrun.store.embedded import wire
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.server import StoreServer
+from rankrun.store.memory import MemoryStore
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 BOUND = 20.0
@@ -67,7 +67,7 @@ def test_wrong_missing_or_unexpected_secrets_are_refused_with_the_endpoint_named
         await open_server.close()
         assert store.revision == 0  # nothing was done by anyone who was refused
 
-    with caplog.at_level(logging.WARNING, logger="rankrun.rendezvous.server"):
+    with caplog.at_level(logging.WARNING, logger="rankrun.store.embedded.server"):
         _run(body)
     rejections = [r for r in caplog.records if "rejected a connection from 127.0.0.1" in r.getMessage()]
     assert len(rejections) == 1  # logged once per address, not once per attempt

@@ -1,4 +1,4 @@
-"""One contract for every ``rankrun.rendezvous.store.Store``: the in-memory store, the embedded one over TCP, and etcd.
+"""One contract for every ``rankrun.store.api.Store``: the in-memory store, the embedded one over TCP, and etcd.
 
 Each test runs against each implementation. For the first two, lease expiry is driven by a
 fake clock on the serving side, so nothing waits on time; a real etcd keeps real time, so
@@ -18,13 +18,13 @@ import pytest
 
 from etcdserver import etcd_cluster
 from fakes import FakeTimers
-from rankrun.rendezvous.client import StoreClient
-from rankrun.rendezvous.etcd import EtcdStore
-from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway
-from rankrun.rendezvous.memory import MemoryStore
-from rankrun.rendezvous.server import StoreServer
-from rankrun.rendezvous.store import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
 from rankrun.spec import parse_etcd_endpoints
+from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.server import StoreServer
+from rankrun.store.etcd.gateway import Connection, EtcdError, Gateway
+from rankrun.store.etcd.store import EtcdStore
+from rankrun.store.memory import MemoryStore
 
 BOUND = 20.0  # every test is one asyncio.run under this bound
 

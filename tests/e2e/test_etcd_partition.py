@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is n
 
 CLIENT = """
 import asyncio, sys, time
-from rankrun.rendezvous.etcd import EtcdStore
-from rankrun.rendezvous.gateway import Gateway
+from rankrun.store.etcd.store import EtcdStore
+from rankrun.store.etcd.gateway import Gateway
 from rankrun.rendezvous.join import Keys, Member
 from rankrun.spec import parse_etcd_endpoints
 

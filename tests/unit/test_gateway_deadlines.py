@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from rankrun.rendezvous import gateway as gateway_module
-from rankrun.rendezvous.etcd import MIN_ATTEMPT, EtcdLease, attempt_bound, give_up_at, next_look
-from rankrun.rendezvous.gateway import (
+from rankrun.spec import Endpoint
+from rankrun.store.api import LeaseLost, StoreUnavailable
+from rankrun.store.etcd import gateway as gateway_module
+from rankrun.store.etcd.gateway import (
     PAUSE,
     REQUEST_TIMEOUT,
     Connection,
@@ -26,8 +27,7 @@ from rankrun.rendezvous.gateway import (
     attempt_order,
     next_pause,
 )
-from rankrun.rendezvous.store import LeaseLost, StoreUnavailable
-from rankrun.spec import Endpoint
+from rankrun.store.etcd.store import MIN_ATTEMPT, EtcdLease, attempt_bound, give_up_at, next_look
 
 BOUND = 10.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rankrun.rendezvous.liveness import Liveness, froze_for
 from rankrun.rendezvous.round import Finish, NodeInfo, Phase, Regroup, Settings, View, Wait, next_step
+from rankrun.store.embedded.liveness import Liveness, froze_for
 
 
 def test_the_window_is_the_lease_ttl():

@@ -32,20 +32,20 @@ from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, 
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
-from rankrun.rendezvous.client import StoreClient
 from rankrun.rendezvous.election import campaign, job_lease
 from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, NotCoordinator, Spare
 from rankrun.rendezvous.listener import SharedListener
-from rankrun.rendezvous.liveness import Liveness
-from rankrun.rendezvous.memory import MemoryStore
 from rankrun.rendezvous.round import NodeInfo, Settings
-from rankrun.rendezvous.server import StoreServer
-from rankrun.rendezvous.store import EventKind, Store, StoreUnavailable
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
+from rankrun.store.api import EventKind, Store, StoreUnavailable
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.liveness import Liveness
+from rankrun.store.embedded.server import StoreServer
+from rankrun.store.memory import MemoryStore
 
 if TYPE_CHECKING:
-    from rankrun.rendezvous.etcd import EtcdStore
+    from rankrun.store.etcd.store import EtcdStore
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 FIRST_CONTACT = 3.0  # etcd: seconds to keep trying the endpoints at start before it is an infrastructure error
@@ -156,8 +156,8 @@ async def _open(spec: LaunchSpec, deps: AgentDeps) -> _Session:
 
 async def _open_etcd(spec: LaunchSpec, deps: AgentDeps, rdzv: DynamicRendezvous) -> _Session:
     """Join through etcd: adopt (or create) the job lease, start this node's worker store, register."""
-    from rankrun.rendezvous.etcd import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
-    from rankrun.rendezvous.gateway import Gateway, tls_context  # noqa: PLC0415
+    from rankrun.store.etcd.gateway import Gateway, tls_context  # noqa: PLC0415
+    from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
 
     conf = rdzv.conf
     https = any(e.scheme == "https" for e in rdzv.etcd_endpoints)

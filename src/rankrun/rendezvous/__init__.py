@@ -1,2 +1,3 @@
-"""Rendezvous: the store seam (in-memory, embedded over TCP), the pure round decisions, the join algorithm, and the
-torch-wire worker store."""
+"""The rendezvous algorithm over any ``store.api.Store``: the pure round decisions (``round``), the coordinator and
+the members (``join``), the coordinator's election on a shared store (``election``), and the one listening port the
+embedded store shares with the workers' TCPStore (``listener``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from rankrun.rendezvous.store import EventKind, Lease, Store, StoreUnavailable, exact
+from rankrun.store.api import EventKind, Lease, Store, StoreUnavailable, exact
 
 
 async def campaign(store: Store, key: str, node_id: str, lease: Lease) -> None:

@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rankrun.rendezvous.liveness import seconds
 from rankrun.rendezvous.round import (
     Finish,
     NodeInfo,
@@ -45,7 +44,8 @@ from rankrun.rendezvous.round import (
     assign_node_ranks,
     next_step,
 )
-from rankrun.rendezvous.store import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact
+from rankrun.store.api import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact
+from rankrun.store.embedded.liveness import seconds
 
 logger = logging.getLogger(__name__)
 

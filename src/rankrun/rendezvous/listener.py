@@ -1,7 +1,7 @@
 """One listening port for the rendezvous and the worker store, told apart by the client's first byte.
 
 A torch TCPStore client always starts with ``0x00`` (VALIDATE); a rankrun agent starts with
-``RKRN`` (``rendezvous.wire``). Neither server speaks first, so the listener waits for the first
+``RKRN`` (``store.embedded.wire``). Neither server speaks first, so the listener waits for the first
 bytes, then hands the connection (and those bytes) to the right server. This is how
 ``MASTER_PORT`` can be the ``--master-port`` (static) or the endpoint's port (dynamic) for the
 workers of every node, as under torchrun, while agents meet on the same port. The TCPStore side
@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 
 from rankrun.errors import StoreError
-from rankrun.rendezvous import wire
-from rankrun.rendezvous.server import StoreServer
+from rankrun.store.embedded import wire
+from rankrun.store.embedded.server import StoreServer
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 _BACKLOG = 4096

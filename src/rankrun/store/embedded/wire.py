@@ -29,7 +29,7 @@ import json
 import struct
 from typing import Any
 
-from rankrun.rendezvous.store import Entry, Event, EventKind
+from rankrun.store.api import Entry, Event, EventKind
 
 MAGIC = b"RKRN"
 VERSION = 1

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rankrun.errors import UsageError
-from rankrun.rendezvous.store import AuthenticationFailed, StoreUnavailable
 from rankrun.spec import Endpoint
+from rankrun.store.api import AuthenticationFailed, StoreUnavailable
 
 if TYPE_CHECKING:
     import ssl  # imported only for https: the launcher keeps asyncio from loading it otherwise (rankrun.__main__)

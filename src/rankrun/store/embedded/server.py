@@ -7,7 +7,7 @@ that granted them: when it goes (the peer died, its host froze and the kernel re
 or it simply closed), they are revoked and their keys deleted, exactly as if they had expired.
 Watches push their events as they happen.
 
-With a secret, a connection must complete the challenge-response of ``rendezvous.wire`` before
+With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
 any operation; a peer that fails is told so in one frame, closed, and logged once per address.
 Bound once by ``start()`` on the given address only (never all interfaces unless asked) and held
 until ``close()``.
@@ -24,10 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rankrun.errors import StoreError
-from rankrun.rendezvous import wire
-from rankrun.rendezvous.liveness import Liveness, seconds, tune_socket
-from rankrun.rendezvous.memory import MemoryStore
-from rankrun.rendezvous.store import Compacted, Event, LeaseLost, StoreUnavailable
+from rankrun.store.api import Compacted, Event, LeaseLost, StoreUnavailable
+from rankrun.store.embedded import wire
+from rankrun.store.embedded.liveness import Liveness, seconds, tune_socket
+from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
         self._transport = None
 
-    # -- liveness (``rendezvous.liveness``)
+    # -- liveness (``store.embedded.liveness``)
 
     def _watch_silence(self, liveness: Liveness) -> None:
         self._liveness = liveness

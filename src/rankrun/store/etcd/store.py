@@ -1,4 +1,4 @@
-"""The store seam (``rendezvous.store.Store``) on etcd v3: a thin client over ``rendezvous.gateway``.
+"""The store seam (``store.api.Store``) on etcd v3: a thin client over ``store.etcd.gateway``.
 
 Each seam call is one gateway request (``kv/range``, ``kv/put``, ``kv/txn``, ``kv/deleterange``,
 ``lease/grant``, ``lease/keepalive``, ``lease/revoke``, ``lease/timetolive``) or one ``watch``
@@ -38,8 +38,7 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rankrun.rendezvous.gateway import Connection, EtcdError, Gateway, Transport, error_of
-from rankrun.rendezvous.store import (
+from rankrun.store.api import (
     AuthenticationFailed,
     Compacted,
     Entry,
@@ -49,6 +48,7 @@ from rankrun.rendezvous.store import (
     LeaseLost,
     StoreUnavailable,
 )
+from rankrun.store.etcd.gateway import Connection, EtcdError, Gateway, Transport, error_of
 
 _NOT_FOUND = 5
 _OUT_OF_RANGE = 11

@@ -7,8 +7,8 @@ attached to it is deleted, as one event each. A *watch* delivers, in revision or
 change under a prefix after a given revision: nothing is missed between a ``range`` and a
 ``watch`` started from the revision the range returned.
 
-Implementations: ``rendezvous.memory.MemoryStore`` (the reference and the test double) and
-``rendezvous.client.StoreClient`` (the embedded store, over the wire to ``rendezvous.server``);
+Implementations: ``store.memory.MemoryStore`` (the reference and the test double) and
+``store.embedded.client.StoreClient`` (the embedded store, over the wire to ``store.embedded.server``);
 one contract suite (``tests/contract/test_store_contract.py``) runs against each.
 
 Errors (all ``StoreUnavailable``, a ``rankrun.errors.LauncherError``, or below): the store cannot
@@ -17,7 +17,7 @@ be reached or the connection was lost; ``AuthenticationFailed`` when the secrets
 ``Compacted`` for a watch from a revision the store no longer has. No call takes a timeout:
 callers bound them (``asyncio.timeout``), and every call may be cancelled. A networked store never
 waits on a silent network for longer than its liveness allows, whatever the caller: the embedded
-client gives its connection up after a window of silence (``rendezvous.liveness``), etcd's gateway
+client gives its connection up after a window of silence (``store.embedded.liveness``), etcd's gateway
 bounds each attempt and moves on to the next member.
 """
 

@@ -1,8 +1,8 @@
-"""The in-memory store: the reference implementation of ``rendezvous.store.Store`` and its test double.
+"""The in-memory store: the reference implementation of ``store.api.Store`` and its test double.
 
 Everything happens synchronously inside one event loop, so each operation is atomic. Lease
 expiry runs on an injected ``Timers`` (the event loop's clock by default; tests advance a fake
-one), never on a sleep. The embedded server (``rendezvous.server``) serves exactly this object
+one), never on a sleep. The embedded server (``store.embedded.server``) serves exactly this object
 to its peers, so what the contract suite pins here is what the wire delivers.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rankrun.rendezvous.store import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
+from rankrun.store.api import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
 
 
 class Cancellable(Protocol):

@@ -1,4 +1,4 @@
-"""A ``rendezvous.store.Store`` over one connection to the embedded store server (``rendezvous.server``).
+"""A ``store.api.Store`` over one connection to the embedded store server (``store.embedded.server``).
 
 Requests carry ids and may be in flight together; replies resolve their futures, pushed watch
 events go to their watch's queue, a ``lease_lost`` push sets that lease's ``lost`` event. When
@@ -15,7 +15,7 @@ dead: calls fail, watches end, leases are lost, each with "the host stopped answ
 that fires far too late means this process itself was not running (SIGSTOP, a starved machine):
 then the silence is not the host's fault and the window starts again; if the lease was lost
 meanwhile, the reason says this node was frozen. As a second line of defence the socket gets
-``TCP_USER_TIMEOUT`` and TCP keep-alive at the same window (``rendezvous.liveness``).
+``TCP_USER_TIMEOUT`` and TCP keep-alive at the same window (``store.embedded.liveness``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rankrun.rendezvous import wire
-from rankrun.rendezvous.liveness import Liveness, froze_for, seconds, tune_socket
-from rankrun.rendezvous.store import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
+from rankrun.store.api import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
+from rankrun.store.embedded import wire
+from rankrun.store.embedded.liveness import Liveness, froze_for, seconds, tune_socket
 
 _ERRORS: dict[str, type[StoreUnavailable]] = {"lease_lost": LeaseLost, "compacted": Compacted}
 
