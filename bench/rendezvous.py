@@ -57,7 +57,8 @@ SECRET = b"bench-secret"
 
 
 async def _host(nodes: int) -> None:
-    from rankrun.rendezvous.join import Coordinator, Keys
+    from rankrun.rendezvous.coordinator import Coordinator
+    from rankrun.rendezvous.keys import Keys
     from rankrun.rendezvous.round import Settings
     from rankrun.store.embedded.server import StoreServer
     from rankrun.store.memory import MemoryStore
@@ -83,7 +84,8 @@ async def _host(nodes: int) -> None:
 
 
 async def _agents(port: int, count: int, index: int) -> None:
-    from rankrun.rendezvous.join import Assignment, Keys, Member
+    from rankrun.rendezvous.keys import Assignment, Keys
+    from rankrun.rendezvous.member import Member
     from rankrun.rendezvous.round import NodeInfo
     from rankrun.store.embedded import client as client_module
     from rankrun.store.embedded.client import StoreClient
@@ -214,7 +216,8 @@ def _etcd_store(endpoints: str) -> object:
 
 
 async def _etcd_host(endpoints: str, nodes: int) -> None:
-    from rankrun.rendezvous.join import Coordinator, Keys
+    from rankrun.rendezvous.coordinator import Coordinator
+    from rankrun.rendezvous.keys import Keys
     from rankrun.rendezvous.round import Settings
 
     store = _etcd_store(endpoints)
@@ -232,7 +235,8 @@ async def _etcd_host(endpoints: str, nodes: int) -> None:
 
 
 async def _etcd_agents(endpoints: str, count: int, index: int) -> None:
-    from rankrun.rendezvous.join import Assignment, Keys, Member
+    from rankrun.rendezvous.keys import Assignment, Keys
+    from rankrun.rendezvous.member import Member
     from rankrun.rendezvous.round import NodeInfo
     from rankrun.store.etcd.gateway import Gateway
 

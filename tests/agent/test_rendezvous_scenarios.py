@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, RendezvousClosed, Spare
+from rankrun.rendezvous.coordinator import Coordinator
+from rankrun.rendezvous.keys import Assignment, Keys
+from rankrun.rendezvous.member import Ended, Member, RendezvousClosed, Spare
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.store.api import StoreUnavailable
 from rankrun.store.memory import MemoryStore

@@ -15,7 +15,8 @@ import re
 import pytest
 
 from fakes import FakeTimers
-from rankrun.rendezvous.join import Keys, Member
+from rankrun.rendezvous.keys import Keys
+from rankrun.rendezvous.member import Member
 from rankrun.rendezvous.round import NodeInfo
 from rankrun.store.api import LeaseHandle, StoreUnavailable
 from rankrun.store.embedded.client import StoreClient

@@ -32,7 +32,8 @@ CLIENT = """
 import asyncio, sys, time
 from rankrun.store.etcd.store import EtcdStore
 from rankrun.store.etcd.gateway import Gateway
-from rankrun.rendezvous.join import Keys, Member
+from rankrun.rendezvous.keys import Keys
+from rankrun.rendezvous.member import Member
 from rankrun.spec import parse_etcd_endpoints
 
 

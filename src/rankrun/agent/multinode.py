@@ -32,9 +32,11 @@ from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, 
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
+from rankrun.rendezvous.coordinator import Coordinator, NotCoordinator
 from rankrun.rendezvous.election import campaign, job_lease
-from rankrun.rendezvous.join import Assignment, Coordinator, Ended, Keys, Member, NotCoordinator, Spare
+from rankrun.rendezvous.keys import Assignment, Keys
 from rankrun.rendezvous.listener import SharedListener
+from rankrun.rendezvous.member import Ended, Member, Spare
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd

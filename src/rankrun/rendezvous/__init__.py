@@ -1,3 +1,6 @@
-"""The rendezvous algorithm over any ``store.api.Store``: the pure round decisions (``round``), the coordinator and
-the members (``join``), the coordinator's election on a shared store (``election``), and the one listening port the
-embedded store shares with the workers' TCPStore (``listener``)."""
+"""The rendezvous algorithm over any ``store.api.Store``.
+
+``round`` (the pure decisions), ``keys`` (where each fact lives and how it is spelled),
+``coordinator`` (decides every round), ``member`` (one node's side), ``election`` (the coordinator
+on a shared store), ``listener`` (the one port the embedded store shares with the workers' TCPStore).
+"""

@@ -182,3 +182,12 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def feed(watch: Watch, queue: asyncio.Queue[Event | StoreUnavailable]) -> None:
+    """A watch's events into a queue several watches share; its end (``StoreUnavailable``) too, for the reader to raise."""
+    try:
+        async for event in watch:
+            queue.put_nowait(event)
+    except StoreUnavailable as exc:
+        queue.put_nowait(exc)

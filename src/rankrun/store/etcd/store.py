@@ -2,7 +2,7 @@
 
 Each seam call is one gateway request (``kv/range``, ``kv/put``, ``kv/txn``, ``kv/deleterange``,
 ``lease/grant``, ``lease/keepalive``, ``lease/revoke``, ``lease/timetolive``) or one ``watch``
-stream, so the rendezvous algorithm (``rendezvous.join``) is the same as on the embedded store
+stream, so the rendezvous algorithm (``rendezvous.coordinator`` and ``rendezvous.member``) is the same as on the embedded store
 and the same contract suite runs against both. What etcd does differently, and how it is met:
 
 - A lease is not tied to a connection: it lives until its TTL runs out without a keep-alive, on

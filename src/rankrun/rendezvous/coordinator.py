@@ -1,0 +1,262 @@
+"""The coordinator: one per job, it decides every round; the members only read their own part.
+
+It runs on the agent that hosts the embedded store (or node rank 0 in static mode), or on the
+agent elected on a shared store (``rendezvous.election``). It learns of joins, leaves (a lease
+expiring deletes the node key) and results through watches, asks the pure
+``rendezvous.round.next_step`` what to do, and writes each member its assignment (``rendezvous.keys``).
+Waiting is always on a watch or a deadline, never a polling loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+
+from rankrun.rendezvous.keys import Keys, RoundWord, dump, load, node_from
+from rankrun.rendezvous.round import (
+    Finish,
+    NodeInfo,
+    NodeSlots,
+    Phase,
+    Regroup,
+    Restart,
+    Result,
+    Settings,
+    Start,
+    View,
+    Wait,
+    assign_node_ranks,
+    next_step,
+)
+from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, feed
+
+logger = logging.getLogger(__name__)
+
+STATUS_EVERY = 1.0  # seconds between two writes of the status key
+PUTS_IN_FLIGHT = 64  # a round's assignments written this many at a time
+
+
+class Coordinator:
+    """Runs on the agent that hosts the store; decides every round of the job."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        settings: Settings,
+        *,
+        master: Callable[[], tuple[str, int]],
+        before_round: Callable[[], Awaitable[None]],
+        now: Callable[[], float] | None = None,
+        leader: str | None = None,
+        lease: int = 0,
+        fence: Callable[[str, bytes], Awaitable[bool]] | None = None,
+        why_gone: Callable[[str], str] | None = None,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._settings = settings
+        self._leader = leader  # this coordinator's own node: group rank 0, with the worker store
+        self._lease = lease  # what the keys it writes are bound to (0: none; a shared store: the job lease)
+        # an elected coordinator writes only while it still holds the election (False: it does not)
+        self._fence = fence
+        self._master = master  # the worker store's address and port (hosted by group rank 0)
+        self._before_round = before_round  # e.g. a fresh worker-store keyspace
+        self._now = now or (lambda: asyncio.get_running_loop().time())
+        self._why_gone = why_gone or (lambda _key: "")  # the store's word on why a node key went (its lease's end)
+        self._nodes: dict[str, NodeInfo] = {}
+        self._gone: dict[str, tuple[str, str]] = {}  # node id → (name, why it went), for the reasons given
+        self._alone_since: float | None = None
+        self._phase = Phase.FORMING
+        self._round = 0
+        self._members: tuple[str, ...] = ()
+        self._restarts = 0
+        self._min_since: float | None = None
+        self._results: dict[str, Result] = {}
+        self._spares: set[str] = set()  # told they wait as spares in the current round
+        self._arrived: list[str] = []  # nodes that joined since the last decision
+        self._events: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
+        self._status_dirty = True
+        self._status_due = 0.0
+
+    async def run(self) -> None:
+        if await self._take_over():
+            return
+        entries, revision = await self._store.range(self._keys.nodes)
+        for entry in entries:
+            node_id = entry.key[len(self._keys.nodes) :]
+            self._nodes[node_id] = node_from(entry.value, entry.create_revision, node_id)
+        watches = [await self._store.watch(self._keys.nodes, revision), await self._store.watch(self._keys.results, revision)]
+        feeders = [asyncio.create_task(feed(w, self._events)) for w in watches]
+        try:
+            await self._decide_forever()
+        finally:
+            for task in feeders:
+                task.cancel()
+            for watch in watches:
+                with contextlib.suppress(StoreUnavailable):
+                    await watch.close()
+
+    async def _take_over(self) -> bool:
+        """A coordinator elected mid-job (the last one was lost) carries on from the round key; True if it ended."""
+        entry = await self._store.get(self._keys.round)
+        if entry is None:
+            return False
+        word = RoundWord.parse(entry.value)
+        closed = await self._store.get(self._keys.closed)
+        if word.phase != "ended" and closed is not None:  # the last coordinator died between the two writes: finish it
+            ok = bool(load(closed.value).get("ok"))
+            word = RoundWord(word.round, "ended", word.restarts, "the job had ended", ok)
+            await self._put(self._keys.round, dump(asdict(word)))
+        if word.phase == "ended":
+            self._phase = Phase.ENDED
+            return True
+        self._round, self._restarts = word.round, word.restarts
+        reason = "the coordinator changed; re-forming"
+        await self._put(self._keys.round, dump(asdict(RoundWord(self._round, "stopping", self._restarts, reason))))
+        self._min_since = self._now() - self._settings.last_call_timeout  # re-form at once, as after a regroup
+        logger.info("rendezvous: took over as coordinator at round %d", self._round)
+        return False
+
+    async def _put(self, key: str, value: bytes) -> None:
+        if self._fence is None:
+            await self._store.put(key, value, lease=self._lease)
+        elif not await self._fence(key, value):
+            raise NotCoordinator("this node no longer holds the coordinator key (its lease ended): another node coordinates")
+
+    async def _put_all(self, writes: list[tuple[str, bytes]]) -> None:
+        """Many independent writes, up to ``PUTS_IN_FLIGHT`` at a time: a networked store (etcd) commits
+        concurrent writes together, where one after another would each wait for their own commit."""
+        for at in range(0, len(writes), PUTS_IN_FLIGHT):
+            await asyncio.gather(*(self._put(key, value) for key, value in writes[at : at + PUTS_IN_FLIGHT]))
+
+    async def _decide_forever(self) -> None:
+        while True:
+            self._note_min()
+            step = next_step(self._view(), self._settings, self._now())
+            if isinstance(step, Start):
+                await self._start(step)
+                continue
+            if isinstance(step, Regroup | Restart):
+                await self._reform(step)
+                continue
+            if isinstance(step, Finish):
+                await self._finish(step)
+                return
+            await self._tell_spares()
+            await self._publish_status()
+            await self._next_events(step)
+
+    def _view(self) -> View:
+        return View(tuple(self._nodes.values()), self._phase, self._round, self._members, self._restarts, self._min_since,
+                    self._results, self._leader, self._gone, self._alone_since)
+
+    def _note_min(self) -> None:
+        enough = len(self._nodes) >= self._settings.min_nodes
+        if self._phase is Phase.FORMING and enough and self._min_since is None:
+            self._min_since = self._now()
+        elif not enough:
+            self._min_since = None
+        mine = [n for n in self._nodes.values() if n.id == self._leader or n.is_host]
+        alone = self._phase is Phase.FORMING and self._round > 0 and len(self._nodes) == 1 and bool(mine)
+        if alone and self._alone_since is None:
+            self._alone_since = self._now()
+        elif not alone:
+            self._alone_since = None
+
+    async def _next_events(self, step: Wait) -> None:
+        """Wait for something to change (or the step's deadline), then take every event already there."""
+        until = step.until
+        if self._status_dirty and self._phase is not Phase.ENDED:  # a status write held back by the rate limit
+            until = self._status_due if until is None else min(until, self._status_due)
+        timeout = None if until is None else max(0.0, until - self._now())
+        try:
+            first = await asyncio.wait_for(self._events.get(), timeout)
+        except TimeoutError:
+            return
+        self._apply(first)
+        while not self._events.empty():
+            self._apply(self._events.get_nowait())
+
+    def _apply(self, event: Event | StoreUnavailable) -> None:
+        if isinstance(event, StoreUnavailable):  # a watch ended: deciding on without it would go deaf
+            raise event
+        if event.key.startswith(self._keys.nodes):
+            node_id = event.key[len(self._keys.nodes) :]
+            if event.kind is EventKind.PUT:
+                self._nodes[node_id] = node_from(event.value, event.revision, node_id)
+                self._arrived.append(node_id)
+            elif (info := self._nodes.pop(node_id, None)) is not None:
+                self._gone[node_id] = (f"{node_id} at {info.addr}" if info.addr else node_id, self._why_gone(event.key))
+            self._status_dirty = True
+            return
+        round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
+        if event.kind is EventKind.PUT and round_text == str(self._round) and node_id in self._members:
+            d = load(event.value)
+            self._results[node_id] = Result(bool(d.get("ok")), event.revision, str(d.get("summary", "")))
+
+    async def _start(self, step: Start) -> None:
+        await self._before_round()
+        self._round += 1
+        self._members = step.placement.members
+        self._results = {}
+        self._phase = Phase.RUNNING
+        infos = [self._nodes[m] for m in self._members]
+        ranks = assign_node_ranks([NodeSlots(n.role, n.nproc) for n in infos])
+        addr, port = self._master()
+        writes = [(self._keys.assign(info.id), dump({
+            "round": self._round, "group_rank": group_rank, "group_world_size": len(infos), "ranks": asdict(mine),
+            "master_addr": addr, "master_port": port, "restarts": self._restarts}))
+            for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True))]
+        self._spares = set(step.placement.spares)
+        spare = dump({"round": self._round, "spare": True})
+        writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
+        await self._put_all(writes)
+        await self._put(self._keys.round, dump(asdict(RoundWord(self._round, "running", self._restarts))))
+        logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
+
+    async def _reform(self, step: Regroup | Restart) -> None:
+        if isinstance(step, Restart):
+            self._restarts += 1
+        await self._put(self._keys.round, dump(asdict(RoundWord(self._round, "stopping", self._restarts, step.reason))))
+        self._phase = Phase.FORMING
+        # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
+        self._min_since = self._now() - self._settings.last_call_timeout
+
+    async def _finish(self, step: Finish) -> None:
+        failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
+        cause = failures[0][1] if failures else ""
+        word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause, step.stranded)
+        await self._put(self._keys.closed, dump({"ok": step.ok}))  # first: once nodes read the end, they leave at once
+        await self._put(self._keys.round, dump(asdict(word)))
+        self._phase = Phase.ENDED
+
+    async def _tell_spares(self) -> None:
+        """A node that joined a full, running round learns at once that it waits as a spare."""
+        arrived, self._arrived = self._arrived, []
+        if self._phase is not Phase.RUNNING:
+            return
+        members = set(self._members)
+        for node_id in arrived:
+            if node_id in self._nodes and node_id not in members and node_id not in self._spares:
+                self._spares.add(node_id)
+                await self._put(self._keys.assign(node_id), dump({"round": self._round, "spare": True}))
+
+    async def _publish_status(self) -> None:
+        """Who has joined, for waiting nodes' progress lines: at most once a second (they print every 5 s)."""
+        now = self._now()
+        if not self._status_dirty or self._phase is Phase.ENDED or now < self._status_due:
+            return
+        self._status_dirty, self._status_due = False, now + STATUS_EVERY
+        first = list(itertools.islice(self._nodes.values(), 4))  # events arrive in revision order: join order
+        static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None) if self._settings.static else []
+        status = {"joined": len(self._nodes), "names": [n.addr or n.host for n in first], "static_ranks": static}
+        await self._put(self._keys.status, dump(status))
+
+
+class NotCoordinator(StoreUnavailable):
+    """An elected coordinator found, on a write, that the election has moved on without it."""

@@ -1,0 +1,174 @@
+"""One node's side of the rendezvous: join once, then read its own assignment and the round key, round after round.
+
+A join costs a node a fixed handful of operations (grant, put, range, two watches) and a few
+hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, dump, load, node_value
+from rankrun.rendezvous.round import NodeInfo, NodeRanks
+from rankrun.store.api import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact, feed
+from rankrun.store.embedded.liveness import seconds
+
+
+@dataclass(frozen=True)
+class Spare:
+    round: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    word: RoundWord
+
+
+class Member:
+    """One node's side: join once, then read its own assignment and the round key, round after round."""
+
+    def __init__(self, store: Store, keys: Keys, info: NodeInfo, lease: Lease, job: Lease | None = None) -> None:
+        self.store = store
+        self.keys = keys
+        self.info = info
+        self.lease = lease
+        self.job = job  # a shared store: the job lease, which this node helps keep alive and writes results on
+
+    @classmethod
+    async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float, job: Lease | None = None) -> Member:
+        """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over."""
+        if await store.get(keys.closed) is not None:
+            raise RendezvousClosed("the job has already finished")
+        lease = await store.grant(ttl)
+        await store.put(keys.node(info.id), node_value(info), lease=lease.id)
+        return cls(store, keys, info, lease, job)
+
+    async def next_round(self, after: int) -> Assignment | Spare | Ended:
+        """The first word after round ``after``: an assignment, a place as a spare, or the end of the job."""
+        key, round_key = self.keys.assign(self.info.id), self.keys.round
+        entries, revision = await self.store.range(key)  # a prefix: "assign/n1" also finds "assign/n10", so match exactly
+        round_entries, _ = await self.store.range(round_key)
+        latest_assign, latest_round = _value(entries, key), _value(round_entries, round_key)
+        found = self._read(latest_assign, latest_round, after)
+        if found is not None:
+            return found
+        watch_assign, watch_round = await self.store.watch(key, revision), await self.store.watch(round_key, revision)
+        try:
+            merged: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
+            feeders = [asyncio.create_task(feed(w, merged)) for w in (watch_assign, watch_round)]
+            try:
+                while True:
+                    event = await merged.get()
+                    if isinstance(event, StoreUnavailable):
+                        raise event
+                    if event.kind is EventKind.PUT:
+                        if event.key == key:
+                            latest_assign = event.value
+                        elif event.key == round_key:
+                            latest_round = event.value
+                    found = self._read(latest_assign, latest_round, after)
+                    if found is not None:
+                        return found
+            finally:
+                for task in feeders:
+                    task.cancel()
+        finally:
+            for watch in (watch_assign, watch_round):
+                with contextlib.suppress(StoreUnavailable):
+                    await watch.close()
+
+    def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | None:
+        word = RoundWord.parse(round_value) if round_value else None
+        if word is not None and word.phase == "ended":
+            return Ended(word)
+        if assign is None or word is None or word.phase != "running":
+            return None
+        d = load(assign)
+        round_ = int(d.get("round", 0))
+        if round_ <= after or round_ != word.round:
+            return None
+        if d.get("spare"):
+            return Spare(round_)
+        ranks = d["ranks"]
+        return Assignment(round_, int(d["group_rank"]), int(d["group_world_size"]),
+                          NodeRanks(int(ranks["base_rank"]), int(ranks["world_size"]), int(ranks["base_role_rank"]),
+                                    int(ranks["role_world_size"])),
+                          str(d["master_addr"]), int(d["master_port"]), int(d.get("restarts", 0)))
+
+    async def round_changed(self, round_: int) -> RoundWord:
+        """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
+        entries, revision = await self.store.range(self.keys.round)
+        current = _value(entries, self.keys.round)
+        if current is not None:
+            word = RoundWord.parse(current)
+            if word.round != round_ or word.phase != "running":
+                return word
+        watch = await self.store.watch(self.keys.round, revision)
+        try:
+            async for event in watch:
+                if event.kind is not EventKind.PUT or event.key != self.keys.round:
+                    continue
+                word = RoundWord.parse(event.value)
+                if word.round != round_ or word.phase != "running":
+                    return word
+        finally:
+            with contextlib.suppress(StoreUnavailable):
+                await watch.close()
+        raise StoreUnavailable("the round watch ended")
+
+    async def report(self, round_: int, ok: bool, summary: str = "") -> None:
+        await self.store.put(self.keys.result(round_, self.info.id), dump({"ok": ok, "summary": summary}),
+                             lease=self.job.id if self.job is not None else 0)
+
+    async def status(self) -> dict[str, Any]:
+        entry = await self.store.get(self.keys.status)
+        return load(entry.value) if entry is not None else {}
+
+    async def keep_alive(self, interval: float, max_attempts: int) -> None:
+        """Refresh the lease every ``interval`` s until it is lost.
+
+        Each keep-alive gets ``interval`` s to be answered (a silent network must not hold it for TCP's
+        15 minutes); one that fails or is not answered in time is a miss. After ``max_attempts`` misses in
+        a row the lease is given up on this side, whatever TCP believes: the store has expired it too.
+        """
+        loop = asyncio.get_running_loop()
+        misses, started, first_miss = 0, loop.time(), 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):  # a keep-alive every interval, or the lease's end
+                async with asyncio.timeout_at(started + interval):
+                    await self.lease.lost.wait()
+                    return
+            started = loop.time()
+            try:
+                async with asyncio.timeout(interval):
+                    await self.lease.keep_alive()
+                misses = 0
+            except (StoreUnavailable, TimeoutError) as exc:
+                misses += 1
+                first_miss = started if misses == 1 else first_miss
+                if misses >= max_attempts or self.lease.lost.is_set():
+                    why = f"no answer within {interval:g} s" if isinstance(exc, TimeoutError) else str(exc)
+                    over = seconds(loop.time() - first_miss)
+                    self.lease.set_lost(f"{misses} keep-alives in a row failed over {over} s ({why})")
+                    return
+                continue
+            if self.job is not None:  # every node keeps the job's keys alive (a shared store); its failures are not ours
+                with contextlib.suppress(StoreUnavailable, TimeoutError):
+                    async with asyncio.timeout(interval):
+                        await self.job.keep_alive()
+
+    async def leave(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.lease.revoke()
+
+
+class RendezvousClosed(StoreUnavailable):
+    """The job this node wants to join has already finished."""
+
+
+def _value(entries: list[Entry], key: str) -> bytes | None:
+    entry = exact(entries, key)
+    return entry.value if entry is not None else None
