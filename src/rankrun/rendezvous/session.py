@@ -1,0 +1,301 @@
+"""One node's place in a multi-node job, from joining to leaving: ``open_session(spec, worker_store, say)``.
+
+Everything that depends on the backend lives here, so the agent's rounds (``agent.multinode``) see
+only a ``Session``: this node's ``Member`` and its address. Opening picks the backend and this
+node's part in it:
+
+- the embedded store, hosting: the first agent able to bind the endpoint (dynamic, unless
+  ``is_host`` says otherwise) or ``--node-rank 0`` (static) serves the in-memory store and the
+  workers' TCPStore on that one port (``rendezvous.listener``) and runs the coordinator;
+- the embedded store, joining: every other agent connects (retrying until ``join_timeout``, with
+  a line every few seconds) and joins;
+- etcd: every agent adopts (or creates) the job lease, serves its own worker store on port 0,
+  joins, and campaigns; the one elected coordinates until it leaves or is deposed.
+
+While the session is open its background work runs beside the caller's: the keep-alives and, where
+this node coordinates, the coordinator, all in one ``TaskGroup`` (a failure there cancels the
+caller and surfaces as that error). Closing leaves the job, lets the other nodes read the end
+(the coordinator waits for them, bounded by ``close_timeout``), removes a finished job's keys
+from etcd, and closes the stores: one ``AsyncExitStack``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from rankrun.errors import LauncherError, StoreError
+from rankrun.rendezvous.coordinator import Coordinator, NotCoordinator
+from rankrun.rendezvous.election import campaign, job_lease
+from rankrun.rendezvous.keys import Keys
+from rankrun.rendezvous.listener import SharedListener
+from rankrun.rendezvous.member import Member
+from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
+from rankrun.store.api import AuthenticationFailed, EventKind, Store, StoreUnavailable
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.liveness import Liveness
+from rankrun.store.embedded.server import StoreServer
+from rankrun.store.memory import MemoryStore
+from rankrun.workerstore.tcpstore import TCPStoreServer
+
+PROGRESS_EVERY = 5.0  # seconds between two "still trying to reach the host" lines
+FIRST_CONTACT = 3.0  # etcd: seconds to keep trying the endpoints at start before it is an infrastructure error
+CONNECT_RETRY = (0.05, 1.0)  # first and longest pause between attempts to reach a host that is not up yet
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Session:
+    member: Member
+    address: str  # this node's side of the rendezvous connection (what other nodes reach it on)
+    store: Store
+    lost_why: str  # why a lease could be lost, when the lease itself cannot tell
+    coordinator: Coordinator | None = None
+
+    def why_lost(self) -> str:
+        """Why this node lost its place, in words for the user."""
+        return self.member.lease.why or self.lost_why
+
+
+def settings(spec: LaunchSpec) -> Settings:
+    rdzv = spec.rendezvous
+    return Settings(rdzv.min_nodes, rdzv.max_nodes, rdzv.conf.last_call_timeout, spec.restart.max_restarts,
+                    static=isinstance(rdzv, StaticRendezvous))
+
+
+def endpoint(spec: LaunchSpec) -> tuple[str, int]:
+    rdzv = spec.rendezvous
+    if isinstance(rdzv, StaticRendezvous):
+        return rdzv.master_addr, rdzv.master_port
+    assert isinstance(rdzv, DynamicRendezvous)
+    return rdzv.endpoint_host, rdzv.endpoint_port
+
+
+def _ttl(spec: LaunchSpec) -> float:
+    conf = spec.rendezvous.conf
+    return conf.keep_alive_interval * conf.keep_alive_max_attempt
+
+
+@contextlib.asynccontextmanager
+async def open_session(spec: LaunchSpec, worker_store: TCPStoreServer, say: Say) -> AsyncIterator[Session]:
+    """Join the job (hosting it, joining it, or through etcd); leave it, and close everything, on exit."""
+    conf = spec.rendezvous.conf
+    async with contextlib.AsyncExitStack() as stack:
+        if on_etcd(spec.rendezvous):
+            session, lead = await _open_etcd(spec, worker_store, say, stack)
+        else:
+            session, lead = await _open_embedded(spec, worker_store, say, stack), None
+        async with asyncio.TaskGroup() as group:  # the keep-alives and the coordinator live exactly as long as the session
+            background = [group.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt))]
+            if session.coordinator is not None:
+                background.append(group.create_task(session.coordinator.run()))
+            leading = group.create_task(lead(session)) if lead is not None else None
+            try:
+                yield session
+            finally:
+                if leading is not None:  # no campaign once this node leaves (it would be on a revoked lease)
+                    leading.cancel()
+                    await asyncio.gather(leading, return_exceptions=True)  # its error, if any, the group raises
+                await session.member.leave()
+                if session.coordinator is not None:
+                    all_left = await _let_the_others_leave(session, conf.close_timeout, say)
+                    if all_left and lead is not None:
+                        await _remove_the_jobs_keys(session, conf.join_timeout)
+                for task in background:
+                    task.cancel()
+
+
+# --------------------------------------------------------------------------- the embedded store
+
+
+async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack) -> Session:
+    rdzv = spec.rendezvous
+    host, port = endpoint(spec)
+    keys = Keys.for_run(rdzv.run_id)
+    lost_why = f"its lease expired or the connection to the host at {host}:{port} was lost"
+    hosted = await _try_to_host(spec, worker_store, host, port, stack)
+    if hosted is not None:
+        listener, memory, bound = hosted
+        addr = spec.local_addr or listener.address
+        coordinator = Coordinator(memory, keys, settings(spec), master=lambda: (addr, bound),
+                                  before_round=worker_store.reset, why_gone=memory.why_deleted)
+        member = await Member.join(memory, keys, node_info(spec, addr, is_host=True), _ttl(spec))
+        return Session(member, listener.address, memory, lost_why, coordinator)
+    client = await _connect(spec, host, port, say)
+    stack.push_async_callback(client.close)
+    addr = spec.local_addr or client.local_address or host
+    member = await Member.join(client, keys, node_info(spec, addr, is_host=False), _ttl(spec))
+    return Session(member, client.local_address or host, client, lost_why)
+
+
+async def _try_to_host(
+    spec: LaunchSpec, worker_store: TCPStoreServer, host: str, port: int, stack: contextlib.AsyncExitStack
+) -> tuple[SharedListener, MemoryStore, int] | None:
+    """Bind the endpoint if this node is the one to host; None if another node hosts."""
+    rdzv = spec.rendezvous
+    if isinstance(rdzv, StaticRendezvous):
+        must = rdzv.node_rank == 0
+        if not must:
+            return None
+    else:
+        if rdzv.conf.is_host is False:
+            return None
+        must = rdzv.conf.is_host is True
+    memory = MemoryStore()
+    server = StoreServer(memory, spec.secret)
+    listener = SharedListener(server, worker_store)
+    try:
+        bound = await listener.start(host, port)
+    except StoreError as exc:
+        cause = exc.__cause__
+        not_ours = isinstance(cause, OSError) and cause.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+        await memory.close()
+        if must or not not_ours:
+            raise
+        return None  # another agent on this machine hosts it, or the address is not this machine's: join it
+    stack.push_async_callback(memory.close)  # closed last: after the server and the listener
+    stack.push_async_callback(server.close)
+    stack.push_async_callback(listener.close)
+    return listener, memory, bound
+
+
+async def _connect(spec: LaunchSpec, host: str, port: int, say: Say) -> StoreClient:
+    """Reach the host, retrying (with backoff, saying why every few seconds) until join_timeout."""
+    conf = spec.rendezvous.conf
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + conf.join_timeout
+    pause, said = CONNECT_RETRY[0], loop.time()
+    liveness = Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt)
+    while True:
+        try:
+            return await StoreClient.connect(host, port, spec.secret, spec.local_addr, liveness)
+        except AuthenticationFailed:
+            raise
+        except StoreUnavailable as exc:
+            if loop.time() + pause > deadline:
+                raise
+            if loop.time() - said >= PROGRESS_EVERY:
+                waited = loop.time() - (deadline - conf.join_timeout)
+                say(f"{exc}; retrying (waited {waited:.0f} s of {conf.join_timeout:.0f})")
+                said = loop.time()
+        await asyncio.sleep(pause)  # no event announces a host that is not listening yet: retry with backoff
+        pause = min(pause * 2, CONNECT_RETRY[1])
+
+
+def node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
+    rdzv = spec.rendezvous
+    static_rank = rdzv.node_rank if isinstance(rdzv, StaticRendezvous) else None
+    node_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    return NodeInfo(node_id, 0, spec.worker.nproc, spec.worker.role, addr, socket.gethostname(), static_rank, is_host)
+
+
+# --------------------------------------------------------------------------- etcd
+
+
+async def _open_etcd(
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack
+) -> tuple[Session, Callable[[Session], Coroutine[Any, Any, None]]]:
+    """Join through etcd: adopt (or create) the job lease, start this node's worker store, register."""
+    from rankrun.store.etcd.gateway import Gateway, tls_context  # noqa: PLC0415
+    from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
+
+    rdzv = spec.rendezvous
+    assert isinstance(rdzv, DynamicRendezvous)
+    conf = rdzv.conf
+    https = any(e.scheme == "https" for e in rdzv.etcd_endpoints)
+    context = tls_context(conf.ca_cert, conf.ssl_cert, conf.ssl_cert_key) if https else None
+    gateway = Gateway(rdzv.etcd_endpoints, context=context, user=conf.user, password=spec.etcd_password,
+                      retry_for=FIRST_CONTACT)
+    store = EtcdStore(gateway)
+    stack.push_async_callback(store.close)
+    keys = Keys.for_run(rdzv.run_id, rdzv.prefix)
+    ttl = _ttl(spec)
+    try:
+        job = await job_lease(store, keys.job, 2 * ttl, store.lease)
+        # from now on an outage (an election) is waited out, up to read_timeout, and said
+        gateway.retry_for = conf.read_timeout
+        gateway.say = lambda line: say(f"rendezvous {rdzv.run_id}: {line}")
+        addr = spec.local_addr or store.local_address or "127.0.0.1"
+        port = await worker_store.start(addr, 0)
+        member = await Member.join(store, keys, node_info(spec, addr, is_host=False), ttl, job)
+    except StoreUnavailable as exc:
+        tried = ", ".join(map(str, rdzv.etcd_endpoints))
+        raise LauncherError(f"rendezvous {rdzv.run_id}: cannot use etcd ({tried}): {exc}") from None
+    lost_why = (f"its etcd lease expired (no keep-alive reached etcd for {ttl:g} s: keep_alive_interval x "
+                "keep_alive_max_attempt; was this agent stopped or starved?)")
+    session = Session(member, addr, store, lost_why)
+
+    async def lead(session: Session) -> None:
+        """Campaign, and once elected (now or when the coordinator is lost), coordinate."""
+        assert member.job is not None
+        await campaign(store, keys.coordinator, member.info.id, member.lease)
+        if member.lease.lost.is_set():
+            return
+        job_id, me = member.job.id, member.info.id.encode()
+
+        async def fence(key: str, value: bytes) -> bool:
+            return await store.put_if_held(key, value, lease=job_id, holder_key=keys.coordinator, holder=me)
+
+        session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: (addr, port),
+                                          before_round=worker_store.reset, leader=member.info.id, lease=job_id, fence=fence,
+                                          why_gone=lambda _key: f"its etcd lease ended (no keep-alive for {ttl:g} s, or it left)")
+        try:
+            await session.coordinator.run()
+        except NotCoordinator:  # deposed (its lease ended while it was stopped): the rounds notice and exit
+            session.coordinator = None
+
+    return session, lead
+
+
+async def _remove_the_jobs_keys(session: Session, keep_closed_for: float) -> None:
+    """The job is over and every node has left: delete its keys but ``closed``, which turns late nodes away
+    for ``keep_closed_for`` seconds (join_timeout: a late node would have waited that long) on a lease of its own."""
+    from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs get here
+
+    store = session.store
+    assert isinstance(store, EtcdStore)
+    keys = session.member.keys
+    with contextlib.suppress(StoreUnavailable):
+        entry = await store.get(keys.closed)
+        marker = await store.grant(keep_closed_for)
+        await store.put(keys.closed, entry.value if entry else b"{}", lease=marker.id)
+        await store.delete_prefix(keys.root, keep=keys.closed)
+
+
+# --------------------------------------------------------------------------- the end
+
+
+async def _let_the_others_leave(session: Session, timeout: float, say: Say) -> bool:
+    """The coordinator stays until every other node has read the end and left (their node keys gone), bounded.
+
+    Returns whether they all did.
+    """
+    store = session.store
+    keys = session.member.keys
+    with contextlib.suppress(TimeoutError, StoreUnavailable):
+        async with asyncio.timeout(timeout):
+            entries, revision = await store.range(keys.nodes)
+            left = {e.key for e in entries}
+            if not left:
+                return True
+            say(f"rendezvous: the job has ended; waiting up to {timeout:.0f} s for {len(left)} other node(s) to leave")
+            watch = await store.watch(keys.nodes, revision)
+            try:
+                async for event in watch:
+                    if event.kind is EventKind.DELETE:
+                        left.discard(event.key)
+                    else:
+                        left.add(event.key)  # registered just now: it will read the end and leave too
+                    if not left:
+                        return True
+            finally:
+                await watch.close()
+    return False
