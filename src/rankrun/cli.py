@@ -1,6 +1,7 @@
 """argv + environment → ``LaunchSpec``; outcome → exit code.
 
-This is the only module that reads ``sys.argv`` and ``os.environ``. It accepts every
+Of the launch, this is the module that reads ``sys.argv`` and ``os.environ`` (the few others, which must act before
+a spec exists, are listed in ``tests/unit/test_claims.py``). It accepts every
 torchrun 2.13 option in both spellings with torchrun's defaults and ``PET_*``
 environment defaults, validates everything up front, and turns every user mistake into
 one line on stderr (``rankrun: error: <flag> <value>: <reason>``) with exit code 2.

@@ -10,7 +10,16 @@ traceback::
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
     └── LauncherError                 3   the launcher's own machinery failed
         ├── StoreError                3   the worker store could not bind / serve
-        └── SpawnError                3   a worker process could not be started
+        ├── SpawnError                3   a worker process could not be started
+        └── StoreUnavailable          3   the rendezvous store cannot be reached, or the connection was lost
+            ├── AuthenticationFailed  3   the two sides do not share this job's secret (or etcd refused the user)
+            ├── LeaseLost             3   a lease expired or was revoked: its keys are gone
+            ├── Compacted             3   a watch asked for history the store no longer keeps
+            ├── NotCoordinator        3   an elected coordinator found the election moved on without it
+            ├── RendezvousClosed      3   the job this node wants to join has already finished
+            └── EtcdError             3   etcd answered with an error (``store.etcd.gateway``: it carries the endpoint)
+
+Every class below ``RankrunError`` anywhere in rankrun is drawn here (``tests/unit/test_claims.py``).
 
 A worker that exits non-zero is *not* an exception: it is an outcome (see
 ``rankrun.report``), reported with exit code 1.
@@ -68,3 +77,27 @@ class StoreError(LauncherError):
 
 class SpawnError(LauncherError):
     """A worker process could not be started (missing binary, exec failure)."""
+
+
+class StoreUnavailable(LauncherError):
+    """The rendezvous store cannot be reached, or the connection to it was lost."""
+
+
+class AuthenticationFailed(StoreUnavailable):
+    """The two sides do not share this job's secret (or only one of them has one)."""
+
+
+class LeaseLost(StoreUnavailable):
+    """The lease expired or was revoked: its keys are gone."""
+
+
+class Compacted(StoreUnavailable):
+    """A watch asked for history the store no longer keeps."""
+
+
+class NotCoordinator(StoreUnavailable):
+    """An elected coordinator found, on a write, that the election has moved on without it."""
+
+
+class RendezvousClosed(StoreUnavailable):
+    """The job this node wants to join has already finished."""

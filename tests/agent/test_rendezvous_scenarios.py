@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.coordinator import Coordinator
 from rankrun.rendezvous.keys import Assignment, Keys
-from rankrun.rendezvous.member import Ended, Member, RendezvousClosed, Spare
+from rankrun.rendezvous.member import Ended, Member, Spare
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.store.api import StoreUnavailable
 from rankrun.store.memory import MemoryStore

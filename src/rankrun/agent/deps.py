@@ -1,4 +1,4 @@
-"""What the agent acts through: the seams a scenario test replaces (spawner, console, stores, clock)."""
+"""What the agent acts through: the seams a scenario test replaces (spawner, console, the worker stores, watchdog)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker environment: the only place worker variable names are spelled.
+"""The worker environment: where the variables a worker is given (RANK, MASTER_ADDR, TORCHELASTIC_*, ...) are set.
 
 ``worker_env`` is a pure function: the same inputs give the same mapping, pinned by a
 golden test. The rules follow torchrun 2.13 exactly (the launcher's environment, then the

@@ -1,1 +1,1 @@
-"""Processes: the only package that spawns, signals or reaps OS processes."""
+"""Processes: the only package that starts workers, signals or reaps OS processes (``tests/unit/test_claims.py``)."""

@@ -1,4 +1,7 @@
-"""Signals as data: with ``rankrun.proc.early``, the only modules that install signal handlers.
+"""Signals as data: with ``rankrun.proc.early``, where the handled signals' handlers are installed.
+
+(The terminal relay also handles SIGWINCH and SIGCONT, and the watchdog's own child ignores signals:
+``tests/unit/test_claims.py`` lists every module allowed to touch signal handlers.)
 
 ``EarlyCatcher.install`` runs in the entry point before anything else is imported, so a
 SIGTERM that arrives while arguments are parsed or the store is binding is recorded, not

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
+from rankrun.errors import NotCoordinator
 from rankrun.rendezvous.keys import Keys, RoundWord, dump, load, node_from
 from rankrun.rendezvous.round import (
     Finish,
@@ -257,6 +258,3 @@ class Coordinator:
         status = {"joined": len(self._nodes), "names": [n.addr or n.host for n in first], "static_ranks": static}
         await self._put(self._keys.status, dump(status))
 
-
-class NotCoordinator(StoreUnavailable):
-    """An elected coordinator found, on a write, that the election has moved on without it."""

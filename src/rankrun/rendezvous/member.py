@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, dump, load, node_value
 from rankrun.rendezvous.round import NodeInfo, NodeRanks
 from rankrun.store.api import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact, feed
@@ -164,9 +165,6 @@ class Member:
         with contextlib.suppress(StoreUnavailable):
             await self.lease.revoke()
 
-
-class RendezvousClosed(StoreUnavailable):
-    """The job this node wants to join has already finished."""
 
 
 def _value(entries: list[Entry], key: str) -> bytes | None:

@@ -1,6 +1,6 @@
 """The rendezvous decisions, as pure functions of what the coordinator knows (no I/O, ``now`` is an argument).
 
-One coordinator per job (the agent that hosts the store) turns the live node keys and the
+One coordinator per job (the agent hosting the embedded store, or the one elected on etcd) turns the live node keys and the
 round's results into the next step; every other node only reads its own assignment and the
 small round key. ``place`` orders a round's members, ``next_step`` says what to do about the
 round. Both are property-tested (ranks dense and unique, MIN/MAX respected, survivors keep their

@@ -30,8 +30,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from rankrun.errors import LauncherError, StoreError
-from rankrun.rendezvous.coordinator import Coordinator, NotCoordinator
+from rankrun.errors import LauncherError, NotCoordinator, StoreError
+from rankrun.rendezvous.coordinator import Coordinator
 from rankrun.rendezvous.election import campaign, job_lease
 from rankrun.rendezvous.keys import Keys
 from rankrun.rendezvous.listener import SharedListener

@@ -29,23 +29,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from rankrun.errors import LauncherError
+from rankrun.errors import AuthenticationFailed, Compacted, LeaseLost, StoreUnavailable
 
-
-class StoreUnavailable(LauncherError):
-    """The rendezvous store cannot be reached, or the connection to it was lost."""
-
-
-class AuthenticationFailed(StoreUnavailable):
-    """The two sides do not share this job's secret (or only one of them has one)."""
-
-
-class LeaseLost(StoreUnavailable):
-    """The lease expired or was revoked: its keys are gone."""
-
-
-class Compacted(StoreUnavailable):
-    """A watch asked for history the store no longer keeps."""
+__all__ = ["AuthenticationFailed", "Compacted", "LeaseLost", "StoreUnavailable"]  # the seam's errors (rankrun.errors)
 
 
 @dataclass(frozen=True)
