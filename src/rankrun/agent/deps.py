@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankrun.clock import Clock, SystemClock
 from rankrun.logs.console import Console
@@ -13,6 +13,9 @@ from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.spawn import Spawner, WorkerHandle
 from rankrun.proc.watchdog import Watchdog, reap_orphans
 from rankrun.workerstore.tcpstore import TCPStoreServer
+
+if TYPE_CHECKING:  # one node never imports the rendezvous (rankrun.agent.loop imports multinode only for several)
+    from rankrun.rendezvous.session import Backend
 
 
 @dataclass
@@ -26,6 +29,7 @@ class AgentDeps:
     worker_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # what env:// connects to
     endpoint_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # holds a single-node c10d endpoint
     clock: Clock = field(default_factory=SystemClock)
+    rendezvous: Backend | None = None  # several nodes: how the session joins (None: as the spec says; tests: a shared store)
 
     @property
     def console_facts(self) -> ConsoleFacts:

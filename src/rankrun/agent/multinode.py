@@ -53,7 +53,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
     try:
-        async with open_session(spec, deps.worker_store, deps.console.say) as session:
+        async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous) as session:
             if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
                 deps.console.say(f"rendezvous {rdzv.run_id}: etcd without a user or client certificate (--rdzv-conf user=, "
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")

@@ -26,7 +26,7 @@ import contextlib
 import errno
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,8 @@ FIRST_CONTACT = 3.0  # etcd: seconds to keep trying the endpoints at start befor
 CONNECT_RETRY = (0.05, 1.0)  # first and longest pause between attempts to reach a host that is not up yet
 
 Say = Callable[[str], None]
+Lead = Callable[["Session"], Coroutine[Any, Any, None]]  # a shared store: campaign, then coordinate once elected
+Backend = Callable[[LaunchSpec, TCPStoreServer, Say, contextlib.AsyncExitStack], Awaitable[tuple["Session", Lead | None]]]
 
 
 @dataclass
@@ -79,20 +81,24 @@ def endpoint(spec: LaunchSpec) -> tuple[str, int]:
     return rdzv.endpoint_host, rdzv.endpoint_port
 
 
-def _ttl(spec: LaunchSpec) -> float:
+def ttl(spec: LaunchSpec) -> float:
+    """The lease TTL: keep_alive_interval x keep_alive_max_attempt."""
     conf = spec.rendezvous.conf
     return conf.keep_alive_interval * conf.keep_alive_max_attempt
 
 
 @contextlib.asynccontextmanager
-async def open_session(spec: LaunchSpec, worker_store: TCPStoreServer, say: Say) -> AsyncIterator[Session]:
-    """Join the job (hosting it, joining it, or through etcd); leave it, and close everything, on exit."""
+async def open_session(
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, *, backend: Backend | None = None
+) -> AsyncIterator[Session]:
+    """Join the job (hosting it, joining it, or through etcd); leave it, and close everything, on exit.
+
+    ``backend`` opens the store and joins (what the spec asks for by default); tests give one that joins a shared
+    in-memory store, so that many agents run in one process on fakes.
+    """
     conf = spec.rendezvous.conf
     async with contextlib.AsyncExitStack() as stack:
-        if on_etcd(spec.rendezvous):
-            session, lead = await _open_etcd(spec, worker_store, say, stack)
-        else:
-            session, lead = await _open_embedded(spec, worker_store, say, stack), None
+        session, lead = await (backend or _backend)(spec, worker_store, say, stack)
         async with asyncio.TaskGroup() as group:  # the keep-alives and the coordinator live exactly as long as the session
             background = [group.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt))]
             if session.coordinator is not None:
@@ -113,6 +119,14 @@ async def open_session(spec: LaunchSpec, worker_store: TCPStoreServer, say: Say)
                     task.cancel()
 
 
+async def _backend(
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack
+) -> tuple[Session, Lead | None]:
+    if on_etcd(spec.rendezvous):
+        return await _open_etcd(spec, worker_store, say, stack)
+    return await _open_embedded(spec, worker_store, say, stack), None
+
+
 # --------------------------------------------------------------------------- the embedded store
 
 
@@ -127,12 +141,12 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
         addr = spec.local_addr or listener.address
         coordinator = Coordinator(memory, keys, settings(spec), master=lambda: (addr, bound),
                                   before_round=worker_store.reset, why_gone=memory.why_deleted)
-        member = await Member.join(memory, keys, node_info(spec, addr, is_host=True), _ttl(spec))
+        member = await Member.join(memory, keys, node_info(spec, addr, is_host=True), ttl(spec))
         return Session(member, listener.address, memory, lost_why, coordinator)
     client = await _connect(spec, host, port, say)
     stack.push_async_callback(client.close)
     addr = spec.local_addr or client.local_address or host
-    member = await Member.join(client, keys, node_info(spec, addr, is_host=False), _ttl(spec))
+    member = await Member.join(client, keys, node_info(spec, addr, is_host=False), ttl(spec))
     return Session(member, client.local_address or host, client, lost_why)
 
 
@@ -202,7 +216,7 @@ def node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
 
 async def _open_etcd(
     spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack
-) -> tuple[Session, Callable[[Session], Coroutine[Any, Any, None]]]:
+) -> tuple[Session, Lead]:
     """Join through etcd: adopt (or create) the job lease, start this node's worker store, register."""
     from rankrun.store.etcd.gateway import Gateway, tls_context  # noqa: PLC0415
     from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
@@ -217,19 +231,19 @@ async def _open_etcd(
     store = EtcdStore(gateway)
     stack.push_async_callback(store.close)
     keys = Keys.for_run(rdzv.run_id, rdzv.prefix)
-    ttl = _ttl(spec)
+    lease_ttl = ttl(spec)
     try:
-        job = await job_lease(store, keys.job, 2 * ttl, store.lease)
+        job = await job_lease(store, keys.job, 2 * lease_ttl, store.lease)
         # from now on an outage (an election) is waited out, up to read_timeout, and said
         gateway.retry_for = conf.read_timeout
         gateway.say = lambda line: say(f"rendezvous {rdzv.run_id}: {line}")
         addr = spec.local_addr or store.local_address or "127.0.0.1"
         port = await worker_store.start(addr, 0)
-        member = await Member.join(store, keys, node_info(spec, addr, is_host=False), ttl, job)
+        member = await Member.join(store, keys, node_info(spec, addr, is_host=False), lease_ttl, job)
     except StoreUnavailable as exc:
         tried = ", ".join(map(str, rdzv.etcd_endpoints))
         raise LauncherError(f"rendezvous {rdzv.run_id}: cannot use etcd ({tried}): {exc}") from None
-    lost_why = (f"its etcd lease expired (no keep-alive reached etcd for {ttl:g} s: keep_alive_interval x "
+    lost_why = (f"its etcd lease expired (no keep-alive reached etcd for {lease_ttl:g} s: keep_alive_interval x "
                 "keep_alive_max_attempt; was this agent stopped or starved?)")
     session = Session(member, addr, store, lost_why)
 
@@ -246,7 +260,7 @@ async def _open_etcd(
 
         session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: (addr, port),
                                           before_round=worker_store.reset, leader=member.info.id, lease=job_id, fence=fence,
-                                          why_gone=lambda _key: f"its etcd lease ended (no keep-alive for {ttl:g} s, or it left)")
+                                          why_gone=lambda _key: f"its etcd lease ended (no keep-alive for {lease_ttl:g} s, or it left)")
         try:
             await session.coordinator.run()
         except NotCoordinator:  # deposed (its lease ended while it was stopped): the rounds notice and exit
