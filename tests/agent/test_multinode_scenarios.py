@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-
 from fakes import Behaviour, FakeHandle, FakeSpawner, FakeTimers
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.multinode import Outcome, run_multinode

@@ -258,9 +258,10 @@ async def _open_etcd(
         async def fence(key: str, value: bytes) -> bool:
             return await store.put_if_held(key, value, lease=job_id, holder_key=keys.coordinator, holder=me)
 
+        gone = f"its etcd lease ended (no keep-alive for {lease_ttl:g} s, or it left)"
         session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: (addr, port),
                                           before_round=worker_store.reset, leader=member.info.id, lease=job_id, fence=fence,
-                                          why_gone=lambda _key: f"its etcd lease ended (no keep-alive for {lease_ttl:g} s, or it left)")
+                                          why_gone=lambda _key: gone)
         try:
             await session.coordinator.run()
         except NotCoordinator:  # deposed (its lease ended while it was stopped): the rounds notice and exit
