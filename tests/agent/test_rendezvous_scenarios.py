@@ -10,7 +10,7 @@ import pytest
 
 from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.coordinator import Coordinator
-from rankrun.rendezvous.keys import Assignment, Keys
+from rankrun.rendezvous.keys import Assignment, Keys, RoundWord
 from rankrun.rendezvous.member import Ended, Member, Spare
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.store.api import StoreUnavailable
@@ -165,6 +165,23 @@ def test_an_elected_coordinator_takes_over_mid_job_leads_the_next_round_and_keep
         assert [(g.round, g.group_rank, g.master_addr, g.master_port) for g in again] == [
             (2, 1, "127.0.0.3", 2000), (2, 0, "127.0.0.3", 2000)]  # the new leader is group rank 0, with its store
         assert again[0].restarts == 0
+        task.cancel()
+
+    _run(body)
+
+
+def test_a_successor_keeps_the_jobs_restart_count():
+    """The budget is the job's: a coordinator elected mid-job carries the count on, it does not start from 0."""
+
+    async def body():
+        store = MemoryStore()
+        settings = Settings(1, 2, last_call_timeout=600.0, max_restarts=3)
+        await store.put(KEYS.round, RoundWord(4, "running", restarts=2).value())
+        successor = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.1", 1), before_round=_nothing, leader="node0")
+        task = asyncio.create_task(successor.run())
+        member = await Member.join(store, KEYS, _info(0, nproc=1), ttl=60)
+        got = await member.next_round(4)
+        assert (got.round, got.restarts) == (5, 2)
         task.cancel()
 
     _run(body)

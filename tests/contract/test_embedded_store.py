@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 
 from fakes import FakeTimers
+from rankrun.rendezvous.listener import SharedListener
 from rankrun.store.api import AuthenticationFailed, EventKind, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.client import StoreClient
@@ -177,5 +179,56 @@ def test_one_port_serves_agents_and_torch_store_clients():
             await listener.close()
             await workers.close()
             await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+def test_an_impostor_host_without_the_secret_is_refused_by_the_client():
+    """The handshake is mutual: a server that cannot prove it knows the secret is not trusted with the job."""
+
+    async def main() -> None:
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            frames = wire.FrameReader()
+            await reader.readexactly(len(wire.MAGIC))
+            while not frames.feed(await reader.read(4096)):
+                pass  # the hello
+            writer.write(wire.frame({"version": wire.VERSION, "challenge": wire.b64(b"c" * 16), "auth": True}))
+            while not frames.feed(await reader.read(4096)):
+                pass  # the client's proof: accepted, as an impostor would
+            writer.write(wire.frame({"ok": True, "proof": wire.server_proof(b"a guess", b"c" * 16, b"n" * 16)}))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(AuthenticationFailed, match="the server does not know this job's secret"):
+                await StoreClient.connect("127.0.0.1", port, SECRET)
+        finally:
+            server.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+def test_a_job_rerun_on_the_same_endpoint_binds_it_while_the_last_ones_sockets_sit_in_time_wait():
+    """The endpoint is a fixed port every node knows: the next job must get it back at once (SO_REUSEADDR)."""
+
+    async def main() -> None:
+        store = MemoryStore(FakeTimers())
+        first = SharedListener(StoreServer(store), None)
+        port = await first.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\n\r\n")  # a foreign protocol: the listener closes first, so its side waits
+        assert await asyncio.wait_for(reader.read(), BOUND) == b""
+        writer.close()
+        await first.close()
+        rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+        time_wait = [r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "06"]
+        assert time_wait, "no TIME_WAIT on the endpoint: the rebind below would prove nothing"
+        second = SharedListener(StoreServer(store), None)
+        assert await second.start("127.0.0.1", port) == port
+        await second.close()
+        await store.close()
 
     asyncio.run(asyncio.wait_for(main(), BOUND))

@@ -367,3 +367,29 @@ def test_one_member_gets_the_gateways_own_bound():
         lease.mark_lost("test over")
 
     _run(main)
+
+
+def test_an_expired_token_is_dropped_on_unauthenticated_and_a_new_one_fetched(monkeypatch):
+    """etcd's simple tokens expire (5 min by default): code 16 means fetch a new one and ask again, not fail for ever."""
+    endpoint = Endpoint("http", "127.0.0.1", 2379)
+    gw = Gateway((endpoint,), user="job", password="pw")
+    tokens = iter(["t1", "t2"])
+    sent: list[tuple[str, str | None]] = []
+
+    async def exchange(self, ep, path, body, headers):
+        del self, ep, body
+        sent.append((path, headers.get("Authorization")))
+        if path == "/v3/auth/authenticate":
+            return {"token": next(tokens)}
+        if headers.get("Authorization") == "t1":
+            raise EtcdError(endpoint, 401, 16, "etcdserver: invalid auth token")
+        return {"ok": True}
+
+    monkeypatch.setattr(Gateway, "_exchange", exchange)
+
+    async def main() -> None:
+        assert await gw.call("/v3/kv/range", {}) == {"ok": True}
+        assert sent == [("/v3/auth/authenticate", None), ("/v3/kv/range", "t1"),
+                        ("/v3/auth/authenticate", None), ("/v3/kv/range", "t2")]
+
+    _run(main)

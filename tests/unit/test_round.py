@@ -81,6 +81,14 @@ def test_a_newcomer_takes_the_place_of_a_node_that_left():
     assert third.members == ("n0", "n3")
 
 
+def test_the_first_newcomer_in_join_order_takes_the_leavers_place_the_later_one_comes_last():
+    host, a, c = _node(0, host=True), _node(1), _node(3)  # n2 left
+    settings = Settings(1, 5, 30.0, 0)
+    late, later = _node(4), _node(5)
+    second = place([host, a, c, later, late], ("n0", "n1", "n2", "n3"), settings)  # listed out of join order on purpose
+    assert second.members == ("n0", "n1", "n4", "n3", "n5")
+
+
 def test_static_placement_is_by_node_rank():
     nodes = [_node(i, rank=r) for i, r in enumerate([2, 0, 1])]
     assert place(nodes, [], Settings(3, 3, 0.0, 0, static=True)).members == ("n1", "n2", "n0")

@@ -112,13 +112,13 @@ class Coordinator:
         if word.phase != "ended" and closed is not None:  # the last coordinator died between the two writes: finish it
             ok = bool(load(closed.value).get("ok"))
             word = RoundWord(word.round, "ended", word.restarts, "the job had ended", ok)
-            await self._put(self._keys.round, dump(asdict(word)))
+            await self._put(self._keys.round, word.value())
         if word.phase == "ended":
             self._phase = Phase.ENDED
             return True
         self._round, self._restarts = word.round, word.restarts
         reason = "the coordinator changed; re-forming"
-        await self._put(self._keys.round, dump(asdict(RoundWord(self._round, "stopping", self._restarts, reason))))
+        await self._put(self._keys.round, RoundWord(self._round, "stopping", self._restarts, reason).value())
         self._min_since = self._now() - self._settings.last_call_timeout  # re-form at once, as after a regroup
         logger.info("rendezvous: took over as coordinator at round %d", self._round)
         return False
@@ -217,13 +217,13 @@ class Coordinator:
         spare = dump({"round": self._round, "spare": True})
         writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
         await self._put_all(writes)
-        await self._put(self._keys.round, dump(asdict(RoundWord(self._round, "running", self._restarts))))
+        await self._put(self._keys.round, RoundWord(self._round, "running", self._restarts).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
 
     async def _reform(self, step: Regroup | Restart) -> None:
         if isinstance(step, Restart):
             self._restarts += 1
-        await self._put(self._keys.round, dump(asdict(RoundWord(self._round, "stopping", self._restarts, step.reason))))
+        await self._put(self._keys.round, RoundWord(self._round, "stopping", self._restarts, step.reason).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
@@ -233,7 +233,7 @@ class Coordinator:
         cause = failures[0][1] if failures else ""
         word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause, step.stranded)
         await self._put(self._keys.closed, dump({"ok": step.ok}))  # first: once nodes read the end, they leave at once
-        await self._put(self._keys.round, dump(asdict(word)))
+        await self._put(self._keys.round, word.value())
         self._phase = Phase.ENDED
 
     async def _tell_spares(self) -> None:

@@ -117,6 +117,10 @@ class RoundWord:
     cause: str = ""  # for a failed end: the job's first failure, in a few lines
     stranded: bool = False  # for a failed end: too few nodes were left (not the workers' failure)
 
+    def value(self) -> bytes:
+        """The round key's value: what ``parse`` reads."""
+        return dump(asdict(self))
+
     @classmethod
     def parse(cls, value: bytes) -> RoundWord:
         d = load(value)
