@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None)
     except RankrunError as exc:
         print(f"rankrun: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    from rankrun.agent.loop import launch  # noqa: PLC0415 - keeps --help and usage errors fast
+    from rankrun.main import launch  # noqa: PLC0415 - keeps --help and usage errors fast
 
     catcher.adopt(spec.signals)  # from here on exactly --signals-to-handle; the rest as inherited
     return launch(spec, catcher)

@@ -34,6 +34,20 @@ EXIT_LAUNCHER = 3
 EXIT_SIGNAL_BASE = 128
 
 
+def exit_code(outcome: int, first_signal: int | None) -> int:
+    """The launcher's exit code (pure): ``outcome`` (0, 1, 3, ...) unless a handled signal arrived.
+
+    The rule, here and only here: once rankrun has received a handled signal, before the job's
+    outcome is final (up to the end of the final flush), it exits 128+N for the first such signal,
+    whatever the workers did. Interrupted is never success: not when the workers exit 0 just as
+    the signal lands, not when the signal is taken off the stop stream by a consumer that cannot
+    act on it (the drain after the group had ended) or arrives while the loop winds down.
+    ``first_signal`` is the catcher's record, written on arrival, so no interleaving of consumers
+    can lose it.
+    """
+    return EXIT_SIGNAL_BASE + first_signal if first_signal is not None else outcome
+
+
 class RankrunError(Exception):
     """Base of every error rankrun raises deliberately."""
 

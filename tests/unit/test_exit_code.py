@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from rankrun.agent.loop import exit_code
+from rankrun.errors import exit_code
 from rankrun.proc.early import EarlyCatcher
 
 

@@ -1,110 +1,30 @@
 """The restart loop: store → plan → attempt → decide → restart / regroup / finish / give up / shut down → report.
 
-``launch`` owns the process-wide setup that must happen in order: fork the lifetime
-watchdog before any thread exists, become a child subreaper, start the console thread,
-then run the async agent. ``run_agent`` is one screen of sequencing over injected
-dependencies (``AgentDeps``: spawner, console, stores, clock) so scenarios can run on
-fakes; every decision (``plan``, ``decide``, ``group_ended``) is a pure function, and exit
-codes are chosen here, at the edge (``exit_code``: a handled signal always wins).
+``run_agent`` is one screen of sequencing over injected dependencies (``AgentDeps``: spawner,
+console, stores, clock) so scenarios can run on fakes; every decision (``plan``, ``decide``,
+``group_ended``) is a pure function, and the exit code is chosen by ``rankrun.errors.exit_code``
+(a handled signal always wins). The process-wide set-up around it is ``rankrun.main``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import signal
-import socket
-import sys
 from dataclasses import dataclass
 
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
-from rankrun.errors import EXIT_LAUNCHER, EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, RankrunError
+from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, exit_code
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
-from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.group import GroupOutcome
 from rankrun.proc.signals import Interrupted, StopStream, attach, detach
-from rankrun.proc.spawn import OsSpawner
-from rankrun.proc.terminal import is_foreground_terminal
-from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec
-
-
-def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
-    """Run the job to completion in this process; returns the exit code."""
-    # Started by `exec` from a shell that already had children? Those are not ours to reap.
-    keep = frozenset(child_pids(os.getpid()))
-    watchdog = Watchdog.start()
-    become_subreaper()
-    _use_pidfd_child_watcher()
-    console = Console()
-    _log_through(console)
-    facts = ConsoleFacts(merged=console.merged, interactive=os.isatty(1) and is_foreground_terminal(0))
-    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep, facts)
-    code = EXIT_LAUNCHER
-    try:
-        code = asyncio.run(run_agent(spec, deps, catcher))
-    except RankrunError as exc:
-        console.say(f"error: {exc}")
-        code = exc.exit_code
-    finally:
-        reap_orphans(exclude={watchdog.pid, *keep})
-        # The catcher has the handled signals back (run_agent detached them): one during the flush means
-        # the user gave up on a console that does not read.
-        catcher.on_signal = lambda _signum: console.abandon()
-        console.close()
-        watchdog.close()
-    return exit_code(code, catcher.first)  # a signal during the flush counts too
-
-
-def exit_code(outcome: int, first_signal: int | None) -> int:
-    """The launcher's exit code (pure): ``outcome`` (0, 1, 3, ...) unless a handled signal arrived.
-
-    The rule, here and only here: once rankrun has received a handled signal, before the job's
-    outcome is final (up to the end of the final flush), it exits 128+N for the first such signal,
-    whatever the workers did. Interrupted is never success: not when the workers exit 0 just as
-    the signal lands, not when the signal is taken off the stop stream by a consumer that cannot
-    act on it (the drain after the group had ended) or arrives while the loop winds down.
-    ``first_signal`` is the catcher's record, written on arrival, so no interleaving of consumers
-    can lose it.
-    """
-    return EXIT_SIGNAL_BASE + first_signal if first_signal is not None else outcome
-
-
-class _ConsoleLogHandler(logging.Handler):
-    """Log records (asyncio's, the store's) go through the console like every other line."""
-
-    def __init__(self, console: Console) -> None:
-        super().__init__(logging.WARNING)
-        self._console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._console.say(record.getMessage() if not record.exc_info else self.format(record))
-
-
-def _log_through(console: Console) -> None:
-    root = logging.getLogger()
-    root.handlers[:] = [_ConsoleLogHandler(console)]
-    root.setLevel(logging.WARNING)
-
-
-def _use_pidfd_child_watcher() -> None:
-    """On Python 3.11 asyncio's default child watcher runs one thread per worker; a pidfd watcher
-    needs none (3.12+ picks it by default). Exits still arrive as loop events either way."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:
-        return  # kernel without pidfd: keep the threaded watcher
-    asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
@@ -231,4 +151,4 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: _Final, *, error_files_kep
             deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
 
 
-__all__ = ["AgentDeps", "exit_code", "group_ended", "launch", "run_agent"]
+__all__ = ["AgentDeps", "group_ended", "run_agent"]

@@ -1,0 +1,82 @@
+"""The process around the agent: what must happen once, in order, before and after the job.
+
+Fork the lifetime watchdog before any thread exists, become a child subreaper, use the pidfd
+child watcher, start the console thread and route logging through it, then run the async agent
+(``rankrun.agent.loop.run_agent``); afterwards reap orphans, flush the console (a signal meanwhile
+abandons a console nobody reads) and close the watchdog. The exit code is ``rankrun.errors.exit_code``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+
+from rankrun.agent.deps import AgentDeps
+from rankrun.agent.loop import run_agent
+from rankrun.errors import EXIT_LAUNCHER, RankrunError, exit_code
+from rankrun.logs.console import Console
+from rankrun.logs.routes import ConsoleFacts
+from rankrun.proc.early import EarlyCatcher
+from rankrun.proc.spawn import OsSpawner
+from rankrun.proc.terminal import is_foreground_terminal
+from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
+from rankrun.spec import LaunchSpec
+
+
+def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
+    """Run the job to completion in this process; returns the exit code."""
+    # Started by `exec` from a shell that already had children? Those are not ours to reap.
+    keep = frozenset(child_pids(os.getpid()))
+    watchdog = Watchdog.start()
+    become_subreaper()
+    _use_pidfd_child_watcher()
+    console = Console()
+    _log_through(console)
+    facts = ConsoleFacts(merged=console.merged, interactive=os.isatty(1) and is_foreground_terminal(0))
+    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep, facts)
+    code = EXIT_LAUNCHER
+    try:
+        code = asyncio.run(run_agent(spec, deps, catcher))
+    except RankrunError as exc:
+        console.say(f"error: {exc}")
+        code = exc.exit_code
+    finally:
+        reap_orphans(exclude={watchdog.pid, *keep})
+        # The catcher has the handled signals back (run_agent detached them): one during the flush means
+        # the user gave up on a console that does not read.
+        catcher.on_signal = lambda _signum: console.abandon()
+        console.close()
+        watchdog.close()
+    return exit_code(code, catcher.first)  # a signal during the flush counts too
+
+
+class _ConsoleLogHandler(logging.Handler):
+    """Log records (asyncio's, the store's) go through the console like every other line."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self._console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._console.say(record.getMessage() if not record.exc_info else self.format(record))
+
+
+def _log_through(console: Console) -> None:
+    root = logging.getLogger()
+    root.handlers[:] = [_ConsoleLogHandler(console)]
+    root.setLevel(logging.WARNING)
+
+
+def _use_pidfd_child_watcher() -> None:
+    """On Python 3.11 asyncio's default child watcher runs one thread per worker; a pidfd watcher
+    needs none (3.12+ picks it by default). Exits still arrive as loop events either way."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return  # kernel without pidfd: keep the threaded watcher
+    asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
