@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -106,9 +107,11 @@ def _routes(spec: LaunchSpec, layout: _Layout, who: WorkerIdentity, handle: Work
     return route(stdout=True), route(stdout=False)
 
 
-async def run_attempt(
-    spec: LaunchSpec, plan: AttemptPlan, attempt_dir: Path | None, deps: AgentDeps, stops: StopStream
+async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a different owner
+    spec: LaunchSpec, plan: AttemptPlan, attempt_dir: Path | None, deps: AgentDeps, stops: StopStream,
+    moved_on: Awaitable[str] | None = None,
 ) -> AttemptResult:
+    """One attempt of the worker group; ``moved_on`` ends (with why) when its rendezvous round is over."""
     console, facts = deps.console, deps.console_facts
     ctx = attempt_context(spec, plan)
     identities = plan.identities
@@ -136,7 +139,7 @@ async def run_attempt(
                     label = "stderr" if handle.stderr is not None else "output"
                     workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
-                                          deps.clock.wall)
+                                          deps.clock.wall, moved_on)
             finally:
                 for w in workers:
                     w.handle.signal_group(signal.SIGKILL)

@@ -85,9 +85,9 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
                 spare_said = True
             previous = word.round
             continue
-        signum = _drop_stale_regroups(stops)
-        if signum is not None:
-            return Outcome(EXIT_SIGNAL_BASE + signum, restarts)
+        pending = stops.take_pending()  # a signal that came as the word did: the job stops instead
+        if pending is not None:
+            return Outcome(EXIT_SIGNAL_BASE + pending.signum, restarts)
         attempt += 1
         restarts = word.restarts
         plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra)
@@ -118,17 +118,6 @@ def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult |
     return Outcome(EXIT_WORKERS_FAILED, end.restarts, last, end.cause or end.reason)
 
 
-def _drop_stale_regroups(stops: StopStream) -> int | None:
-    """Before a round: a Regroup queued for the previous round (its workers ended first) must not stop this one.
-
-    Returns a pending signal, if one is queued (the job is to stop instead).
-    """
-    while (stop := stops.take_pending()) is not None:
-        if isinstance(stop, Interrupted):
-            return stop.signum
-    return None
-
-
 async def _wait_for_word(
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, previous: int
 ) -> Assignment | Spare | Ended | Interrupted:
@@ -144,9 +133,9 @@ async def _wait_for_word(
                     return value  # type: ignore[no-any-return]
                 if index == 1:
                     stop = stops.take_pending()
-                    if isinstance(stop, Interrupted):
+                    if stop is not None:
                         return stop
-                    continue  # a regroup between rounds changes nothing: we are waiting for the next one anyway
+                    continue  # another consumer took it first
                 raise LauncherError(f"rendezvous {rdzv.run_id}: lost its place while waiting: {session.why_lost()}")
     except TimeoutError:
         raise LauncherError(await _timeout_message(spec, member)) from None
@@ -210,23 +199,17 @@ async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tu
 async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan
 ) -> AttemptResult:
-    watcher = asyncio.create_task(_stop_when_the_round_moves_on(member, word.round, stops))
-    try:
-        return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+    moved_on = _the_round_moved_on(member, word.round)
+    return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
 
 
-async def _stop_when_the_round_moves_on(member: Member, round_: int, stops: StopStream) -> None:
-    """Turn "the round is over" (or "this node lost its lease") into a Regroup stop for the running workers."""
+async def _the_round_moved_on(member: Member, round_: int) -> str:
+    """Ends, with why, once the round is over (re-forming, the job ended) or this node lost its lease."""
     try:
         index, value = await first_of(member.round_changed(round_), member.lease.lost.wait())
-        reason = (value.reason or value.phase) if index == 0 else "this node's lease was lost"
     except StoreUnavailable as exc:
-        reason = str(exc)
-    stops.regroup(reason)
+        return str(exc)
+    return (value.reason or value.phase) if index == 0 else "this node's lease was lost"
 
 
 def _summary(result: AttemptResult, host: str) -> str:

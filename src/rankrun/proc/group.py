@@ -1,7 +1,8 @@
 """Supervise one worker group: wait for the first of {a failure, all done, a stop}, then stop it.
 
-Exits are events (``handle.wait()`` tasks), not a polling tick. A stop comes from the
-``StopStream``: a signal (``Interrupted``) or a membership change (``Regroup``). Stopping is
+Exits are events (``handle.wait()`` tasks), not a polling tick. A stop is a signal from the
+``StopStream`` (``Interrupted``), or ``moved_on``: an awaitable that ends, with the reason, when the
+rendezvous round this group belongs to is over (a node joined or left). Stopping is
 one path: send the polite signal (SIGTERM after a failure or a regroup, the received signal
 after an interrupt) to every worker's process group, wait until all have exited or the single
 monotonic deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. Workers that end
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankrun.proc.signals import Interrupted, Regroup, Stop
+from rankrun.proc.signals import Stop
 from rankrun.proc.spawn import WorkerHandle
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the kernel to report exits
@@ -58,23 +59,29 @@ async def supervise(
     next_stop: Callable[[], Awaitable[Stop]],
     shutdown_timeout: float,
     wall: Callable[[], float] = time.time,
+    moved_on: Awaitable[str] | None = None,
 ) -> GroupOutcome:
     outcome = GroupOutcome()
     waits = {asyncio.ensure_future(_wait(h)): i for i, h in enumerate(handles)}
     sig_task: asyncio.Future[Stop] = asyncio.ensure_future(next_stop())
+    round_task: asyncio.Future[str] | None = asyncio.ensure_future(moved_on) if moved_on is not None else None
     stop = _Stop()
     try:
         while waits:
             timeout = None if stop.deadline is None else max(0.0, stop.deadline - asyncio.get_running_loop().time())
-            watched: set[asyncio.Future[Any]] = {*waits, *([sig_task] if not sig_task.done() else [])}
+            pending = [t for t in (sig_task, round_task) if t is not None and not (t is sig_task and t.done())]
+            watched: set[asyncio.Future[Any]] = {*waits, *pending}
             done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             # Exits noticed together happened before anything we do now: none of them was "stopped".
             stopping, now = stop.deadline is not None, wall()
-            exited = sorted((waits.pop(t), int(t.result())) for t in done if t is not sig_task)  # type: ignore[call-overload]
+            exited = sorted((waits.pop(t), int(t.result())) for t in done if t in waits)
             for index, status in exited:
                 outcome.exits[index] = Exit(index, status, now, after_stop=stopping)
             if not stopping and any(status != 0 for _, status in exited):
                 _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+            if round_task is not None and round_task in done:
+                _on_moved_on(round_task.result(), handles, waits, outcome, stop, shutdown_timeout)
+                round_task = None
             if sig_task in done:
                 _on_stop(sig_task.result(), handles, waits, outcome, stop, shutdown_timeout)
                 if not stop.killed:
@@ -85,15 +92,28 @@ async def supervise(
                 outcome.unkillable = await _wait_killed(waits, outcome, wall)
                 break
     finally:
+        await _cancelled(round_task)
         if not sig_task.done():
-            sig_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sig_task
-        elif not sig_task.cancelled() and isinstance(last := sig_task.result(), Interrupted) and outcome.interrupted_by is None:
-            outcome.interrupted_by = last.signum  # arrived while the last workers were being killed
+            await _cancelled(sig_task)
+        elif not sig_task.cancelled() and outcome.interrupted_by is None:
+            outcome.interrupted_by = sig_task.result().signum  # arrived while the last workers were being killed
         for h in handles:
             h.signal_group(signal.SIGKILL)  # grandchildren left in the group, even after success
     return outcome
+
+
+def _on_moved_on(  # noqa: PLR0917 - private helper of supervise()
+    reason: str,
+    handles: Sequence[WorkerHandle],
+    waits: dict[asyncio.Task[int], int],
+    outcome: GroupOutcome,
+    stop: _Stop,
+    shutdown_timeout: float,
+) -> None:
+    if outcome.regrouped is None and outcome.interrupted_by is None:
+        outcome.regrouped = reason
+        if stop.deadline is None:
+            _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
 
 
 def _on_stop(  # noqa: PLR0917 - private helper of supervise()
@@ -104,12 +124,6 @@ def _on_stop(  # noqa: PLR0917 - private helper of supervise()
     stop: _Stop,
     shutdown_timeout: float,
 ) -> None:
-    if isinstance(request, Regroup):
-        if outcome.regrouped is None and outcome.interrupted_by is None:
-            outcome.regrouped = request.reason
-            if stop.deadline is None:
-                _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
-        return
     signum = request.signum
     if outcome.interrupted_by is not None:
         outcome.second_signal = outcome.second_signal or signum
@@ -147,6 +161,13 @@ async def _wait_killed(
     for task in pending:
         task.cancel()
     return sorted(waits[t] for t in pending)
+
+
+async def _cancelled(task: asyncio.Future[Any] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _wait(handle: WorkerHandle) -> int:

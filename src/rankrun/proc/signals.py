@@ -3,16 +3,16 @@
 (The terminal relay also handles SIGWINCH and SIGCONT, and the watchdog's own child ignores signals:
 ``tests/unit/test_claims.py`` lists every module allowed to touch signal handlers.)
 
-``EarlyCatcher.install`` runs in the entry point before anything else is imported, so a
-SIGTERM that arrives while arguments are parsed or the store is binding is recorded, not
-fatal. Once the event loop runs, ``attach`` moves delivery of exactly the handled set
-(``--signals-to-handle``) onto the loop and replays what arrived before; every other signal
-keeps the disposition rankrun inherited. The rest of rankrun sees signals only as
-``Interrupted`` events on the ``StopStream``, the one stream of reasons to stop a worker group
-(membership changes arrive there too, as ``Regroup``). Every arrival is also noted in the
-catcher's ``received`` as it happens, so that a stop a consumer takes off the stream and cannot
-act on (the group had already ended) still decides the exit code. ``detach`` gives the signals
-back to the catcher before the loop closes, so they stay caught until the process exits.
+``EarlyCatcher.install`` runs in the entry point before anything else is imported, so a SIGTERM that
+arrives while arguments are parsed or the store is binding is recorded, not fatal. Once the event
+loop runs, ``attach`` moves delivery of exactly the handled set (``--signals-to-handle``) onto the
+loop and replays what arrived before; every other signal keeps the disposition rankrun inherited.
+The rest of rankrun sees signals only as ``Interrupted`` events on the ``StopStream``. (The other
+reason to stop a group, the rendezvous round moving on, is not a signal: it reaches
+``proc.group.supervise`` as an awaitable of its own.) Every arrival is also noted in the catcher's
+``received`` as it happens, so that a stop a consumer takes off the stream and cannot act on (the
+group had already ended) still decides the exit code. ``detach`` gives the signals back to the
+catcher before the loop closes, so they stay caught until the process exits.
 """
 
 from __future__ import annotations
@@ -32,18 +32,11 @@ class Interrupted:
     signum: int
 
 
-@dataclass(frozen=True)
-class Regroup:
-    """The membership changed (a node joined or left): stop the workers, who count as stopped, then re-form."""
-
-    reason: str
-
-
-Stop = Interrupted | Regroup
+Stop = Interrupted
 
 
 class StopStream:
-    """Every reason to stop a worker group, in arrival order: signals and membership changes, one consumer at a time."""
+    """The handled signals, in arrival order, one consumer at a time."""
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Stop] = asyncio.Queue()
@@ -51,9 +44,6 @@ class StopStream:
 
     def deliver(self, signum: int) -> None:
         self.put_back(Interrupted(signum))
-
-    def regroup(self, reason: str) -> None:
-        self.put_back(Regroup(reason))
 
     def put_back(self, stop: Stop) -> None:
         """Queue a stop (also: re-queue one a consumer took but cannot act on, for the next consumer)."""
