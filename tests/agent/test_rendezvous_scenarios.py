@@ -10,9 +10,9 @@ import pytest
 
 from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.coordinator import Coordinator
-from rankrun.rendezvous.keys import Assignment, Keys, RoundWord
-from rankrun.rendezvous.member import Ended, Member, Spare
-from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, Spare
+from rankrun.rendezvous.member import Ended, Member
+from rankrun.rendezvous.round import NodeInfo, Phase, Settings
 from rankrun.store.api import StoreUnavailable
 from rankrun.store.memory import MemoryStore
 
@@ -72,7 +72,7 @@ def test_min_then_last_call_then_a_late_joiner_regroups_the_running_round():
         changed = asyncio.create_task(host.round_changed(first.round))
         late = await Member.join(store, KEYS, _info(1), ttl=60)
         word = await changed
-        assert (word.phase, word.reason) == ("stopping", "node node1 joined")
+        assert (word.phase, word.reason) == (Phase.FORMING, "node node1 joined")
         again = [await m.next_round(first.round) for m in (host, late)]
         assert [(g.round, g.group_rank, g.group_world_size) for g in again] == [(2, 0, 2), (2, 1, 2)]
         assert again[0].restarts == 0  # a regroup is not a restart
@@ -130,7 +130,7 @@ def test_static_ranks_wait_for_every_node_rank():
             if json.loads(event.value)["static_ranks"] == [0, 2]:
                 break
         await watch.close()
-        assert (await nodes[0].status())["joined"] == 2
+        assert (await nodes[0].status()).joined == 2
         assert not pending.done()  # rank 1 is missing: no round
         nodes.append(await Member.join(store, KEYS, _info(2, rank=1), ttl=60))
         got = await pending
@@ -160,7 +160,7 @@ def test_an_elected_coordinator_takes_over_mid_job_leads_the_next_round_and_keep
                              leader="node2")
         task = asyncio.create_task(second.run())
         word = await members[1].round_changed(1)
-        assert (word.round, word.phase) == (1, "stopping")  # the successor stops the round it cannot vouch for
+        assert (word.round, word.phase) == (1, Phase.FORMING)  # the successor stops the round it cannot vouch for
         again = [await m.next_round(1) for m in members[1:]]
         assert [(g.round, g.group_rank, g.master_addr, g.master_port) for g in again] == [
             (2, 1, "127.0.0.3", 2000), (2, 0, "127.0.0.3", 2000)]  # the new leader is group rank 0, with its store
@@ -176,7 +176,7 @@ def test_a_successor_keeps_the_jobs_restart_count():
     async def body():
         store = MemoryStore()
         settings = Settings(1, 2, last_call_timeout=600.0, max_restarts=3)
-        await store.put(KEYS.round, RoundWord(4, "running", restarts=2).value())
+        await store.put(KEYS.round, RoundWord(4, Phase.RUNNING, restarts=2).value())
         successor = Coordinator(store, KEYS, settings, master=lambda: ("127.0.0.1", 1), before_round=_nothing, leader="node0")
         task = asyncio.create_task(successor.run())
         member = await Member.join(store, KEYS, _info(0, nproc=1), ttl=60)

@@ -27,8 +27,8 @@ from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, 
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
-from rankrun.rendezvous.keys import Assignment
-from rankrun.rendezvous.member import Ended, Member, Spare
+from rankrun.rendezvous.keys import Assignment, Spare
+from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.session import Session, open_session
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
@@ -155,9 +155,8 @@ async def _progress(spec: LaunchSpec, deps: AgentDeps, member: Member) -> None:
         await asyncio.sleep(PROGRESS_EVERY)  # a report to the user, not a wait for state: waiting is on watches
         with contextlib.suppress(StoreUnavailable):
             status = await member.status()
-            shown = status.get("names", [])
-            names = ", ".join(shown) + (", ..." if status.get("joined", 0) > len(shown) else "")
-            deps.console.say(f"rendezvous {rdzv.run_id}: {status.get('joined', 0)}/{rdzv.max_nodes} nodes joined "
+            names = ", ".join(status.names) + (", ..." if status.joined > len(status.names) else "")
+            deps.console.say(f"rendezvous {rdzv.run_id}: {status.joined}/{rdzv.max_nodes} nodes joined "
                              f"(min {rdzv.min_nodes}, max {rdzv.max_nodes}), waiting {loop.time() - started:.0f} s"
                              + (f"; joined: {names}" if names else ""))
 
@@ -168,9 +167,9 @@ async def _timeout_message(spec: LaunchSpec, member: Member) -> str:
     with contextlib.suppress(StoreUnavailable):
         status = await member.status()
         wanted = str(rdzv.min_nodes) if rdzv.min_nodes == rdzv.max_nodes else f"{rdzv.min_nodes}-{rdzv.max_nodes}"
-        text += f": {status.get('joined', '?')} of {wanted} joined"
+        text += f": {status.joined} of {wanted} joined"
         if isinstance(rdzv, StaticRendezvous):
-            missing = sorted(set(range(rdzv.nodes)) - set(status.get("static_ranks", [])))
+            missing = sorted(set(range(rdzv.nodes)) - set(status.static_ranks))
             text += f"; node ranks never seen: {', '.join(map(str, missing))}"
     return text
 
@@ -209,7 +208,7 @@ async def _the_round_moved_on(member: Member, round_: int) -> str:
         index, value = await first_of(member.round_changed(round_), member.lease.lost.wait())
     except StoreUnavailable as exc:
         return str(exc)
-    return (value.reason or value.phase) if index == 0 else "this node's lease was lost"
+    return (value.reason or value.phase.value) if index == 0 else "this node's lease was lost"
 
 
 def _summary(result: AttemptResult, host: str) -> str:

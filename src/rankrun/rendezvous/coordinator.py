@@ -14,10 +14,19 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 
 from rankrun.errors import NotCoordinator
-from rankrun.rendezvous.keys import Keys, RoundWord, dump, load, node_from
+from rankrun.rendezvous.keys import (
+    Assignment,
+    Keys,
+    RoundWord,
+    Spare,
+    Status,
+    closed_ok,
+    closed_value,
+    node_from,
+    result_from,
+)
 from rankrun.rendezvous.round import (
     Finish,
     NodeInfo,
@@ -109,16 +118,16 @@ class Coordinator:
             return False
         word = RoundWord.parse(entry.value)
         closed = await self._store.get(self._keys.closed)
-        if word.phase != "ended" and closed is not None:  # the last coordinator died between the two writes: finish it
-            ok = bool(load(closed.value).get("ok"))
-            word = RoundWord(word.round, "ended", word.restarts, "the job had ended", ok)
+        if word.phase is not Phase.ENDED and closed is not None:  # the last coordinator died between the two writes: finish it
+            ok = closed_ok(closed.value)
+            word = RoundWord(word.round, Phase.ENDED, word.restarts, "the job had ended", ok)
             await self._put(self._keys.round, word.value())
-        if word.phase == "ended":
+        if word.phase is Phase.ENDED:
             self._phase = Phase.ENDED
             return True
         self._round, self._restarts = word.round, word.restarts
         reason = "the coordinator changed; re-forming"
-        await self._put(self._keys.round, RoundWord(self._round, "stopping", self._restarts, reason).value())
+        await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, reason).value())
         self._min_since = self._now() - self._settings.last_call_timeout  # re-form at once, as after a regroup
         logger.info("rendezvous: took over as coordinator at round %d", self._round)
         return False
@@ -197,8 +206,7 @@ class Coordinator:
             return
         round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
         if event.kind is EventKind.PUT and round_text == str(self._round) and node_id in self._members:
-            d = load(event.value)
-            self._results[node_id] = Result(bool(d.get("ok")), event.revision, str(d.get("summary", "")))
+            self._results[node_id] = result_from(event.value, event.revision)
 
     async def _start(self, step: Start) -> None:
         await self._before_round()
@@ -209,21 +217,20 @@ class Coordinator:
         infos = [self._nodes[m] for m in self._members]
         ranks = assign_node_ranks([NodeSlots(n.role, n.nproc) for n in infos])
         addr, port = self._master()
-        writes = [(self._keys.assign(info.id), dump({
-            "round": self._round, "group_rank": group_rank, "group_world_size": len(infos), "ranks": asdict(mine),
-            "master_addr": addr, "master_port": port, "restarts": self._restarts}))
-            for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True))]
+        writes = [(self._keys.assign(info.id), Assignment(self._round, group_rank, len(infos), mine, addr, port,
+                                                          self._restarts).value())
+                  for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True))]
         self._spares = set(step.placement.spares)
-        spare = dump({"round": self._round, "spare": True})
+        spare = Spare(self._round).value()
         writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
         await self._put_all(writes)
-        await self._put(self._keys.round, RoundWord(self._round, "running", self._restarts).value())
+        await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
 
     async def _reform(self, step: Regroup | Restart) -> None:
         if isinstance(step, Restart):
             self._restarts += 1
-        await self._put(self._keys.round, RoundWord(self._round, "stopping", self._restarts, step.reason).value())
+        await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
@@ -231,8 +238,8 @@ class Coordinator:
     async def _finish(self, step: Finish) -> None:
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
         cause = failures[0][1] if failures else ""
-        word = RoundWord(self._round, "ended", self._restarts, step.reason, step.ok, cause, step.stranded)
-        await self._put(self._keys.closed, dump({"ok": step.ok}))  # first: once nodes read the end, they leave at once
+        word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded)
+        await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, word.value())
         self._phase = Phase.ENDED
 
@@ -245,7 +252,7 @@ class Coordinator:
         for node_id in arrived:
             if node_id in self._nodes and node_id not in members and node_id not in self._spares:
                 self._spares.add(node_id)
-                await self._put(self._keys.assign(node_id), dump({"round": self._round, "spare": True}))
+                await self._put(self._keys.assign(node_id), Spare(self._round).value())
 
     async def _publish_status(self) -> None:
         """Who has joined, for waiting nodes' progress lines: at most once a second (they print every 5 s)."""
@@ -255,6 +262,6 @@ class Coordinator:
         self._status_dirty, self._status_due = False, now + STATUS_EVERY
         first = list(itertools.islice(self._nodes.values(), 4))  # events arrive in revision order: join order
         static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None) if self._settings.static else []
-        status = {"joined": len(self._nodes), "names": [n.addr or n.host for n in first], "static_ranks": static}
-        await self._put(self._keys.status, dump(status))
+        status = Status(len(self._nodes), tuple(n.addr or n.host for n in first), tuple(static))
+        await self._put(self._keys.status, status.value())
 

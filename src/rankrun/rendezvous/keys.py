@@ -10,7 +10,9 @@ Keys (all small; none is rewritten by more than one writer)::
     closed                  the job is over: late joiners are turned away
     coordinator, job        a shared store (etcd): the elected coordinator, the job lease's id
 
-Records travel as compact JSON objects (``dump``/``load``), never pickle.
+Each record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
+``Assignment`` and ``Spare`` (``place_from``), ``result_value``/``result_from``, ``Status``,
+``closed_value``/``closed_ok``. They travel as compact JSON objects, never pickle.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rankrun.rendezvous.round import NodeInfo, NodeRanks
+from rankrun.rendezvous.round import NodeInfo, NodeRanks, Phase, Result
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,11 @@ class Keys:
         return f"{self.results}{round_}/{node_id}"
 
 
-def dump(obj: dict[str, Any]) -> bytes:
+def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def load(data: bytes) -> dict[str, Any]:
+def _load(data: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except ValueError:
@@ -83,7 +85,7 @@ def load(data: bytes) -> dict[str, Any]:
 
 
 def node_from(value: bytes, joined: int, node_id: str) -> NodeInfo:
-    d = load(value)
+    d = _load(value)
     return NodeInfo(node_id, joined, int(d.get("nproc", 1)), str(d.get("role", "default")), str(d.get("addr", "")),
                     str(d.get("host", "")), d.get("static_rank"), bool(d.get("is_host", False)))
 
@@ -91,11 +93,13 @@ def node_from(value: bytes, joined: int, node_id: str) -> NodeInfo:
 def node_value(info: NodeInfo) -> bytes:
     d = asdict(info)
     del d["id"], d["joined"]
-    return dump(d)
+    return _dump(d)
 
 
 @dataclass(frozen=True)
 class Assignment:
+    """A node's ``assign/<node>`` key: its place in a round (written by the coordinator, read by that node only)."""
+
     round: int
     group_rank: int
     group_world_size: int
@@ -104,13 +108,37 @@ class Assignment:
     master_port: int
     restarts: int
 
+    def value(self) -> bytes:
+        return _dump(asdict(self))
+
+
+@dataclass(frozen=True)
+class Spare:
+    """The same key when the round is full: this node waits, and takes the place of the first node to leave."""
+
+    round: int
+
+    def value(self) -> bytes:
+        return _dump({"round": self.round, "spare": True})
+
+
+def place_from(value: bytes) -> Assignment | Spare:
+    """An ``assign/<node>`` value, as ``Assignment.value`` or ``Spare.value`` wrote it."""
+    d = _load(value)
+    if d.get("spare"):
+        return Spare(int(d.get("round", 0)))
+    r = d["ranks"]
+    ranks = NodeRanks(int(r["base_rank"]), int(r["world_size"]), int(r["base_role_rank"]), int(r["role_world_size"]))
+    return Assignment(int(d["round"]), int(d["group_rank"]), int(d["group_world_size"]), ranks, str(d["master_addr"]),
+                      int(d["master_port"]), int(d.get("restarts", 0)))
+
 
 @dataclass(frozen=True)
 class RoundWord:
     """The ``round`` key: what the coordinator says about the job now."""
 
     round: int
-    phase: str  # "running", "stopping" (re-forming), "ended"
+    phase: Phase  # RUNNING, FORMING (the round was stopped: re-forming), ENDED
     restarts: int = 0
     reason: str = ""
     ok: bool = False  # for "ended"
@@ -119,10 +147,54 @@ class RoundWord:
 
     def value(self) -> bytes:
         """The round key's value: what ``parse`` reads."""
-        return dump(asdict(self))
+        return _dump(asdict(self) | {"phase": self.phase.value})
 
     @classmethod
     def parse(cls, value: bytes) -> RoundWord:
-        d = load(value)
-        return cls(int(d.get("round", 0)), str(d.get("phase", "")), int(d.get("restarts", 0)), str(d.get("reason", "")),
+        d = _load(value)
+        return cls(int(d.get("round", 0)), _phase(d.get("phase")), int(d.get("restarts", 0)), str(d.get("reason", "")),
                    bool(d.get("ok", False)), str(d.get("cause", "")), bool(d.get("stranded", False)))
+
+
+def result_value(ok: bool, summary: str = "") -> bytes:
+    """A node's ``result/<round>/<node>`` key: how its workers ended (its failure in a few lines)."""
+    return _dump({"ok": ok, "summary": summary})
+
+
+def result_from(value: bytes, revision: int) -> Result:
+    d = _load(value)
+    return Result(bool(d.get("ok")), revision, str(d.get("summary", "")))
+
+
+def closed_value(ok: bool) -> bytes:
+    """The ``closed`` key: the job is over (and whether it succeeded); late joiners are turned away."""
+    return _dump({"ok": ok})
+
+
+def closed_ok(value: bytes) -> bool:
+    return bool(_load(value).get("ok"))
+
+
+@dataclass(frozen=True)
+class Status:
+    """The ``status`` key: who has joined so far, for waiting nodes' "3/4 nodes joined" lines."""
+
+    joined: int = 0
+    names: tuple[str, ...] = ()  # the first few, in join order
+    static_ranks: tuple[int, ...] = ()  # static mode: the node ranks seen
+
+    def value(self) -> bytes:
+        return _dump({"joined": self.joined, "names": list(self.names), "static_ranks": list(self.static_ranks)})
+
+    @classmethod
+    def parse(cls, value: bytes) -> Status:
+        d = _load(value)
+        return cls(int(d.get("joined", 0)), tuple(str(n) for n in d.get("names", ())),
+                   tuple(int(r) for r in d.get("static_ranks", ())))
+
+
+def _phase(value: object) -> Phase:
+    try:
+        return Phase(value)
+    except ValueError:
+        return Phase.FORMING  # no word yet, or one this version does not know: not running, not ended

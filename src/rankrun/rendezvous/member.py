@@ -9,18 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 from rankrun.errors import RendezvousClosed
-from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, dump, load, node_value
-from rankrun.rendezvous.round import NodeInfo, NodeRanks
+from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, Spare, Status, node_value, place_from, result_value
+from rankrun.rendezvous.round import NodeInfo, Phase
 from rankrun.store.api import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact, feed
 from rankrun.store.embedded.liveness import seconds
-
-
-@dataclass(frozen=True)
-class Spare:
-    round: int
 
 
 @dataclass(frozen=True)
@@ -83,21 +77,12 @@ class Member:
 
     def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | None:
         word = RoundWord.parse(round_value) if round_value else None
-        if word is not None and word.phase == "ended":
+        if word is not None and word.phase is Phase.ENDED:
             return Ended(word)
-        if assign is None or word is None or word.phase != "running":
+        if assign is None or word is None or word.phase is not Phase.RUNNING:
             return None
-        d = load(assign)
-        round_ = int(d.get("round", 0))
-        if round_ <= after or round_ != word.round:
-            return None
-        if d.get("spare"):
-            return Spare(round_)
-        ranks = d["ranks"]
-        return Assignment(round_, int(d["group_rank"]), int(d["group_world_size"]),
-                          NodeRanks(int(ranks["base_rank"]), int(ranks["world_size"]), int(ranks["base_role_rank"]),
-                                    int(ranks["role_world_size"])),
-                          str(d["master_addr"]), int(d["master_port"]), int(d.get("restarts", 0)))
+        place = place_from(assign)
+        return place if after < place.round == word.round else None
 
     async def round_changed(self, round_: int) -> RoundWord:
         """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
@@ -105,7 +90,7 @@ class Member:
         current = _value(entries, self.keys.round)
         if current is not None:
             word = RoundWord.parse(current)
-            if word.round != round_ or word.phase != "running":
+            if word.round != round_ or word.phase is not Phase.RUNNING:
                 return word
         watch = await self.store.watch(self.keys.round, revision)
         try:
@@ -113,7 +98,7 @@ class Member:
                 if event.kind is not EventKind.PUT or event.key != self.keys.round:
                     continue
                 word = RoundWord.parse(event.value)
-                if word.round != round_ or word.phase != "running":
+                if word.round != round_ or word.phase is not Phase.RUNNING:
                     return word
         finally:
             with contextlib.suppress(StoreUnavailable):
@@ -121,12 +106,12 @@ class Member:
         raise StoreUnavailable("the round watch ended")
 
     async def report(self, round_: int, ok: bool, summary: str = "") -> None:
-        await self.store.put(self.keys.result(round_, self.info.id), dump({"ok": ok, "summary": summary}),
+        await self.store.put(self.keys.result(round_, self.info.id), result_value(ok, summary),
                              lease=self.job.id if self.job is not None else 0)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         entry = await self.store.get(self.keys.status)
-        return load(entry.value) if entry is not None else {}
+        return Status.parse(entry.value) if entry is not None else Status()
 
     async def keep_alive(self, interval: float, max_attempts: int) -> None:
         """Refresh the lease every ``interval`` s until it is lost.
