@@ -167,3 +167,55 @@ def test_a_host_left_alone_below_min_ends_the_job_after_last_call_as_an_infrastr
     host = ends[0]
     assert isinstance(host, LauncherError)
     assert "every other node was lost and none came back within last_call_timeout (0.1 s): 1 node left, min 2" in str(host)
+
+
+def test_waiting_nodes_say_how_many_have_joined_while_they_wait_not_only_at_the_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr("rankrun.agent.multinode.PROGRESS_EVERY", 0.1)  # the cadence, not what is said
+    spec = _spec(tmp_path, "2", "--rdzv-conf", "join_timeout=1")
+    (end,), _, (err,) = _scenario(tmp_path, spec, [_ok])
+    assert isinstance(end, LauncherError)
+    assert "timed out after 1 s (join_timeout) waiting for the other nodes: 1 of 2 joined" in str(end)
+    progress = [line for line in err.splitlines() if "1/2 nodes joined (min 2, max 2), waiting" in line]
+    assert len(progress) >= 3, err  # every 0.1 s while it waited, each naming who joined
+    assert progress[0].endswith("; joined: 127.0.0.1")
+
+
+def test_a_spare_takes_a_lost_nodes_place_in_the_very_next_round(tmp_path):
+    """A spare waits for the round after the one it was told about, no later: it must not skip the next one."""
+    spec = _spec(tmp_path, "1:2", "--rdzv-conf", "last_call_timeout=0.1")
+    store = MemoryStore(FakeTimers())
+    host, member = (Agent(tmp_path, store, i, _until_stopped_then_ok, host=i == 0) for i in range(2))
+    spare = Agent(tmp_path, store, 2, _ok)
+
+    async def main():
+        runs = [asyncio.create_task(a.run(spec)) for a in (host, member)]
+        await _lose_after_a_spare_waits(store, [host, member], spare, lambda: runs.append(asyncio.create_task(spare.run(spec))))
+        return await asyncio.gather(*runs)
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(main(), BOUND))
+    finally:
+        for agent in (host, member, spare):
+            agent.close()
+    assert isinstance(ends[0], Outcome) and ends[0].exit_code == 0
+    assert isinstance(ends[2], Outcome) and ends[2].exit_code == 0
+    (started,) = spare.spawner.spawned
+    assert (started.env["GROUP_RANK"], started.env["WORLD_SIZE"]) == ("1", "2")  # the lost node's place, in round 2
+
+
+async def _lose_after_a_spare_waits(store: MemoryStore, agents: list[Agent], spare: Agent,
+                                    start_spare: Callable[[], None]) -> None:
+    for agent in agents:
+        await agent.running.wait()
+    waiting = asyncio.Event()
+    say = spare.console.say
+
+    def heard(line: str) -> None:  # the spare has read its word: the round is full, it waits
+        say(line)
+        if "this node waits as a spare" in line:
+            waiting.set()
+
+    spare.console.say = heard  # type: ignore[method-assign]
+    start_spare()
+    await waiting.wait()
+    await _lose_node_1(store, agents)

@@ -6,6 +6,7 @@ new group rank 0), plain workers elsewhere. Leaders and agents are SIGKILLed by 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -276,3 +277,15 @@ def test_a_frozen_agent_loses_its_lease_the_other_reforms_and_it_exits_clearly(l
     assert "its etcd lease expired" in frozen.err[-1], frozen.err
     finish.touch()
     assert survivor.finish() == 0, survivor.err
+
+
+def test_master_addr_is_this_nodes_side_of_its_etcd_connection_not_etcds(launch, etcd, tmp_path):
+    """Group rank 0 serves the worker store on its own address (its side of the etcd connection): the etcd member's
+    address is another host's, where no worker store listens."""
+    args = (*_args(etcd.endpoints, "addr", "1"), "--nproc-per-node", "1", payload("node_worker.py"))
+    run = launch(*args, env=_env(TEST_OUT_DIR=str(tmp_path)))
+    assert run.finish() == 0, run.err
+    (start,) = [json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")]
+    etcd_host = etcd.endpoints.split(",")[0].split("//")[-1].split(":")[0]
+    assert etcd_host != "127.0.0.1"  # a fresh loopback address: the kernel connects to it from 127.0.0.1
+    assert start["MASTER_ADDR"] == "127.0.0.1"
