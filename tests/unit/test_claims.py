@@ -26,6 +26,9 @@ ALLOWED = {
     "add_signal_handler": {"proc/signals.py", "proc/terminal.py"},
     # worker processes: started only by the spawner
     "subprocess_exec": {"proc/spawn.py"},
+    # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
+    "create_server": {"listen.py"},
+    "start_server": set(),
 }
 
 

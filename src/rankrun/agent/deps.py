@@ -1,4 +1,4 @@
-"""What the agent acts through: the seams a scenario test replaces (spawner, console, the worker stores, watchdog)."""
+"""What the agent acts through: the seams a scenario test replaces (spawner, console, the worker store, watchdog)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ class AgentDeps:
     keep: frozenset[int] = frozenset()  # children we had before launching (e.g. an entrypoint's sidecar)
     facts: ConsoleFacts | None = None  # the launcher's stdio; None: the console's own, never interactive
     worker_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # what env:// connects to
-    endpoint_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # holds a single-node c10d endpoint
     clock: Clock = field(default_factory=SystemClock)
     rendezvous: Backend | None = None  # several nodes: how the session joins (None: as the spec says; tests: a shared store)
 

@@ -17,6 +17,7 @@ from rankrun.agent.deps import AgentDeps
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, exit_code
+from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.proc.early import EarlyCatcher
@@ -49,10 +50,11 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[_F
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     if deps.watchdog is not None and logs.base is not None and not logs.keep:
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
+    held: asyncio.Server | None = None
     try:
         if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
             # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
-            await deps.endpoint_store.start(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
+            held = await hold(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
         if spec.multi_node:
             from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
 
@@ -63,7 +65,8 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[_F
             final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
         await deps.worker_store.close()
-        await deps.endpoint_store.close()
+        if held is not None:
+            held.close()
         kept = logs.finish()
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")

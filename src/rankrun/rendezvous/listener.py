@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from rankrun.errors import StoreError
+from rankrun.listen import listen
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.server import StoreServer
 from rankrun.workerstore.tcpstore import TCPStoreServer
-
-_BACKLOG = 4096
 
 
 class _Sniffer(asyncio.Protocol):
@@ -55,14 +53,9 @@ class SharedListener:
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` once (``StoreError`` with the OS's reason, and ``errno`` on ``__cause__``)."""
-        loop = asyncio.get_running_loop()
-        try:
-            self._server = await loop.create_server(lambda: _Sniffer(self), host, port, backlog=_BACKLOG, reuse_address=True)
-        except OSError as exc:
-            raise StoreError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-        name = self._server.sockets[0].getsockname()
-        self.address = str(name[0])
-        return int(name[1])
+        self._server, bound = await listen(host, port, lambda: _Sniffer(self))
+        self.address = str(self._server.sockets[0].getsockname()[0])
+        return bound
 
     async def close(self) -> None:
         server, self._server = self._server, None

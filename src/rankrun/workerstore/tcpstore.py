@@ -54,7 +54,7 @@ import struct
 from collections.abc import Callable
 from typing import cast
 
-from rankrun.errors import StoreError
+from rankrun.listen import listen
 from rankrun.workerstore.keyspace import Keyspace, NotAnInteger, Waiter
 
 __all__ = ["MAGIC", "MAX_KEY_COUNT", "MAX_KEY_LEN", "MAX_VALUE_LEN", "TCPStoreServer"]
@@ -77,7 +77,6 @@ _CHECK_NOT_READY = b"\x01"
 _CLOSE_GRACE_S = 5.0
 # Every worker connects at once at start-up; asyncio's default backlog (100) drops SYNs beyond it, and a dropped SYN
 # costs the client a 1 s retransmission. The kernel caps this at net.core.somaxconn.
-_BACKLOG = 4096
 
 _BUFFER_SIZE = 16 * 1024  # per connection; torch's requests are tens of bytes, gloo's address blobs ~200
 _MIN_FREE = 4 * 1024  # grow or compact before a read would get less room than this
@@ -613,11 +612,7 @@ class TCPStoreServer:
         """
         if self._server is not None or self._closed:
             raise RuntimeError("TCPStoreServer.start() runs once, before close()")
-        try:
-            self._server = await self._listen(host, port)
-        except OSError as exc:
-            raise StoreError(f"cannot listen on {host}:{port}: {exc}") from exc
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        self._server, self._port = await listen(host, port, self._connection)
         return self._port
 
     @property
@@ -655,18 +650,6 @@ class TCPStoreServer:
     def snapshot(self) -> dict[bytes, bytes]:
         """Copy of the plain keyspace (for tests and diagnostics)."""
         return dict(self._keyspace.values)
-
-    async def _listen(self, host: str, port: int) -> asyncio.Server:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(self._connection, host, port, reuse_address=True, backlog=_BACKLOG)
-        ports = [sock.getsockname()[1] for sock in server.sockets]
-        if len(set(ports)) <= 1:
-            return server
-        # Port 0 on a name with several addresses gave each socket its own port;
-        # workers get one MASTER_PORT, so rebind every address on the first one.
-        server.close()
-        await server.wait_closed()
-        return await loop.create_server(self._connection, host, ports[0], reuse_address=True, backlog=_BACKLOG)
 
     def _connection(self) -> _Connection:
         return _Connection(self)

@@ -23,7 +23,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from rankrun.errors import StoreError
+from rankrun.listen import listen
 from rankrun.store.api import Compacted, Event, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, seconds, tune_socket
@@ -31,7 +31,6 @@ from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
 
-_BACKLOG = 4096  # thousands of agents connect within a second of each other
 
 
 class _Connection(asyncio.Protocol):
@@ -283,12 +282,8 @@ class StoreServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0: the OS picks) and serve; returns the port."""
-        loop = asyncio.get_running_loop()
-        try:
-            self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=_BACKLOG, reuse_address=True)
-        except OSError as exc:
-            raise StoreError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-        return int(self._server.sockets[0].getsockname()[1])
+        self._server, bound = await listen(host, port, lambda: _Connection(self))
+        return bound
 
     def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve a connection another listener accepted (``rendezvous.listener``), starting with ``data``."""
