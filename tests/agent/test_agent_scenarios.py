@@ -264,7 +264,7 @@ def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypa
 
 def test_a_membership_change_stops_the_group_and_nobody_counts_as_failed():
     from rankrun.agent.loop import group_ended  # noqa: PLC0415
-    from rankrun.agent.policy import MembershipChanged  # noqa: PLC0415
+    from rankrun.policy import MembershipChanged  # noqa: PLC0415
     from rankrun.proc.group import supervise  # noqa: PLC0415
     from rankrun.proc.signals import StopStream  # noqa: PLC0415
     from rankrun.proc.spawn import Command  # noqa: PLC0415

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import GOLDEN_DIR
-from rankrun.agent.policy import Action, Failed, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, prefix_lines, render, render_prefix, split_complete
+from rankrun.policy import Action, Failed, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
 from rankrun.report.failure import Ending, WorkerResult, render_report, root_cause, root_cause_json

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from rankrun.agent.attempt import AttemptResult, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
-from rankrun.agent.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, exit_code
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
+from rankrun.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.group import GroupOutcome
 from rankrun.proc.signals import Interrupted, StopStream, attach, detach

@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rankrun.policy import Action, Failed, decide
 from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
 
 __all__ = ["NodeRanks", "NodeSlots", "assign_node_ranks"]  # re-exported: the rendezvous hands out these sums
@@ -195,7 +196,7 @@ def _running(view: View, settings: Settings) -> Step:
     failures = sorted((r.revision, m) for m, r in results.items() if not r.ok)
     if failures or (lost and settings.static):
         why = f"node {failures[0][1]} reported a worker failure" if failures else _lost(view, lost)
-        if view.restarts < settings.max_restarts:
+        if decide(Failed(), view.restarts, settings.max_restarts) is Action.RESTART:  # the one budget rule, as one node's
             return Restart(why)
         return Finish(False, why)
     if lost:

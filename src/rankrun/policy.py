@@ -1,7 +1,8 @@
-"""The agent's decisions, as a pure function from how a worker group ended to what to do next.
+"""What to do after a worker group ended, as a pure function: the one place the restart budget is applied.
 
-Exit codes are not decided here: they belong to the edge (``rankrun.agent.loop``), which
-turns the final action into one.
+One node's restart loop (``rankrun.agent.loop``) and the coordinator of several
+(``rankrun.rendezvous.round``, for the whole job's budget) both ask ``decide``. Exit codes are not
+decided here: ``rankrun.errors.exit_code`` turns the outcome into one.
 """
 
 from __future__ import annotations
