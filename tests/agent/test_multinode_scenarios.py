@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fakes import Behaviour, FakeHandle, FakeSpawner, FakeTimers
+from rankrun.agent.attempt import Outcome
 from rankrun.agent.deps import AgentDeps
-from rankrun.agent.multinode import Outcome, run_multinode
+from rankrun.agent.multinode import run_multinode
 from rankrun.cli import spec_from_args
 from rankrun.errors import EXIT_WORKERS_FAILED, LauncherError
 from rankrun.logs.console import Console

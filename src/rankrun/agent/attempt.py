@@ -59,6 +59,16 @@ class AttemptResult:
     results: list[WorkerResult]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How the job ended on this node (one node or several): its exit code, and what the report needs."""
+
+    exit_code: int
+    restarts: int
+    report: AttemptResult | None = None  # this node's last attempt, when a failure report is due
+    job_cause: str = ""  # several nodes: the job's first failure, from whichever node had it
+
+
 @dataclass
 class _Worker:
     who: WorkerIdentity

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from dataclasses import dataclass
 
-from rankrun.agent.attempt import AttemptResult, run_attempt
+from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, exit_code
@@ -45,7 +44,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
     return code
 
 
-async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[_Final, bool]:
+async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Outcome, bool]:
     """The job on this node; returns how it ended and whether worker logs were kept."""
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     if deps.watchdog is not None and logs.base is not None and not logs.keep:
@@ -58,8 +57,7 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[_F
         if spec.multi_node:
             from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
 
-            outcome = await run_multinode(spec, deps, stops, logs)
-            final = _Final(outcome.exit_code, outcome.restarts, outcome.report, outcome.job_cause)
+            final = await run_multinode(spec, deps, stops, logs)
         else:
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
             final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
@@ -73,13 +71,6 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[_F
     return final, kept is not None
 
 
-@dataclass(frozen=True)
-class _Final:
-    exit_code: int
-    restarts: int
-    report: AttemptResult | None  # set when a failure report is due
-    job_cause: str = ""  # multi-node: the job's first failure, on whichever node
-
 
 def group_ended(outcome: GroupOutcome) -> GroupEnded:
     """How a group ended, for ``decide`` (pure)."""
@@ -90,7 +81,7 @@ def group_ended(outcome: GroupOutcome) -> GroupEnded:
     return Failed() if outcome.failed else Succeeded()
 
 
-async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, membership: Membership) -> _Final:
+async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, membership: Membership) -> Outcome:
     restarts, attempt = 0, -1
     while True:
         attempt += 1
@@ -98,7 +89,7 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         if isinstance(early, Interrupted):
             when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
             deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
-            return _Final(EXIT_SIGNAL_BASE + early.signum, restarts, None)
+            return Outcome(EXIT_SIGNAL_BASE + early.signum, restarts, None)
         await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
         plan = AttemptPlan(attempt, restarts, membership)
         attempt_dir = logs.attempt_dir(attempt, spec.worker.nproc)
@@ -113,10 +104,10 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
             continue  # a new membership (multi-node): not counted against --max-restarts
         if isinstance(event, Signalled):
             _say_interrupted(deps.console, result)
-            return _Final(EXIT_SIGNAL_BASE + event.signum, restarts, None)
+            return Outcome(EXIT_SIGNAL_BASE + event.signum, restarts, None)
         if action is Action.GIVE_UP:
-            return _Final(EXIT_WORKERS_FAILED, restarts, result)
-        return _Final(EXIT_SUCCESS, restarts, None)
+            return Outcome(EXIT_WORKERS_FAILED, restarts, result)
+        return Outcome(EXIT_SUCCESS, restarts, None)
 
 
 def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
@@ -140,7 +131,7 @@ def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
         console.say(f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s) and stopped them")
 
 
-def _report(spec: LaunchSpec, deps: AgentDeps, final: _Final, *, error_files_kept: bool) -> None:
+def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_kept: bool) -> None:
     results = final.report.results if final.report is not None else []
     text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
                          job_cause=final.job_cause)

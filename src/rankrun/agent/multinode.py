@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from dataclasses import dataclass
 
-from rankrun.agent.attempt import AttemptResult, run_attempt
+from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, Membership
@@ -35,14 +34,6 @@ from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etc
 from rankrun.store.api import StoreUnavailable
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
-
-
-@dataclass(frozen=True)
-class Outcome:
-    exit_code: int
-    restarts: int
-    report: AttemptResult | None = None  # this node's last attempt, when a failure report is due
-    job_cause: str = ""  # the job's first failure, from whichever node had it
 
 
 async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs) -> Outcome:
