@@ -82,3 +82,15 @@ _TREE = {"RankrunError", "UsageError", "ArgumentError", "NotSupportedYetError", 
 def _derives_from_the_tree(node: ast.ClassDef) -> bool:
     """A class whose base is one of the tree's (by name: the tree's names are unique in rankrun)."""
     return any(isinstance(b, ast.Name) and b.id in _TREE for b in node.bases)
+
+
+def test_exit_codes_are_chosen_in_one_place():
+    """The job's codes by ``Outcome``'s constructors (agent/attempt.py), a launcher error's and a signal's by errors.py,
+    the fallback of the process by main.py: "where are exit codes chosen" has one answer per kind."""
+    allowed = {"errors.py", "agent/attempt.py", "main.py"}
+    users = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and node.id.startswith("EXIT_"):
+                users.add(path.relative_to(SRC).as_posix())
+    assert users <= allowed, sorted(users - allowed)

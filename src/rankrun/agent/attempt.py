@@ -19,6 +19,7 @@ from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
 from rankrun.agent.events import first_error
 from rankrun.agent.plan import AttemptPlan, attempt_context
+from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.lines import Tail, render_prefix
@@ -67,6 +68,20 @@ class Outcome:
     restarts: int
     report: AttemptResult | None = None  # this node's last attempt, when a failure report is due
     job_cause: str = ""  # several nodes: the job's first failure, from whichever node had it
+
+    # The job's exit codes are chosen by these three (and a launcher error's by ``rankrun.errors``), nowhere else.
+
+    @classmethod
+    def succeeded(cls, restarts: int) -> Outcome:
+        return cls(EXIT_SUCCESS, restarts)
+
+    @classmethod
+    def failed(cls, restarts: int, report: AttemptResult | None, job_cause: str = "") -> Outcome:
+        return cls(EXIT_WORKERS_FAILED, restarts, report, job_cause)
+
+    @classmethod
+    def signalled(cls, signum: int, restarts: int) -> Outcome:
+        return cls(EXIT_SIGNAL_BASE + signum, restarts)
 
 
 @dataclass

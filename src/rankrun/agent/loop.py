@@ -14,7 +14,7 @@ import signal
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
-from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, exit_code
+from rankrun.errors import exit_code
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -89,7 +89,7 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         if isinstance(early, Interrupted):
             when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
             deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
-            return Outcome(EXIT_SIGNAL_BASE + early.signum, restarts, None)
+            return Outcome.signalled(early.signum, restarts)
         await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
         plan = AttemptPlan(attempt, restarts, membership)
         attempt_dir = logs.attempt_dir(attempt, spec.worker.nproc)
@@ -104,10 +104,10 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
             continue  # a new membership (multi-node): not counted against --max-restarts
         if isinstance(event, Signalled):
             _say_interrupted(deps.console, result)
-            return Outcome(EXIT_SIGNAL_BASE + event.signum, restarts, None)
+            return Outcome.signalled(event.signum, restarts)
         if action is Action.GIVE_UP:
-            return Outcome(EXIT_WORKERS_FAILED, restarts, result)
-        return Outcome(EXIT_SUCCESS, restarts, None)
+            return Outcome.failed(restarts, result)
+        return Outcome.succeeded(restarts)
 
 
 def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:

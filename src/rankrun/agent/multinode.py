@@ -22,7 +22,7 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, Membership
-from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED, LauncherError
+from rankrun.errors import LauncherError
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
@@ -66,7 +66,7 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         word = await _wait_for_word(spec, deps, stops, session, previous)
         if isinstance(word, Interrupted):
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
-            return Outcome(EXIT_SIGNAL_BASE + word.signum, restarts)
+            return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Ended):
             return _ended(spec, deps, word, last, spare=attempt < 0)
         if isinstance(word, Spare):
@@ -78,14 +78,14 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             continue
         pending = stops.take_pending()  # a signal that came as the word did: the job stops instead
         if pending is not None:
-            return Outcome(EXIT_SIGNAL_BASE + pending.signum, restarts)
+            return Outcome.signalled(pending.signum, restarts)
         attempt += 1
         restarts = word.restarts
         plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra)
         last = await _run_round(spec, deps, stops, logs, member, word, plan)
         outcome = last.outcome
         if outcome.interrupted_by is not None:
-            return Outcome(EXIT_SIGNAL_BASE + outcome.interrupted_by, restarts)
+            return Outcome.signalled(outcome.interrupted_by, restarts)
         if member.lease.lost.is_set():
             raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: "
                                 f"{session.why_lost()}; workers stopped")
@@ -101,12 +101,12 @@ def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult |
     if spare:
         deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job ended "
                          f"({'succeeded' if end.ok else 'failed'}) while this node waited as a spare")
-        return Outcome(EXIT_SUCCESS, end.restarts)
+        return Outcome.succeeded(end.restarts)
     if end.ok:
-        return Outcome(EXIT_SUCCESS, end.restarts)
+        return Outcome.succeeded(end.restarts)
     if end.stranded:  # not the workers' failure: the job could not go on with the nodes left
         raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: the job ended: {end.reason}")
-    return Outcome(EXIT_WORKERS_FAILED, end.restarts, last, end.cause or end.reason)
+    return Outcome.failed(end.restarts, last, end.cause or end.reason)
 
 
 async def _wait_for_word(
