@@ -66,7 +66,8 @@ class EntrySpec:
 
 @dataclass(frozen=True)
 class RendezvousConf:
-    """``--rdzv-conf``, typed; torchrun's keys and defaults (c10d / static / etcd), plus rankrun's ``secret_file``."""
+    """``--rdzv-conf``, typed: torchrun's keys and defaults (c10d / static / etcd, the etcd ones spelled as
+    torchrun's etcd backends spell them), plus rankrun's ``secret_file`` (the embedded store's per-job secret)."""
 
     join_timeout: float = 600.0
     last_call_timeout: float = 30.0

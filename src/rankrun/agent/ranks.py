@@ -2,7 +2,7 @@
 
 ``RANK = sum(local world sizes of nodes with a smaller group rank) + LOCAL_RANK``; role ranks are
 the same sums restricted to nodes of the same role (torchrun's slow path). The per-node sums are
-computed by the rendezvous (``rendezvous.round.assign_node_ranks``), so a node needs only its own.
+computed once for a round (``rankrun.ranks.assign_node_ranks``, by the coordinator), so a node needs only its own.
 """
 
 from __future__ import annotations
