@@ -37,7 +37,8 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     ("workerstore", ("store", "rendezvous", "agent", "proc", "logs", "report"), ()),
     ("rendezvous", ("agent", "proc", "logs", "report"), ()),
     ("rendezvous", ("workerstore",), ("rendezvous/listener.py", "rendezvous/session.py")),  # the two that know both stores
-    ("proc", ("rendezvous", "store", "workerstore", "agent"), ()),
+    ("proc", ("rendezvous", "store", "workerstore", "agent", "logs", "report"), ()),  # logs/ reads proc's stream types
+    ("logs", ("agent", "rendezvous", "store", "workerstore", "report"), ()),
     ("agent", ("store.etcd",), ()),  # an embedded-store job never loads the etcd client: only the session does, lazily
     ("report", ("agent", "rendezvous", "store", "workerstore"), ()),
 ])
