@@ -171,8 +171,9 @@ class Coordinator:
             self._min_since = self._now()
         elif not enough:
             self._min_since = None
-        mine = [n for n in self._nodes.values() if n.id == self._leader or n.is_host]
-        alone = self._phase is Phase.FORMING and self._round > 0 and len(self._nodes) == 1 and bool(mine)
+        only = next(iter(self._nodes.values())) if len(self._nodes) == 1 else None  # O(1): this runs every decision
+        alone = (self._phase is Phase.FORMING and self._round > 0 and only is not None
+                 and (only.id == self._leader or only.is_host))
         if alone and self._alone_since is None:
             self._alone_since = self._now()
         elif not alone:

@@ -65,10 +65,11 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if isinstance(exc, TimeoutError):  # TCP_USER_TIMEOUT: the kernel gave up on unacknowledged data
-            self._client.lost(self._client.silent_why(), silent=True)
+            self._client.lost(self._client.silent_why(), whole=True)
+        elif isinstance(exc, OSError):
+            self._client.lost(f"{exc.strerror or exc}")
         else:
-            closed = f"the host at {self._client.endpoint} closed the connection"
-            self._client.lost(f"{exc.strerror or exc}" if isinstance(exc, OSError) else closed)
+            self._client.lost(f"the host at {self._client.endpoint} closed the connection", whole=True)
         self.inbox.put_nowait({})  # wakes a handshake waiting for a frame
 
 
@@ -127,8 +128,7 @@ class StoreClient:
         self._lost_early: dict[int, str] = {}
         self._ids = itertools.count(1)
         self._closed_why: str | None = None
-        self._heard = 0.0  # the loop's time of the last byte from the server
-        self._silent_since = 0.0  # when the host's silence began, moved on by the time this process stood still
+        self._silent_since = 0.0  # the last byte from the host (0: none yet), moved on by the time this process stood still
         self._frozen = 0.0  # how long this process last stood still, when that may explain a loss
         self._frozen_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -144,7 +144,7 @@ class StoreClient:
             async with asyncio.timeout(client.liveness.window):
                 return await client._connect(host, port, secret, local_addr)
         except TimeoutError:
-            client.lost(client.silent_why(), silent=True)
+            client.lost(client.silent_why(), whole=True)
             raise StoreUnavailable(f"rendezvous {client.endpoint}: no answer within {client.liveness.window:g} s "
                                    "(the network or the host is down)") from None
 
@@ -206,10 +206,10 @@ class StoreClient:
     # -- protocol plumbing
 
     def heard(self) -> None:
-        self._heard = self._silent_since = asyncio.get_running_loop().time()
+        self._silent_since = asyncio.get_running_loop().time()
 
     def silent_why(self) -> str:
-        silent = asyncio.get_running_loop().time() - self._silent_since if self._heard else self.liveness.window
+        silent = asyncio.get_running_loop().time() - self._silent_since if self._silent_since else self.liveness.window
         host = f"the host at {self.endpoint}"
         return f"{host} stopped answering (no reply for {seconds(silent)} s; the network or the host is down)"
 
@@ -231,7 +231,7 @@ class StoreClient:
         if frozen is not None:
             self._frozen, self._frozen_at = frozen, now
         if now - self._silent_since >= self.liveness.window:
-            self.lost(self.silent_why(), silent=True)
+            self.lost(self.silent_why(), whole=True)
             return
         self._schedule(now + self.liveness.interval / 2)
 
@@ -276,7 +276,9 @@ class StoreClient:
     def _lease_why(self, server_says: str) -> str:
         return self._freeze() or (f"the host ended its lease ({server_says})" if server_says else "the host ended its lease")
 
-    def lost(self, why: str, *, silent: bool = False) -> None:
+    def lost(self, why: str, *, whole: bool = False) -> None:
+        """The connection is gone: fail every call, end every watch, lose every lease. ``whole``: ``why`` already says
+        what happened to the host (otherwise it is a low-level reason, worded into one)."""
         if self._closed_why is not None:
             return
         self._closed_why = why
@@ -291,7 +293,7 @@ class StoreClient:
         self._pending.clear()
         for watch in self.watches.values():
             watch.queue.put_nowait(error)
-        said = why if silent or why.startswith("the host") else f"the connection to the host at {self.endpoint} was lost ({why})"
+        said = why if whole else f"the connection to the host at {self.endpoint} was lost ({why})"
         for lease in self._leases.values():
             lease.set_lost(frozen or said)
         self._leases.clear()
