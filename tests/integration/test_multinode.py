@@ -182,6 +182,9 @@ def test_losing_the_host_ends_the_others_with_an_infrastructure_error(launch, tm
     host.finish()
     assert other.finish() == 3
     assert f"{addr}:29400" in other.err[-1] and "lost" in other.err[-1]
+    said = (f"this node lost its place in the job: the host at {addr}:29400 closed the connection; workers stopped",
+            f"this node lost its place in the job: the connection to the host at {addr}:29400 was lost (Connection reset")
+    assert any(s in other.err[-1] for s in said), other.err[-1]  # a FIN or a RST: the host is gone, not silent
     assert wait_gone(workers, 10.0) == []
     assert not any(alive(p) for p in workers)
 

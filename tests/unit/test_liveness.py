@@ -74,3 +74,16 @@ def test_a_node_coming_back_in_time_lifts_the_deadline():
     back = View((_node(0, host=True), _node(3)), Phase.FORMING, 1, ("n0", "n1"), 0, min_since=120.0, alone_since=None)
     step = next_step(back, SETTINGS, 125.0)
     assert not isinstance(step, Finish)
+
+
+def test_a_rendezvous_socket_gets_keep_alive_and_a_user_timeout_at_the_window():
+    import socket  # noqa: PLC0415
+
+    from rankrun.store.embedded.liveness import tune_socket  # noqa: PLC0415
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sock:
+        tune_socket(sock, Liveness(1.0, 3.0))
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 3000  # ms: the kernel gives up with us
