@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,10 +87,10 @@ _WORKER_PIDS: set[int] = set()
 
 
 def start(argv: Sequence[str], stdout: int | None = subprocess.DEVNULL, stderr: int | None = subprocess.DEVNULL,
-          cwd: Path | None = None) -> subprocess.Popen[bytes]:
+          cwd: Path | None = None, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a launcher in its own session (so cleanup can reach its whole process group)."""
-    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=bench_env(),
-                            cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                            env=bench_env() | dict(extra_env or {}), cwd=cwd, start_new_session=True)
     _LIVE[proc.pid] = proc
     return proc
 
@@ -133,10 +133,11 @@ class Timed:
     stderr_tail: str
 
 
-def run_timed(argv: Sequence[str], timeout: float, stdout: int | None = subprocess.DEVNULL) -> Timed:
+def run_timed(argv: Sequence[str], timeout: float, stdout: int | None = subprocess.DEVNULL,
+              extra_env: Mapping[str, str] | None = None) -> Timed:
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = start(argv, stdout=stdout, stderr=err.fileno())
+        proc = start(argv, stdout=stdout, stderr=err.fileno(), extra_env=extra_env)
         end = finish(proc, timeout)
         elapsed = time.perf_counter() - t0
         err.seek(0)

@@ -4,6 +4,7 @@ The death-signal catcher is installed before anything else is imported, so a sig
 arrives while the launcher is still starting is recorded, never fatal.
 """
 
+import contextlib
 import os
 import sys
 
@@ -23,7 +24,23 @@ def main_exit() -> None:
 
     code = main(catcher=catcher)
     catcher.settle()  # decided: a late signal must not turn it into a death by that signal during exit
-    sys.exit(code)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown of every module (~15 ms, a sixth of the launch floor).
+
+    Nothing rankrun leaves behind needs it: the console writes through its own file descriptors and is
+    closed by now, worker log files are closed with their attempt, the event loop joined its threads,
+    and the watchdog was told to exit. What Python itself buffered (``--help``, ``--version``) is
+    flushed here; a reader that went away (``rankrun --help | head -1``) is no error of the launch.
+    """
+    if (logging := sys.modules.get("logging")) is not None:
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # None, a closed pipe, a closed file
+            stream.flush()
+    os._exit(code)
 
 
 def _may_need_tls(argv: list[str], env: "os._Environ[str]") -> bool:

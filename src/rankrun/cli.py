@@ -62,6 +62,29 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """The default formatter at the terminal's width, measured without ``shutil``: argparse builds one
+    formatter per ``add_argument`` (to check each metavar), and its default width pulls in ``shutil``
+    (with ``zlib``, ``bz2``, ``lzma``) and asks the terminal every time: ~2 ms of every launch."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_columns() - 2)
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``: ``COLUMNS``, else the terminal on stdout, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 # (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings, as in torchrun.
 _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--nnodes",), "NNODES", {"default": "1:1", "help": "number of nodes, N or MIN:MAX (elastic, with --rdzv-backend c10d)"}),
@@ -136,6 +159,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         usage="rankrun [options] SCRIPT [ARGS...]",
         description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun.",
         epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 128+N stopped by signal N",
+        formatter_class=_Formatter,
     )
     for names, pet, kwargs in _OPTIONS:
         opts = dict(kwargs)

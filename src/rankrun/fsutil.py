@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def which(name: str) -> str | None:
-    """Like ``shutil.which``: the executable file ``name`` resolves to via PATH, or None."""
-    candidates = [name] if os.sep in name else [os.path.join(d, name) for d in os.get_exec_path()]
+def which(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Like ``shutil.which``: the executable file ``name`` resolves to via PATH (``env``'s, else ours), or None."""
+    candidates = [name] if os.sep in name else [os.path.join(d, name) for d in os.get_exec_path(env)]
     for path in candidates:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path

@@ -21,7 +21,6 @@ from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.spawn import OsSpawner
-from rankrun.proc.terminal import is_foreground_terminal
 from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
 from rankrun.spec import LaunchSpec
 
@@ -35,7 +34,7 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     _use_pidfd_child_watcher()
     console = Console()
     _log_through(console)
-    facts = ConsoleFacts(merged=console.merged, interactive=os.isatty(1) and is_foreground_terminal(0))
+    facts = ConsoleFacts(merged=console.merged, interactive=_interactive())
     deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep, facts)
     code = EXIT_LAUNCHER
     try:
@@ -51,6 +50,15 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
         console.close()
         watchdog.close()
     return exit_code(code, catcher.first)  # a signal during the flush counts too
+
+
+def _interactive() -> bool:
+    """A person at a terminal in the foreground: only then is the terminal relay imported at all."""
+    if not os.isatty(1):
+        return False
+    from rankrun.proc.terminal import is_foreground_terminal  # noqa: PLC0415 - see the docstring
+
+    return is_foreground_terminal(0)
 
 
 class _ConsoleLogHandler(logging.Handler):

@@ -16,10 +16,11 @@ import pytest
 from fakes import Behaviour, FakeHandle, FakeSpawner
 from rankrun.agent.loop import AgentDeps, run_agent
 from rankrun.cli import spec_from_args
+from rankrun.errors import SpawnError
 from rankrun.logs.console import Console
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.output import OutputReader
-from rankrun.proc.spawn import WorkerHandle
+from rankrun.proc.spawn import Command, WorkerHandle
 from rankrun.spec import LaunchSpec
 
 
@@ -95,6 +96,22 @@ def test_worker_ignoring_sigterm_gets_sigkill_after_grace(tmp_path):
     assert rc == 1
     assert spawner.spawned[0].signals[:2] == [signal.SIGTERM, signal.SIGKILL]
     assert "stopped by rankrun (signal 9 (SIGKILL))" in err
+
+
+def test_a_worker_that_cannot_start_ends_the_attempt_and_the_others_are_killed(tmp_path):
+    """Every worker is started before any is routed: one failure kills the ones already started, then raises."""
+
+    class FailsForRank1(FakeSpawner):
+        async def spawn(self, command: Command) -> FakeHandle:
+            if command.env["LOCAL_RANK"] == "1":
+                raise SpawnError("cannot start worker x: No such file or directory")
+            return await super().spawn(command)
+
+    spawner = FailsForRank1(lambda a, r: Behaviour())
+    with pytest.raises(SpawnError, match="cannot start worker"):
+        _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "3", "--max-restarts", "2"), spawner)
+    assert [h.env["LOCAL_RANK"] for h in spawner.spawned] == ["0", "2"]  # all were tried, no restart followed
+    assert all(h.signals == [signal.SIGKILL] for h in spawner.spawned)
 
 
 def test_signal_is_forwarded_and_gives_128_plus_n(tmp_path):

@@ -312,9 +312,15 @@ def _children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 
 
-def test_pdeathsig_alone_kills_the_workers_when_the_watchdog_is_gone_too(launch, tmp_path, private_tmpdir):
-    """Each lifetime layer on its own: with the watchdog killed first, PR_SET_PDEATHSIG must still end the workers."""
-    run = launch("--nproc-per-node", "2", payload("sigwait.py"))
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "pre-exec-hook"])
+def test_pdeathsig_alone_kills_the_workers_when_the_watchdog_is_gone_too(launch, tmp_path, private_tmpdir, setpriv):
+    """Each lifetime layer on its own: with the watchdog killed first, PR_SET_PDEATHSIG must still end the workers,
+    whether ``setpriv`` set it (found on PATH) or the pre-exec hook did (a PATH without it)."""
+    env = clean_environ()
+    if not setpriv:
+        (tmp_path / "no-setpriv").mkdir()
+        env["PATH"] = str(tmp_path / "no-setpriv")
+    run = launch("--nproc-per-node", "2", payload("sigwait.py"), env=env)
     run.wait_for(r"READY rank", count=2)
     workers = set(_pids(tmp_path / "pids", "worker").values())
     (watchdog,) = _children(run.proc.pid) - workers

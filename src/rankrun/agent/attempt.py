@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
@@ -28,10 +28,12 @@ from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupOutcome, supervise
 from rankrun.proc.signals import Interrupted, Stop, StopStream
 from rankrun.proc.spawn import Command, WorkerHandle
-from rankrun.proc.terminal import TerminalRelay
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
+
+if TYPE_CHECKING:
+    from rankrun.proc.terminal import TerminalRelay
 
 DRAIN_TIMEOUT = 10.0  # after the group is gone, how long output may still take to arrive
 
@@ -146,13 +148,18 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     try:
         async with asyncio.TaskGroup() as group:  # the output pumps end within the attempt, or it ends with their error
             try:
-                for who in identities:
-                    error_file = RunLogs.error_file(attempt_dir, who.local_rank)
+                error_files = [RunLogs.error_file(attempt_dir, who.local_rank) for who in identities]
+                commands = []
+                for who, error_file in zip(identities, error_files, strict=True):
                     env = worker_env(spec.base_env, who, ctx, error_file)
                     stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
                     argv = worker_argv(spec.worker.entry, who.local_rank)
-                    handle = await deps.spawner.spawn(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
+                    commands.append(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
+                handles = await _spawn_all(deps, commands)
+                for who, error_file, handle in zip(identities, error_files, handles, strict=True):
                     if handle.terminal_fd is not None:
+                        from rankrun.proc.terminal import TerminalRelay  # noqa: PLC0415 - interactive runs only
+
                         relay = TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers],
                                               guard=deps.terminal_guard)
                         relay.start()
@@ -180,6 +187,26 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     except BaseExceptionGroup as failed:  # a spawn or a pump failed: that error, not a group
         raise first_error(failed) from None
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
+
+
+async def _spawn_all(deps: AgentDeps, commands: list[Command]) -> list[WorkerHandle]:
+    """Start every worker before routing anyone's output (their pipes hold it meanwhile).
+
+    Each spawn forks in the first step of its own task, so the forks come back to back: spawned
+    one by one, each worker's pipe set-up would wait while the workers already started compete with
+    the launcher for the cores. If any cannot start, the others are killed and its error raised.
+    """
+    started = await asyncio.gather(*(deps.spawner.spawn(c) for c in commands), return_exceptions=True)
+    handles = [h for h in started if not isinstance(h, BaseException)]
+    failures = [e for e in started if isinstance(e, BaseException)]
+    if failures:
+        for handle in handles:
+            handle.signal_group(signal.SIGKILL)
+        await deps.after_group(handles)
+        for handle in handles:
+            handle.close()
+        raise failures[0]
+    return handles
 
 
 def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[BinaryIO | None, BinaryIO | None]:

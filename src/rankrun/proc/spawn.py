@@ -2,7 +2,14 @@
 
 Each worker runs in its own session and process group (so a signal to the group reaches
 everything it started that stayed in the group) with ``PR_SET_PDEATHSIG=SIGKILL`` (so it
-cannot outlive the launcher's main thread). Its output reaches the agent one of three ways
+cannot outlive the launcher's main thread). util-linux's ``setpriv --pdeathsig KILL`` sets it
+and execs the worker (same pid), so the launcher can ``vfork``: a pre-exec hook forces a full
+``fork`` of the launcher and costs about 3 ms of CPU a worker, while the other workers are
+already competing for the cores. Where ``setpriv`` is missing (or too old for ``--pdeathsig``),
+and for a worker on a pseudo-terminal (whose hook must also take the terminal), a pre-exec hook
+does it. One difference: the hook kills the worker if the launcher died before ``prctl``; with
+``setpriv`` a launcher killed in that sub-millisecond window leaves the worker to the watchdog's
+registration, which follows the spawn. Its output reaches the agent one of three ways
 (``Stdio``, chosen by ``rankrun.logs.routes.plan_stdio``):
 
 - ``PIPES``: stdout and stderr on pipes of their own (they go to different places);
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rankrun.errors import SpawnError
+from rankrun.fsutil import which
 from rankrun.proc.output import OutputReader, StreamSource
 
 _PR_SET_PDEATHSIG = 1
@@ -115,6 +123,30 @@ def _preexec_hook(*, controlling_tty: bool) -> Callable[[], None] | None:
     return hook
 
 
+def pdeathsig_exec() -> tuple[str, ...]:
+    """The ``setpriv`` prefix that gives the exec'd worker ``PR_SET_PDEATHSIG=SIGKILL``, or ``()``.
+
+    ``--pdeathsig`` came with util-linux 2.33; an older binary does not contain the word, and is
+    not used (reading it costs far less than running it once to ask).
+    """
+    path = which("setpriv")
+    if path is None:
+        return ()
+    try:
+        with open(path, "rb") as binary:
+            known = b"pdeathsig" in binary.read(4 << 20)
+    except OSError:
+        return ()
+    return (path, "--pdeathsig", "KILL", "--") if known else ()
+
+
+def _exec_error(argv0: str, env: Mapping[str, str]) -> str | None:
+    """Why ``execvp(argv0)`` would fail, checked before a wrapper execs it (its own error would come too late)."""
+    if which(argv0, env) is not None:
+        return None
+    return "Permission denied" if os.sep in argv0 and os.path.exists(argv0) else "No such file or directory"
+
+
 class _ExitProtocol(asyncio.SubprocessProtocol):
     """Reports the exit the moment the child is reaped (the output fds are not the transport's)."""
 
@@ -179,12 +211,17 @@ class _OsWorker:
 class OsSpawner:
     """Real processes, each its own process group, bound to the launcher's lifetime."""
 
-    def __init__(self, on_spawn: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_spawn: Callable[[int], None] | None = None, wrapper: tuple[str, ...] | None = None) -> None:
+        """``wrapper``: the exec prefix that sets the death signal (default ``pdeathsig_exec()``; ``()``: a hook)."""
         self._hooks = {tty: _preexec_hook(controlling_tty=tty) for tty in (False, True)}
+        self._wrapper = pdeathsig_exec() if wrapper is None else wrapper
         self._on_spawn = on_spawn
 
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()
+        hooked = command.stdio is Stdio.TERMINAL or not self._wrapper
+        if not hooked and (why := _exec_error(command.argv[0], command.env)):
+            raise SpawnError(f"cannot start worker {_show(command.argv)}: {why}")
         fds = _open_stdio(command.stdio)
         stdin: int | None = fds.child[0] if command.stdio is Stdio.TERMINAL else None
         if command.stdin_null:
@@ -192,13 +229,13 @@ class OsSpawner:
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitProtocol(loop),
-                *command.argv,
+                *(command.argv if hooked else (*self._wrapper, *command.argv)),
                 env=dict(command.env),
                 stdin=stdin,
                 stdout=fds.child[1],
                 stderr=fds.child[2],
                 start_new_session=True,
-                preexec_fn=self._hooks[command.stdio is Stdio.TERMINAL],
+                preexec_fn=self._hooks[command.stdio is Stdio.TERMINAL] if hooked else None,
             )
         except OSError as exc:
             fds.close_ours()

@@ -2,8 +2,8 @@
 
 Three layers, cheapest first:
 
-1. Each worker gets ``PR_SET_PDEATHSIG=SIGKILL`` (see ``spawn``): it dies with the launcher's
-   main thread. Grandchildren do not inherit it, hence:
+1. Each worker gets ``PR_SET_PDEATHSIG=SIGKILL`` (``setpriv`` or a pre-exec hook, see ``spawn``):
+   it dies with the launcher's main thread. Grandchildren do not inherit it, hence:
 2. A *watchdog*: a process forked from the launcher before any thread exists. It holds the
    read end of a pipe; the launcher registers each worker's process group on it. When the
    launcher dies for any reason the kernel closes the write end, the watchdog reads EOF and

@@ -12,7 +12,6 @@ Pure parsing plus two tiny file helpers; a malformed file is reported, never rai
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import traceback
@@ -29,6 +28,8 @@ class WorkerError:
 
 def parse_error_json(text: str) -> WorkerError | None:
     """The error a worker wrote, or ``None`` if ``text`` is not torch's format."""
+    import json  # noqa: PLC0415 - only a failed worker's file is read: a clean launch never pays for json
+
     try:
         data = json.loads(text)
     except ValueError:
@@ -70,6 +71,8 @@ def error_json(message: str, py_callstack: str, timestamp: int, error_code: int 
     body: dict[str, Any] = {"message": message, "extraInfo": {"py_callstack": py_callstack, "timestamp": str(timestamp)}}
     if error_code is not None:
         body["errorCode"] = error_code
+    import json  # noqa: PLC0415 - see parse_error_json
+
     return json.dumps({"message": body})
 
 

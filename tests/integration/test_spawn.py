@@ -1,0 +1,65 @@
+"""``OsSpawner`` on real processes: both ways of giving a worker its death signal, and a program that is not there."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankrun.errors import SpawnError
+from rankrun.proc.spawn import Command, OsSpawner, pdeathsig_exec
+
+# The worker reports its pid and PR_GET_PDEATHSIG (2), as the kernel sees them after the last exec.
+_REPORT = (
+    "import ctypes, os, sys\n"
+    "sig = ctypes.c_int(-1)\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig), 0, 0, 0)\n"
+    "open(sys.argv[1], 'w').write(f'{os.getpid()} {sig.value}')\n"
+)
+
+WRAPPER = pdeathsig_exec()
+MODES = [
+    pytest.param(WRAPPER, id="setpriv", marks=pytest.mark.skipif(not WRAPPER, reason="no setpriv with --pdeathsig here")),
+    pytest.param((), id="pre-exec-hook"),
+]
+
+
+async def _run_worker(spawner: OsSpawner, command: Command) -> tuple[int, int]:
+    handle = await spawner.spawn(command)
+    try:
+        status = await asyncio.wait_for(handle.wait(), 30)
+    finally:
+        handle.close()
+    return handle.pid, status
+
+
+@pytest.mark.parametrize("wrapper", MODES)
+def test_the_worker_itself_has_the_death_signal_and_the_pid_we_were_given(tmp_path: Path, wrapper: tuple[str, ...]) -> None:
+    out = tmp_path / "report"
+    command = Command((sys.executable, "-c", _REPORT, str(out)), dict(os.environ))
+    pid, status = asyncio.run(_run_worker(OsSpawner(wrapper=wrapper), command))
+    assert status == 0
+    seen_pid, pdeathsig = map(int, out.read_text().split())
+    assert seen_pid == pid  # setpriv exec'd the worker in place: the pid we watch is the worker's
+    assert pdeathsig == 9  # SIGKILL
+
+
+@pytest.mark.parametrize("wrapper", MODES)
+def test_a_program_that_is_not_there_is_a_spawn_error(tmp_path: Path, wrapper: tuple[str, ...]) -> None:
+    command = Command((str(tmp_path / "missing"),), dict(os.environ))
+    with pytest.raises(SpawnError, match=r"cannot start worker .*missing: No such file or directory"):
+        asyncio.run(_run_worker(OsSpawner(wrapper=wrapper), command))
+
+
+def test_setpriv_is_used_only_when_it_knows_pdeathsig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert pdeathsig_exec() == ()  # none on PATH
+    fake = tmp_path / "setpriv"
+    fake.write_bytes(b"#!/bin/sh\necho setpriv from util-linux 2.32 --reuid --init-groups\n")
+    fake.chmod(0o755)
+    assert pdeathsig_exec() == ()  # too old: no --pdeathsig
+    fake.write_bytes(b"#!/bin/sh\n# --pdeathsig keep|clear|<signal>\n")
+    assert pdeathsig_exec() == (str(fake), "--pdeathsig", "KILL", "--")
