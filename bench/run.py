@@ -287,7 +287,7 @@ LAUNCH_NOTE = (
     "define), `argparse` and `pathlib` come on top. Starting the workers before those imports does not hide them: "
     "the spawn-first experiment, which does nothing but parse, spawn and import, is about as slow as rankrun. What is "
     "left is the price of an asyncio launcher, paid once per launch; the gap shrinks with N (see the ratios) and "
-    "rankrun stays over 10x (N=1) and about 5x (N=32) faster than torchrun, which imports torch."
+    "rankrun stays over 10x (N=1) and over 5x (N=32) faster than torchrun, which imports torch."
 )
 
 
