@@ -281,13 +281,14 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
 LAUNCH_NOTE = (
     "Why the launch target is missed (figures in *Start-up breakdown* below, same run): the floor is a bare "
     "interpreter that imports `subprocess` and `Popen`s the workers, and on 2 cores whatever CPU a launcher spends "
-    "before and while its workers start is CPU the workers wait for. 1.5x allows half the floor. `import asyncio` alone "
-    "adds more than that to the interpreter (it includes `subprocess`, which the floor pays too: the rest is still most "
-    "of the allowance); rankrun's own module bodies, mostly dataclass creation (a frozen dataclass costs ~0.8 ms to "
-    "define), `argparse` and `pathlib` come on top. Starting the workers before those imports does not hide them: "
-    "the spawn-first experiment, which does nothing but parse, spawn and import, is about as slow as rankrun. What is "
-    "left is the price of an asyncio launcher, paid once per launch; the gap shrinks with N (see the ratios) and "
-    "rankrun stays over 10x (N=1) and over 5x (N=32) faster than torchrun, which imports torch."
+    "before and while its workers start is CPU the workers wait for. 1.5x allows half the floor. `import asyncio` "
+    "alone adds more than that to the interpreter (it includes `subprocess`, which the floor pays too: the rest is "
+    "still most of the allowance); rankrun's own module bodies, `argparse` and `pathlib` come on top (frozen value "
+    "classes are `@record`s, not dataclasses, for that reason: docs/design.md, Start-up). Starting the workers before "
+    "those imports does not hide them: the spawn-first experiment, which does nothing but parse, spawn and import, is "
+    "about as slow as rankrun. What is left is the price of an asyncio launcher, paid once per launch; the gap shrinks "
+    "with N (see the ratios) and rankrun stays over 10x (N=1) and over 5x (N=32) faster than torchrun, which imports "
+    "torch."
 )
 
 

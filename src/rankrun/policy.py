@@ -7,28 +7,29 @@ decided here: ``rankrun.errors.exit_code`` turns the outcome into one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 
+from rankrun.record import record
 
-@dataclass(frozen=True)
+
+@record
 class Succeeded:
     """Every worker exited 0."""
 
 
-@dataclass(frozen=True)
+@record
 class Failed:
     """A worker failed (on this node, or, across nodes, anywhere in the job)."""
 
 
-@dataclass(frozen=True)
+@record
 class Signalled:
     """A handled signal stopped the group."""
 
     signum: int
 
 
-@dataclass(frozen=True)
+@record
 class MembershipChanged:
     """Nodes joined or left: the workers were stopped to re-form the group."""
 

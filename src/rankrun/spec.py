@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from rankrun.errors import UsageError
+from rankrun.record import record
 
 KNOWN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 ETCD_DEFAULT_PORT = 2379
@@ -49,7 +50,7 @@ class Stream(Enum):
         return bool(self.value & 2)
 
 
-@dataclass(frozen=True)
+@record
 class EntrySpec:
     """What each worker runs."""
 
@@ -64,7 +65,7 @@ class EntrySpec:
         return "run_script_path" if self.kind is EntryKind.RUN_PATH else self.script
 
 
-@dataclass(frozen=True)
+@record
 class RendezvousConf:
     """``--rdzv-conf``, typed: torchrun's keys and defaults (c10d / static / etcd, the etcd ones spelled as
     torchrun's etcd backends spell them), plus rankrun's ``secret_file`` (the embedded store's per-job secret)."""
@@ -90,7 +91,7 @@ class RendezvousConf:
     password_file: Path | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Endpoint:
     """One etcd member's client URL."""
 
@@ -103,7 +104,7 @@ class Endpoint:
         return f"{self.scheme}://{host}:{self.port}"
 
 
-@dataclass(frozen=True)
+@record
 class Standalone:
     """One node with its own store on an OS-chosen port (``--standalone``, or no rendezvous options)."""
 
@@ -113,7 +114,7 @@ class Standalone:
     max_nodes: int = 1
 
 
-@dataclass(frozen=True)
+@record
 class StaticRendezvous:
     """``--nnodes N --node-rank R --master-addr A --master-port P`` (the static backend)."""
 
@@ -133,7 +134,7 @@ class StaticRendezvous:
         return self.nodes
 
 
-@dataclass(frozen=True)
+@record
 class DynamicRendezvous:
     """``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --nnodes MIN:MAX``."""
 
@@ -160,7 +161,7 @@ def on_etcd(rdzv: RendezvousSpec) -> bool:
     return isinstance(rdzv, DynamicRendezvous) and rdzv.backend == "etcd"
 
 
-@dataclass(frozen=True)
+@record
 class StoreSpec:
     """Where the worker store (the one env:// connects to) listens."""
 
@@ -168,13 +169,13 @@ class StoreSpec:
     port: int  # 0 = let the OS choose, once, and hold it
 
 
-@dataclass(frozen=True)
+@record
 class RestartPolicy:
     max_restarts: int
     shutdown_timeout: float  # seconds between the polite signal and SIGKILL
 
 
-@dataclass(frozen=True)
+@record
 class LogSpec:
     """Console and per-rank file behaviour (torchrun's -r/-t/--log-dir/--local-ranks-filter)."""
 
@@ -194,7 +195,7 @@ class LogSpec:
         return any(s is not Stream.NONE for s in self.redirects + self.tee)
 
 
-@dataclass(frozen=True)
+@record
 class WorkerSpec:
     nproc: int
     role: str
@@ -202,7 +203,7 @@ class WorkerSpec:
     entry: EntrySpec
 
 
-@dataclass(frozen=True)
+@record
 class LaunchSpec:
     """Everything the agent needs, parsed once at the edge."""
 
@@ -393,7 +394,7 @@ def parse_rdzv_conf(value: str) -> RendezvousConf:
         except ValueError as exc:
             why = str(exc) if str(exc).startswith(("must", "expected")) else "expected a number"  # int()/float()'s own
             raise UsageError("--rdzv-conf", f"{key}={val}", why) from None
-    return replace(RendezvousConf(), **fields)
+    return RendezvousConf(**fields)
 
 
 def _host_port(value: str) -> tuple[str, str]:

@@ -28,6 +28,7 @@ from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupOutcome, supervise
 from rankrun.proc.signals import Interrupted, Stop, StopStream
 from rankrun.proc.spawn import Command, WorkerHandle
+from rankrun.record import record
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
@@ -62,7 +63,7 @@ class AttemptResult:
     results: list[WorkerResult]
 
 
-@dataclass(frozen=True)
+@record
 class Outcome:
     """How the job ended on this node (one node or several): its exit code, and what the report needs."""
 
@@ -97,7 +98,7 @@ class _Worker:
     pumps: tuple[asyncio.Task[None], ...]
 
 
-@dataclass(frozen=True)
+@record
 class _Layout:
     """Per attempt: where output goes (the console, the attempt's directory, the duplicate-filter files)."""
 

@@ -8,10 +8,11 @@ identity variables); see ``docs/design.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from rankrun.record import record
 
 
-@dataclass(frozen=True)
+@record
 class WorkerIdentity:
     """Where one worker sits in the job."""
 
@@ -25,7 +26,7 @@ class WorkerIdentity:
     role_world_size: int
 
 
-@dataclass(frozen=True)
+@record
 class AttemptContext:
     """What every worker of one attempt shares."""
 

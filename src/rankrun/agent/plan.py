@@ -8,14 +8,13 @@ regroup is a new attempt but not a restart, so it never overwrites the previous 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rankrun.agent.env import AttemptContext, WorkerIdentity
 from rankrun.agent.ranks import NodeRanks, NodeSlots, assign_node_ranks, identities
+from rankrun.record import record
 from rankrun.spec import LaunchSpec
 
 
-@dataclass(frozen=True)
+@record
 class Membership:
     """What a completed rendezvous round says about this node (all it needs of the others: O(1))."""
 
@@ -28,7 +27,7 @@ class Membership:
     master_port: int
 
 
-@dataclass(frozen=True)
+@record
 class AttemptPlan:
     attempt: int
     restarts: int

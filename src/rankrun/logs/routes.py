@@ -14,19 +14,18 @@ or not), the prefix rule (raw with one rank on the console, as torchrun's defaul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rankrun.proc.spawn import Stdio
+from rankrun.record import record
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, LogSpec, Stream
 
 
-@dataclass(frozen=True)
+@record
 class RoutePlan:
     to_console: bool
     to_file: bool
 
 
-@dataclass(frozen=True)
+@record
 class ConsoleFacts:
     """What the launcher's own stdio is like (observed once, at start)."""
 

@@ -23,11 +23,12 @@ from typing import Any
 
 from rankrun.proc.signals import Stop
 from rankrun.proc.spawn import WorkerHandle
+from rankrun.record import record
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the kernel to report exits
 
 
-@dataclass(frozen=True)
+@record
 class Exit:
     index: int
     status: int

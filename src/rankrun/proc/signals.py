@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from rankrun.proc.early import EarlyCatcher
+from rankrun.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Interrupted:
     """A handled signal arrived: forward it, stop the job, exit 128+N."""
 

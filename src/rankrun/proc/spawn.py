@@ -43,6 +43,7 @@ from typing import Protocol
 from rankrun.errors import SpawnError
 from rankrun.fsutil import which
 from rankrun.proc.output import OutputReader, StreamSource
+from rankrun.record import record
 
 _PR_SET_PDEATHSIG = 1
 
@@ -87,7 +88,7 @@ class WorkerHandle(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@record
 class Command:
     argv: tuple[str, ...]
     env: Mapping[str, str]

@@ -20,7 +20,7 @@ Prefixes that torch's excepthook puts on every line (``[rank1]: ``) are kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rankrun.record import record
 
 HEADER = "Traceback (most recent call last):"
 IGNORED = "Exception ignored"
@@ -34,7 +34,7 @@ LAST = 10  # lines quoted when no traceback explains the end
 MAX_LINES = 40
 
 
-@dataclass(frozen=True)
+@record
 class Block:
     kind: str  # "traceback", "ignored" or "line"
     lines: tuple[str, ...]

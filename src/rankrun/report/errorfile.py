@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
+from rankrun.record import record
 
-@dataclass(frozen=True)
+
+@record
 class WorkerError:
     message: str
     traceback: str

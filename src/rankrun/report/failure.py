@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
 from enum import Enum
 
+from rankrun.record import record
 from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, error_json
 
@@ -28,7 +28,7 @@ class Ending(Enum):
     STOPPED = "stopped"  # ended after rankrun signalled it (a sibling's failure or a signal)
 
 
-@dataclass(frozen=True)
+@record
 class WorkerResult:
     local_rank: int
     rank: int
