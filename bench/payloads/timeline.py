@@ -25,7 +25,7 @@ mark("rankrun.__main__ imported (signal catcher)")
 sys.modules.setdefault("ssl", None)  # as main_exit does for a job without TLS
 from rankrun import cli  # noqa: E402
 
-mark("rankrun.cli imported (argparse, spec dataclasses)")
+mark("rankrun.cli imported (argparse, the spec)")
 import asyncio  # noqa: E402
 
 mark("asyncio imported")
