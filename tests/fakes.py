@@ -71,6 +71,13 @@ class FakeHandle:
         if self._err is not None:
             self._err.feed_eof()
 
+    def signal(self, signum: int) -> bool:
+        if self._exit.done():
+            return False
+        if signum:
+            self.signal_group(signum)
+        return True
+
     def signal_group(self, signum: int) -> None:
         self.signals.append(signum)
         if self._exit.done():

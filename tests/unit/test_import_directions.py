@@ -41,6 +41,8 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     ("logs", ("agent", "rendezvous", "store", "workerstore", "report"), ()),
     ("agent", ("store.etcd",), ()),  # an embedded-store job never loads the etcd client: only the session does, lazily
     ("report", ("agent", "rendezvous", "store", "workerstore"), ()),
+    # stack reports: dumps, /proc and the grouping; what they are sent through (proc, the store) is handed in
+    ("stacks", ("agent", "rendezvous", "store", "workerstore", "proc", "logs", "report"), ()),
 ])
 def test_dependencies_point_one_way(folder, forbidden, allowed):
     assert _offenders(folder, forbidden, allowed) == []

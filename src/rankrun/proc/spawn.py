@@ -83,6 +83,11 @@ class WorkerHandle(Protocol):
         """Send ``signum`` to the worker's whole process group; no error if it is gone."""
         ...
 
+    def signal(self, signum: int) -> bool:
+        """Send ``signum`` to the worker process alone (``0``: just check), unless it has been reaped (its pid
+        may be another process's by then); False when it was not sent."""
+        ...
+
     def close(self) -> None:
         """Stop reading its output (readers see EOF) and release OS resources. Idempotent."""
         ...
@@ -198,6 +203,15 @@ class _OsWorker:
     def signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._pid, signum)
+
+    def signal(self, signum: int) -> bool:
+        if self._transport.get_returncode() is not None:
+            return False
+        try:
+            os.kill(self._pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     def close(self) -> None:
         for reader in self._readers:

@@ -1,0 +1,1 @@
+"""A stuck job explains itself: every worker's stacks on request, grouped into one report (``report``)."""

@@ -1,0 +1,88 @@
+"""A worker's stack dump, read: what ``faulthandler`` writes for every thread, parsed (pure).
+
+Format (CPython 3.11 to 3.13, ``faulthandler.register(signum, file, all_threads=True)``)::
+
+    Thread 0x00007f75d4b296c0 (most recent call first):
+      File "/tmp/train.py", line 3 in load
+      File "/usr/lib/python3.11/threading.py", line 982 in run
+
+    Current thread 0x00007f75d588bb80 (most recent call first):
+      File "/tmp/train.py", line 6 in step
+
+``Current`` is whichever thread ran the signal handler, not necessarily the main thread: the shim that
+registers the handler (``rankrun.stacks.shim``) writes ``rankrun-stacks main=0x... pid=N`` once, first, so
+the main thread is known. Frames arrive innermost first; ``Frame`` tuples here are outermost first, the
+order of the report. A dump cut short (the process died while writing) keeps the threads it finished.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+HEADER = "rankrun-stacks"
+_HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)$")
+_THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):$")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int  # 0 when faulthandler did not know it
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    ident: int
+    main: bool
+    frames: tuple[Frame, ...]  # outermost first
+    truncated: bool = False  # faulthandler stopped at its depth limit ("...")
+
+
+@dataclass(frozen=True)
+class Dump:
+    threads: tuple[ThreadStack, ...]
+
+    @property
+    def main(self) -> ThreadStack | None:
+        return next((t for t in self.threads if t.main), None)
+
+    @property
+    def others(self) -> tuple[ThreadStack, ...]:
+        return tuple(t for t in self.threads if not t.main)
+
+
+def main_thread(header: str) -> int | None:
+    """The main thread's id from the shim's header line, or None if ``header`` is not one."""
+    m = _HEADER.match(header.strip())
+    return int(m.group(1), 16) if m else None
+
+
+def parse(text: str, main_ident: int | None) -> Dump:
+    """The threads of one dump. Without ``main_ident`` the thread faulthandler calls current is taken as main."""
+    threads: list[ThreadStack] = []
+    ident: int | None = None
+    current = False
+    frames: list[Frame] = []
+    truncated = False
+
+    def close() -> None:
+        if ident is not None:
+            main = ident == main_ident if main_ident is not None else current
+            threads.append(ThreadStack(ident, main, tuple(reversed(frames)), truncated))
+
+    for line in text.splitlines():
+        if m := _THREAD.match(line):
+            close()
+            ident, current, frames, truncated = int(m.group(2), 16), m.group(1) == "Current thread", [], False
+        elif ident is not None and (f := _FRAME.match(line)):
+            frames.append(Frame(f.group(1), 0 if f.group(2) == "???" else int(f.group(2)), f.group(3)))
+        elif ident is not None and line.strip() == "...":
+            truncated = True
+    close()
+    return Dump(tuple(threads))

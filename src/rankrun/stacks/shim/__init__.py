@@ -1,0 +1,1 @@
+"""The folder rankrun puts first on a worker's ``PYTHONPATH``; its only module is ``sitecustomize``."""

@@ -1,0 +1,136 @@
+"""The dump channel on real processes: the shim in a worker, a dump on request (also with the GIL held in C),
+the user's own sitecustomize and PYTHONPATH untouched, and workers that cannot answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_environ
+from rankrun.stacks.channel import Sampler, Target, channel_env
+from rankrun.stacks.report import RankSample
+
+READY_TIMEOUT = 30.0
+
+# Writes what it sees, then READY, then parks in a function whose name the test looks for.
+WORKER = """\
+import json, os, re, sys, time
+out = sys.argv[1]
+seen = {"PYTHONPATH": os.environ.get("PYTHONPATH"), "leaked": sorted(k for k in os.environ if k.startswith("RANKRUN_")),
+        "sys_path_has_shim": any(p.endswith(os.path.join("stacks", "shim")) for p in sys.path),
+        "user_site": os.environ.get("USER_SITECUSTOMIZE_RAN")}
+open(out + ".env", "w").write(json.dumps(seen))
+
+def parked_in_a_distinct_place():
+    if sys.argv[2] == "child":
+        import subprocess
+        subprocess.Popen(["sleep", "60"])  # a DataLoader worker's stand-in: listed, never signalled
+    open(out + ".ready", "w").close()
+    if sys.argv[2] == "regex":
+        re.match(r"(a+)+$", "a" * 40 + "b")  # exponential backtracking, all of it in C with the GIL held
+    time.sleep(60)
+
+parked_in_a_distinct_place()
+"""
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _start(workers: list[subprocess.Popen[bytes]], tmp_path: Path, name: str, mode: str = "sleep",
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    dump = tmp_path / f"{name}.stacks"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / name), mode],
+                            env=channel_env(env or clean_environ(), str(dump)))
+    workers.append(proc)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not (tmp_path / f"{name}.ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the worker did not get ready"
+        time.sleep(0.01)
+    return proc, dump
+
+
+def _sample(*targets: Target, timeout: float = 5.0) -> list[RankSample]:
+    return asyncio.run(Sampler().sample(targets, timeout=timeout))
+
+
+def _target(rank: int, proc: subprocess.Popen[bytes], dump: Path | None) -> Target:
+    def signal(signum: int) -> bool:  # as WorkerHandle.signal: nothing once reaped
+        if proc.returncode is not None:
+            return False
+        os.kill(proc.pid, signum)
+        return True
+
+    return Target(rank, "here", proc.pid, dump, signal)
+
+
+def test_a_worker_answers_with_every_thread_and_leaves_no_trace_in_its_environment(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w0")
+    seen = json.loads((tmp_path / "w0.env").read_text())
+    assert seen == {"PYTHONPATH": None, "leaked": [], "sys_path_has_shim": False, "user_site": None}
+    (sample,) = _sample(_target(0, proc, dump))
+    assert sample.dump is not None and sample.dump.main is not None
+    assert sample.dump.main.frames[-1].function == "parked_in_a_distinct_place"  # time.sleep has no Python frame
+    assert sample.proc is not None and sample.proc.state == "S"
+    assert proc.poll() is None  # asking did not disturb it
+
+
+def test_a_workers_children_are_listed_with_their_state(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w4", mode="child")
+    (sample,) = _sample(_target(4, proc, dump))
+    assert [(c.name, c.state) for c in sample.children] == [("sleep", "S")]
+    for child in sample.children:
+        os.kill(child.pid, 9)
+
+
+def test_a_worker_holding_the_gil_in_c_still_answers(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w1", mode="regex")
+    (sample,) = _sample(_target(1, proc, dump))
+    assert sample.dump is not None and sample.dump.main is not None
+    assert [f.function for f in sample.dump.main.frames][-2:] == ["parked_in_a_distinct_place", "match"]
+    assert sample.proc is not None and sample.proc.state == "R"
+
+
+def test_the_users_pythonpath_and_sitecustomize_are_kept(tmp_path, workers) -> None:
+    site = tmp_path / "usersite"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    env = clean_environ() | {"PYTHONPATH": str(site)}
+    proc, dump = _start(workers, tmp_path, "w2", env=env)
+    seen = json.loads((tmp_path / "w2.env").read_text())
+    assert seen == {"PYTHONPATH": str(site), "leaked": [], "sys_path_has_shim": False, "user_site": "yes"}
+    (sample,) = _sample(_target(2, proc, dump))
+    assert sample.dump is not None  # and the dumps still work
+
+
+def test_workers_that_cannot_answer_are_described_not_signalled(tmp_path, workers) -> None:
+    sleeper = subprocess.Popen(["sleep", "60"], env=channel_env(clean_environ(), str(tmp_path / "s.stacks")))
+    workers.append(sleeper)
+    proc, dump = _start(workers, tmp_path, "w3")
+    os.kill(proc.pid, 19)  # SIGSTOP: it cannot run its handler
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    workers.append(gone)
+    gone.wait(timeout=30)
+    not_python, stopped, exited = _sample(_target(0, sleeper, tmp_path / "s.stacks"), _target(1, proc, dump),
+                                          _target(2, gone, None), timeout=1.0)
+    assert not_python.dump is None and not_python.proc is not None and not_python.proc.state == "S"
+    assert sleeper.poll() is None  # never sent the dump signal (its default action would have ended it)
+    assert stopped.dump is None and not stopped.answered and stopped.proc is not None and stopped.proc.state == "T"
+    assert exited.proc is None
+    os.kill(proc.pid, 18)  # SIGCONT: the pending request is answered late, and nothing breaks
