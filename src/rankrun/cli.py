@@ -27,6 +27,7 @@ from rankrun.spec import (
     DynamicRendezvous,
     EntryKind,
     EntrySpec,
+    HangSpec,
     LaunchSpec,
     LogSpec,
     RendezvousSpec,
@@ -128,6 +129,12 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
      {"default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
     (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT",
      {"default": None, "type": int, "help": "seconds between the polite signal and SIGKILL (default 30)"}),
+    (("--hang-timeout", "--hang_timeout"), "HANG_TIMEOUT",
+     {"default": "0", "help": "report the job as stalled after SECONDS without output and with every worker's stacks "
+      "unchanged (0: off)"}),
+    (("--hang-action", "--hang_action"), "HANG_ACTION",
+     {"default": "report", "help": "after a stall report: report (keep running; fail, which would stop the workers as "
+      "after a failure, is not supported yet)"}),
     (("--log-line-prefix-template", "--log_line_prefix_template"), None,
      {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
       f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else none with one rank on the console and {DEFAULT_PREFIX_TEMPLATE!r} "
@@ -326,6 +333,21 @@ def _restart(ns: argparse.Namespace, env: Mapping[str, str]) -> RestartPolicy:
     return RestartPolicy(max_restarts=ns.max_restarts, shutdown_timeout=float(timeout))
 
 
+def _hang(ns: argparse.Namespace) -> HangSpec:
+    try:
+        timeout = float(ns.hang_timeout)
+    except ValueError:
+        raise UsageError("--hang-timeout", ns.hang_timeout, "expected seconds (a number; 0: off)") from None
+    if not 0 <= timeout < float("inf"):
+        raise UsageError("--hang-timeout", ns.hang_timeout, "must be 0 (off) or more")
+    if ns.hang_action not in ("report", "fail"):
+        raise UsageError("--hang-action", ns.hang_action, "expected report or fail")
+    if ns.hang_action == "fail":
+        raise NotSupportedYetError("--hang-action", ns.hang_action, "stopping a stalled job is not supported yet; "
+                                   "use report")
+    return HangSpec(timeout, ns.hang_action)
+
+
 def _unsupported(ns: argparse.Namespace) -> None:
     if ns.logs_specs is not None:
         raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins are not supported; use --log-dir/-r/-t")
@@ -356,6 +378,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
         local_addr=ns.local_addr,
         secret=_secret(rdzv, env),
         etcd_password=_etcd_files(rdzv),
+        hang=_hang(ns),
     )
 
 

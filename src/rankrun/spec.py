@@ -196,6 +196,14 @@ class LogSpec:
 
 
 @record
+class HangSpec:
+    """``--hang-timeout`` / ``--hang-action``: when a silent job is reported as stalled, and what follows."""
+
+    timeout: float = 0.0  # seconds without output (and with unchanged stacks); 0: never
+    action: str = "report"  # "report": keep running; "fail": stop the group, as after a failure
+
+
+@record
 class WorkerSpec:
     nproc: int
     role: str
@@ -218,6 +226,7 @@ class LaunchSpec:
     local_addr: str | None = None  # --local-addr: this node's address for the other nodes
     secret: bytes | None = field(default=None, repr=False)  # the job's rendezvous secret (never from argv)
     etcd_password: str | None = field(default=None, repr=False)  # --rdzv-conf password_file's content
+    hang: HangSpec = HangSpec()
 
     @property
     def multi_node(self) -> bool:

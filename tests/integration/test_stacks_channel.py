@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_environ
-from rankrun.stacks.channel import Sampler, Target, channel_env
+from rankrun.stacks.channel import channel_env
 from rankrun.stacks.report import RankSample
+from rankrun.stacks.sampler import Sampler, Target
 
 READY_TIMEOUT = 30.0
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, BinaryIO
 
+from rankrun.agent import stall
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
 from rankrun.agent.events import first_error
@@ -23,7 +24,7 @@ from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.lines import Tail, render_prefix
-from rankrun.logs.pump import Route, pump
+from rankrun.logs.pump import Activity, Route, pump
 from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupOutcome, supervise
 from rankrun.proc.signals import Interrupted, Stop, StopStream
@@ -32,6 +33,8 @@ from rankrun.record import record
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
+from rankrun.stacks.channel import channel_env
+from rankrun.stacks.sampler import Target
 
 if TYPE_CHECKING:
     from rankrun.proc.terminal import TerminalRelay
@@ -146,13 +149,15 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     workers: list[_Worker] = []
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
+    activity = Activity(asyncio.get_running_loop().time())  # starting counts as output
+    stall_watch: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # none until the workers run
     try:
         async with asyncio.TaskGroup() as group:  # the output pumps end within the attempt, or it ends with their error
             try:
                 error_files = [RunLogs.error_file(attempt_dir, who.local_rank) for who in identities]
                 commands = []
                 for who, error_file in zip(identities, error_files, strict=True):
-                    env = worker_env(spec.base_env, who, ctx, error_file)
+                    env = _with_stacks_channel(spec, worker_env(spec.base_env, who, ctx, error_file), attempt_dir, who)
                     stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
                     argv = worker_argv(spec.worker.entry, who.local_rank)
                     commands.append(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
@@ -166,14 +171,18 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                         relay.start()
                         relays.append(relay)
                     routes = _routes(spec, layout, who, handle)
+                    for route in routes:
+                        route.activity = activity
                     tail = routes[-1].tail = Tail()
                     sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
                     tasks = tuple(group.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
                     label = "stderr" if handle.stderr is not None else "output"
                     workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
+                stall_watch = _stall_watch(spec, attempt_dir, deps, workers, activity)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
                                           deps.clock.wall, moved_on)
             finally:
+                stall_watch.cancel()
                 for w in workers:
                     w.handle.signal_group(signal.SIGKILL)
                 await deps.after_group([w.handle for w in workers])
@@ -188,6 +197,27 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     except BaseExceptionGroup as failed:  # a spawn or a pump failed: that error, not a group
         raise first_error(failed) from None
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
+
+
+def _with_stacks_channel(spec: LaunchSpec, env: dict[str, str], attempt_dir: Path | None, who: WorkerIdentity) -> dict[str, str]:
+    """Python workers get the stack-dump shim, so that a stall report or ``--stacks`` can show where they are;
+    a ``--no-python`` program is described from /proc instead, and its environment left exactly as torchrun's."""
+    dump_file = RunLogs.stacks_file(attempt_dir, who.local_rank)
+    if dump_file is None or spec.worker.entry.kind is EntryKind.BINARY:
+        return env
+    return channel_env(env, str(dump_file))
+
+
+def _stall_watch(spec: LaunchSpec, attempt_dir: Path | None, deps: AgentDeps, workers: list[_Worker],
+                 activity: Activity) -> asyncio.Future[None]:
+    """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); a future that never ends if off."""
+    if spec.hang.timeout <= 0:
+        return asyncio.get_running_loop().create_future()
+    python = spec.worker.entry.kind is not EntryKind.BINARY
+    targets = [Target(w.who.rank, deps.host, w.handle.pid,
+                      RunLogs.stacks_file(attempt_dir, w.who.local_rank) if python else None, w.handle.signal)
+               for w in workers]
+    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, deps.console))
 
 
 async def _spawn_all(deps: AgentDeps, commands: list[Command]) -> list[WorkerHandle]:

@@ -1,6 +1,6 @@
 """The per-run log directory, in torchrun's layout::
 
-    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log, error.json
+    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log, error.json, stacks.txt
     <log_dir>/<run_id>_<random>/attempt_<n>/filtered_{stdout,stderr}.log
 
 Without ``--log-dir`` the same tree lives in a private temporary directory (it still holds
@@ -51,6 +51,11 @@ class RunLogs:
     @staticmethod
     def error_file(attempt_dir: Path | None, local_rank: int) -> str:
         return "" if attempt_dir is None else str(attempt_dir / str(local_rank) / "error.json")
+
+    @staticmethod
+    def stacks_file(attempt_dir: Path | None, local_rank: int) -> Path | None:
+        """Where the worker writes its stack dumps when asked (``rankrun.stacks.channel``), beside its error file."""
+        return None if attempt_dir is None else attempt_dir / str(local_rank) / "stacks.txt"
 
     def finish(self) -> Path | None:
         """Remove a private directory nobody asked to keep; return the kept base (if any)."""

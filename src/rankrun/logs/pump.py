@@ -28,6 +28,13 @@ HOLD = 0.05  # seconds a partial line may wait for its end when ranks share the 
 
 
 @dataclass
+class Activity:
+    """When a worker of the group last wrote a byte, on the event loop's clock: a stall's first sign."""
+
+    last: float = 0.0
+
+
+@dataclass
 class Route:
     console: Source | None
     file: BinaryIO | None = None
@@ -36,6 +43,7 @@ class Route:
     needles: tuple[bytes, ...] = ()
     tail: Tail | None = None
     reading: bool = False  # waiting on the pipe (not on the console)
+    activity: Activity | None = None  # told of every chunk read
 
     @staticmethod
     def open_file(plan: RoutePlan, path: Path | None) -> BinaryIO | None:
@@ -60,6 +68,8 @@ async def pump(source: StreamSource, route: Route, hold: float = HOLD) -> None:
                 continue
             if not chunk:
                 break
+            if route.activity is not None:
+                route.activity.last = loop.time()
             _to_files(route, chunk, splitter)
             if route.console is not None:
                 was_held = bool(held)

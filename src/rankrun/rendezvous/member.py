@@ -10,11 +10,11 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
+from rankrun.clock import seconds
 from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, Spare, Status, node_value, place_from, result_value
 from rankrun.rendezvous.round import NodeInfo, Phase
 from rankrun.store.api import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact, feed
-from rankrun.store.embedded.liveness import seconds
 
 
 @dataclass(frozen=True)

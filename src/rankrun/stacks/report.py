@@ -74,6 +74,11 @@ def _key(sample: RankSample) -> tuple[object, ...]:
     return tuple(main.frames)
 
 
+def signature(samples: Sequence[RankSample]) -> tuple[object, ...]:
+    """What two samples must share for the ranks to count as stuck: every rank's main-thread stack (or why none)."""
+    return tuple((s.rank, _key(s)) for s in sorted(samples, key=lambda s: s.rank))
+
+
 @dataclass(frozen=True)
 class _Group:
     key: tuple[object, ...]

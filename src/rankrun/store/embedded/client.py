@@ -28,9 +28,10 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+from rankrun.clock import seconds
 from rankrun.store.api import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
-from rankrun.store.embedded.liveness import Liveness, froze_for, seconds, tune_socket
+from rankrun.store.embedded.liveness import Liveness, froze_for, tune_socket
 
 _ERRORS: dict[str, type[StoreUnavailable]] = {"lease_lost": LeaseLost, "compacted": Compacted}
 

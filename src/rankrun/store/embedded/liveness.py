@@ -51,11 +51,6 @@ def froze_for(late: float, liveness: Liveness) -> float | None:
     return late if late > min(max(1.0, liveness.interval), liveness.window / 2) else None
 
 
-def seconds(value: float) -> str:
-    """A duration for a message: whole seconds from 10 s on, tenths below ("0.4", "3", "12")."""
-    return f"{value:.0f}" if value >= 10 else f"{round(value, 1):g}"
-
-
 def tune_socket(sock: socket.socket | None, liveness: Liveness) -> None:
     """TCP keep-alive probes after ``interval`` idle, and ``TCP_USER_TIMEOUT`` at the window: unacknowledged data
     (a probe included) fails the connection with ``ETIMEDOUT`` once the window has passed."""

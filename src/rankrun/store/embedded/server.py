@@ -23,10 +23,11 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from rankrun.clock import seconds
 from rankrun.listen import listen
 from rankrun.store.api import Compacted, Event, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
-from rankrun.store.embedded.liveness import Liveness, seconds, tune_socket
+from rankrun.store.embedded.liveness import Liveness, tune_socket
 from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)

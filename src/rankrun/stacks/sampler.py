@@ -1,0 +1,165 @@
+"""Asking workers for their stacks and reading the answers, with what /proc says of each.
+
+``Sampler.sample``: read ``/proc/<pid>/stat`` (state, CPU time), the file's header (written by the
+shim once ``faulthandler`` is registered) and the process's caught signals: a worker without the handler is
+never sent the signal, whose default action would end it. Then note the file's size, send ``DUMP_SIGNAL``,
+and read what is appended once it stops growing. A worker that is stopped, or in the kernel with the signal
+blocked, does not answer in time; one that is not Python (or runs with ``-S``/``-I``) has no header: both
+are reported with their /proc state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankrun.stacks.channel import DUMP_SIGNAL
+from rankrun.stacks.dump import main_thread, parse
+from rankrun.stacks.report import Child, ProcState, RankSample
+
+POLL = 0.005  # seconds between looks at the dump files while waiting for the answers
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One worker to sample. ``signal`` is its handle's (``WorkerHandle.signal``): it sends nothing once the
+    launcher has reaped the worker, whose pid may be another process's by then; ``0`` only asks whether it is."""
+
+    rank: int
+    host: str
+    pid: int
+    dump_file: Path | None
+    signal: Callable[[int], bool]
+
+
+def proc_stat(pid: int) -> tuple[str, float] | None:
+    """The process's state letter and CPU seconds (user + system), or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    return fields[0], (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _wchan(pid: int) -> str:
+    try:
+        value = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return ""
+    return "" if value == "0" else value
+
+
+def children(pid: int) -> tuple[Child, ...]:
+    """The worker's own children (a DataLoader's workers), with their names and states."""
+    found: list[Child] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                    stat = proc_stat(int(child))
+                    name = _comm(int(child))
+                    if stat is not None:
+                        found.append(Child(int(child), name, stat[0]))
+    return tuple(sorted(set(found), key=lambda c: c.pid))
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for ``signum`` now (``SigCgt`` in /proc/<pid>/status): a worker that
+    exec'd another program since its shim ran has lost it, and the signal's default action would end it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _header(dump_file: Path | None) -> int | None:
+    if dump_file is None:
+        return None
+    try:
+        with dump_file.open("rb") as fh:
+            return main_thread(fh.readline().decode(errors="replace"))
+    except OSError:
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+class Sampler:
+    """Takes samples of a group of workers; remembers each one's CPU time, so a sample says what was used since."""
+
+    def __init__(self) -> None:
+        self._cpu: dict[int, float] = {}
+
+    async def sample(self, targets: Sequence[Target], timeout: float = 1.0) -> list[RankSample]:
+        asked: dict[int, tuple[Target, Path, int, int, float, str]] = {}  # rank -> (target, file, main, offset, cpu, state)
+        samples: list[RankSample] = []
+        for t in targets:
+            stat = proc_stat(t.pid) if t.signal(0) else None
+            if stat is None:
+                samples.append(RankSample(t.rank, t.host, None, None))
+                continue
+            state, cpu = stat
+            main = _header(t.dump_file)
+            if main is None or t.dump_file is None or not catches(t.pid, DUMP_SIGNAL):
+                samples.append(RankSample(t.rank, t.host, None, self._proc(t.pid, state, cpu, wchan=True),
+                                          children=children(t.pid)))
+                continue
+            offset = _size(t.dump_file)
+            if not t.signal(DUMP_SIGNAL):  # reaped meanwhile
+                samples.append(RankSample(t.rank, t.host, None, None))
+                continue
+            asked[t.rank] = (t, t.dump_file, main, offset, cpu, state)
+        answers = await _answers({rank: (a[1], a[3]) for rank, a in asked.items()}, timeout)
+        for rank, (t, _, main, _, cpu, state) in asked.items():
+            text = answers.get(rank)
+            proc = self._proc(t.pid, state, cpu, wchan=text is None)
+            dump = parse(text, main) if text else None
+            samples.append(RankSample(t.rank, t.host, dump, proc, answered=dump is not None and bool(dump.threads),
+                                      children=children(t.pid)))
+        return sorted(samples, key=lambda s: s.rank)
+
+    def _proc(self, pid: int, state: str, cpu: float, *, wchan: bool) -> ProcState:
+        before = self._cpu.get(pid)
+        self._cpu[pid] = cpu
+        return ProcState(state, None if before is None else max(0.0, cpu - before), _wchan(pid) if wchan else "")
+
+
+async def _answers(files: Mapping[int, tuple[Path, int]], timeout: float) -> dict[int, str]:
+    """Wait until each file has grown past its offset and then stopped growing for one poll, or the timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = {rank: offset for rank, (_, offset) in files.items()}
+    done: dict[int, str] = {}
+    while len(done) < len(files) and loop.time() < deadline:
+        await asyncio.sleep(POLL)
+        for rank, (path, offset) in files.items():
+            if rank in done:
+                continue
+            size = _size(path)
+            if size > offset and size == last[rank]:
+                with path.open("rb") as fh:
+                    fh.seek(offset)
+                    done[rank] = fh.read(size - offset).decode(errors="replace")
+            last[rank] = size
+    return done

@@ -1,0 +1,70 @@
+"""``--hang-timeout``: a silent job whose stacks do not move is reported once, grouped, and keeps running."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from conftest import clean_environ, payload
+
+STALLED = r"rankrun: job \S+ stalled: no output for"
+
+
+def _report(run, stalled_line: str) -> list[str]:
+    """The report's lines: from its first line up to the next line that is not part of it."""
+    lines = run.err[run.err.index(stalled_line):]
+    end = next((i for i, line in enumerate(lines[1:], 1) if not line.startswith("  ")), len(lines))
+    return lines[:end]
+
+
+def _stop(run) -> int:
+    run.proc.send_signal(signal.SIGTERM)
+    return run.finish()
+
+
+def test_the_odd_rank_is_shown_first_and_the_job_keeps_running(launch, tmp_path):
+    site = tmp_path / "usersite"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    env = clean_environ() | {"PYTHONPATH": str(site)}
+    run = launch("--nproc-per-node", "4", "--hang-timeout", "1", payload("stall.py"), env=env)
+    (line,) = run.wait_for(STALLED, timeout=30)  # workers start (16 s on a loaded machine), then timeout + 5 s
+    assert sum("user sitecustomize ran" in out for out in run.out) == 4  # the user's own still runs under the shim
+    report = _report(run, line)
+    silent = re.search(r"no output for ([\d.]+) s", line)
+    assert silent is not None and float(silent.group(1)) <= 1 + 5  # reported within timeout + 5 s of the last output
+    assert re.search(r"; 2 distinct stacks across 4 ranks$", report[0])
+    text = "\n".join(report)
+    assert text.index("  rank 3 on ") < text.index("  ranks 0-2 on ")  # smallest group first
+    assert re.search(r"stall\.py:\d+ in stuck_loading_data", text) and re.search(r"stall\.py:\d+ in wait_for_peers", text)
+    assert run.proc.poll() is None  # report only: the job goes on
+    assert _stop(run) == 128 + signal.SIGTERM
+    assert sum(1 for err_line in run.err if re.search(STALLED, err_line)) == 1  # the same stacks are reported once
+
+
+def test_a_rank_holding_the_gil_in_a_regex_is_shown_in_it(launch):
+    env = clean_environ() | {"PAYLOAD_STALL": "regex"}
+    run = launch("--nproc-per-node", "2", "--hang-timeout", "1", payload("stall.py"), env=env)
+    (line,) = run.wait_for(STALLED, timeout=30)
+    text = "\n".join(_report(run, line))
+    assert "  rank 1 on " in text and re.search(r"in stuck_in_a_regex\n.*re/__init__\.py:\d+ in match", text)
+    assert "state R" in text  # spinning, not blocked
+    _stop(run)
+
+
+def test_sixteen_ranks_one_elsewhere_fit_in_sixty_lines(launch):
+    env = clean_environ() | {"PAYLOAD_ODD_RANK": "7"}
+    run = launch("--nproc-per-node", "16", "--hang-timeout", "1", payload("stall.py"), env=env)
+    (line,) = run.wait_for(STALLED, timeout=30)
+    report = _report(run, line)
+    assert len(report) <= 60
+    assert report[0].endswith("2 distinct stacks across 16 ranks")
+    assert any(r.startswith("  rank 7 on ") for r in report) and any(r.startswith("  ranks 0-6,8-15 on ") for r in report)
+    _stop(run)
+
+
+def test_a_rank_computing_without_output_is_not_a_stall(launch):
+    env = clean_environ() | {"PAYLOAD_STALL": "compute", "PAYLOAD_SECONDS": "4"}
+    run = launch("--nproc-per-node", "1", "--hang-timeout", "1", payload("stall.py"), env=env)
+    assert run.finish() == 0
+    assert not any(re.search(STALLED, line) for line in run.err)
