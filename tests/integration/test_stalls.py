@@ -7,7 +7,7 @@ import signal
 
 from conftest import clean_environ, payload
 
-STALLED = r"rankrun: job \S+ stalled: no output for"
+STALLED = r"rankrun: job \S+ stalled: "
 
 
 def _report(run, stalled_line: str) -> list[str]:
@@ -68,3 +68,14 @@ def test_a_rank_computing_without_output_is_not_a_stall(launch):
     run = launch("--nproc-per-node", "1", "--hang-timeout", "1", payload("stall.py"), env=env)
     assert run.finish() == 0
     assert not any(re.search(STALLED, line) for line in run.err)
+
+
+def test_ranks_that_exited_are_named_and_the_one_that_did_not_is_shown(launch):
+    env = clean_environ() | {"PAYLOAD_STALL": "exit"}
+    run = launch("--nproc-per-node", "4", "--hang-timeout", "1", payload("stall.py"), env=env)
+    (line,) = run.wait_for(STALLED, timeout=30)
+    assert re.search(r"stalled: ranks 0-2 exited 0, rank 3 did not: no output for [\d.]+ s; 1 distinct stack across 1 rank$",
+                     line)
+    text = "\n".join(_report(run, line))
+    assert "in stuck_loading_data" in text and "wait_for_peers" not in text and "process is gone" not in text
+    _stop(run)

@@ -3,7 +3,8 @@
 - ``wait``: rank ``PAYLOAD_ODD_RANK`` (default: the last) sleeps in ``stuck_loading_data``, the others in
   ``wait_for_peers`` (both silent, 0 % CPU);
 - ``regex``: the odd rank backtracks in ``re.match`` with the GIL held, the others wait;
-- ``compute``: every rank computes in Python for ``PAYLOAD_SECONDS`` without a word (its stack depth moves with
+- ``exit``: every rank but the odd one exits 0 at once; the odd one waits (an exit that hangs);
+- ``compute``: every rank computes in Python for ``PAYLOAD_SECONDS`` without a word (its stack moves with
   time), then exits 0.
 """
 
@@ -32,20 +33,28 @@ def stuck_in_a_regex() -> None:
     re.match(r"(a+)+$", "a" * 64 + "b")
 
 
-def descend(depth: int) -> int:
-    return descend(depth - 1) + 1 if depth else 0
+def nest(levels: int, until: float) -> None:
+    if levels:
+        return nest(levels - 1, until)
+    while time.monotonic() < until:
+        pass
+    return None
 
 
 def compute() -> None:
+    """Busy in Python, its stack one call deeper every 0.3 s (mod 7): samples half a second to two seconds apart
+    always differ, as a real computation's do (here without relying on chance)."""
     end = time.monotonic() + float(os.environ.get("PAYLOAD_SECONDS", "4"))
-    total = 0
-    while time.monotonic() < end:
-        total += descend(int(time.monotonic() * 10) % 20 + 1)
-    sys.exit(0 if total else 1)
+    while (now := time.monotonic()) < end:
+        bucket = int(now / 0.3)
+        nest(bucket % 7, (bucket + 1) * 0.3)
+    sys.exit(0)
 
 
 if mode == "compute":
     compute()
+elif mode == "exit" and rank != odd:
+    sys.exit(0)
 elif rank == odd:
     (stuck_in_a_regex if mode == "regex" else stuck_loading_data)()
 else:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rankrun.stacks.dump import Dump, Frame, ThreadStack, main_thread, parse
-from rankrun.stacks.report import Child, ProcState, RankSample, ranges, render
+from rankrun.stacks.report import Child, ProcState, RankSample, ranges, render, stall_title
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 
@@ -106,3 +106,12 @@ def test_ranks_without_a_python_stack_say_why() -> None:
     assert "(the process is gone)" in text
     assert "no stack came back in time" in text
     assert "node 3 (10.0.0.4): no answer" in text
+
+
+def test_the_title_names_ranks_that_exited_and_reports_on_the_rest() -> None:
+    samples = [RankSample(r, "node-a", None, None) for r in range(3)] + [_sample(3, ELSEWHERE)]
+    title, running = stall_title("job1", "31", samples)
+    assert title == "rankrun: job job1 stalled: ranks 0-2 exited 0, rank 3 did not: no output for 31 s; 1 distinct stack across 1 rank"
+    assert [s.rank for s in running] == [3]
+    title, running = stall_title("job1", "2.5", [_sample(0, AT_BARRIER), _sample(1, ELSEWHERE)])
+    assert title == "rankrun: job job1 stalled: no output for 2.5 s; 2 distinct stacks across 2 ranks" and len(running) == 2

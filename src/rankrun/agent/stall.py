@@ -4,7 +4,8 @@ A node's job is *stalled* when no worker of the node has written a byte for ``--
 ``SAMPLES`` samples of every worker's stacks over ``SAMPLE_GAP`` are all the same: a worker computing in
 Python without printing moves between samples and is left alone. The report (``rankrun.stacks.report``) goes to
 the launcher's stderr in one piece; it is printed again only when the stacks change, or after the workers
-have written something and fallen silent again.
+have written something and fallen silent again. Ranks that exited 0 while others went silent (a stuck
+``destroy_process_group``, a non-daemon thread) are named on its first line: an exit that hangs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from rankrun.clock import seconds
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
-from rankrun.stacks.report import RankSample, group, render, signature
+from rankrun.stacks.report import RankSample, render, signature, stall_title
 from rankrun.stacks.sampler import Sampler, Target
 
 SAMPLE_GAP = 1.0  # seconds from the first to the last of the samples that must agree
@@ -49,7 +50,5 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
 
 
 def _report(console: Console, run_id: str, silent: float, samples: Sequence[RankSample]) -> None:
-    groups = len(group(samples))
-    title = (f"rankrun: job {run_id} stalled: no output for {seconds(silent)} s; "
-             f"{groups} distinct stack{'s' if groups > 1 else ''} across {len(samples)} rank{'s' if len(samples) > 1 else ''}")
-    console.write_blocking(console.stderr_fd, ("\n".join(render(title, samples)) + "\n").encode())
+    title, running = stall_title(run_id, seconds(silent), samples)
+    console.write_blocking(console.stderr_fd, ("\n".join(render(title, running)) + "\n").encode())

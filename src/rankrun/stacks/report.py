@@ -202,6 +202,20 @@ def _children(samples: Sequence[RankSample]) -> list[str]:
     return ["  children of the workers (pid, name, state):", *lines]
 
 
+def stall_title(run_id: str, silent: str, samples: Sequence[RankSample]) -> tuple[str, list[RankSample]]:
+    """The report's first line (the word "stalled" on it), and the ranks the report is about: those still running.
+    Ranks that already exited (0: a failure would have ended the attempt) are named on the line instead."""
+    exited = [s.rank for s in samples if s.proc is None]
+    running = [s for s in samples if s.proc is not None]
+    n = len(group(running))
+    stacks = f"{n} distinct stack{'s' if n != 1 else ''} across {len(running)} rank{'s' if len(running) != 1 else ''}"
+    if exited and running:
+        stuck = who([s.rank for s in running])
+        return (f"rankrun: job {run_id} stalled: {who(exited)} exited 0, {stuck} did not: no output for {silent} s; "
+                f"{stacks}"), running
+    return f"rankrun: job {run_id} stalled: no output for {silent} s; {stacks}", list(samples)
+
+
 def render(title: str, samples: Sequence[RankSample], silent_nodes: Sequence[str] = ()) -> list[str]:
     """The report: ``title`` (already saying stalled / on request), then the groups. ``silent_nodes``: lines
     for nodes whose agents did not answer, e.g. ``node 3 (10.0.0.4)``."""
