@@ -133,8 +133,8 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
      {"default": "0", "help": "report the job as stalled after SECONDS without output and with every worker's stacks "
       "unchanged (0: off)"}),
     (("--hang-action", "--hang_action"), "HANG_ACTION",
-     {"default": "report", "help": "after a stall report: report (keep running; fail, which would stop the workers as "
-      "after a failure, is not supported yet)"}),
+     {"default": "report", "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
+      "failure: --max-restarts applies)"}),
     (("--log-line-prefix-template", "--log_line_prefix_template"), None,
      {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
       f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else none with one rank on the console and {DEFAULT_PREFIX_TEMPLATE!r} "
@@ -342,9 +342,6 @@ def _hang(ns: argparse.Namespace) -> HangSpec:
         raise UsageError("--hang-timeout", ns.hang_timeout, "must be 0 (off) or more")
     if ns.hang_action not in ("report", "fail"):
         raise UsageError("--hang-action", ns.hang_action, "expected report or fail")
-    if ns.hang_action == "fail":
-        raise NotSupportedYetError("--hang-action", ns.hang_action, "stopping a stalled job is not supported yet; "
-                                   "use report")
     return HangSpec(timeout, ns.hang_action)
 
 

@@ -282,16 +282,16 @@ def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypa
 def test_a_membership_change_stops_the_group_and_nobody_counts_as_failed():
     from rankrun.agent.loop import group_ended  # noqa: PLC0415
     from rankrun.policy import MembershipChanged  # noqa: PLC0415
-    from rankrun.proc.group import supervise  # noqa: PLC0415
+    from rankrun.proc.group import MovedOn, supervise  # noqa: PLC0415
     from rankrun.proc.signals import StopStream  # noqa: PLC0415
     from rankrun.proc.spawn import Command  # noqa: PLC0415
 
     async def scenario():
         stops = StopStream()
         handles = [FakeHandle(1, Command(("w",), {}), Behaviour()), FakeHandle(2, Command(("w",), {}), Behaviour(ignore_term=True))]
-        moved_on = asyncio.get_running_loop().create_future()
-        moved_on.set_result("node 3 joined")  # the round is over: the rendezvous moved on
-        return handles, await asyncio.wait_for(supervise(handles, stops.next, shutdown_timeout=0.0, moved_on=moved_on),
+        ended = asyncio.get_running_loop().create_future()
+        ended.set_result(MovedOn("node 3 joined"))  # the round is over: the rendezvous moved on
+        return handles, await asyncio.wait_for(supervise(handles, stops.next, shutdown_timeout=0.0, ended=ended),
                                                SCENARIO_TIMEOUT)
 
     handles, outcome = asyncio.run(scenario())

@@ -22,7 +22,6 @@ CASES: list[tuple[list[str], str]] = [
     (["--hang-timeout", "-1", "ok.py"], "--hang-timeout '-1': must be 0 (off) or more"),
     (["--hang-timeout", "soon", "ok.py"], "--hang-timeout 'soon': expected seconds (a number; 0: off)"),
     (["--hang-action", "kill", "ok.py"], "--hang-action 'kill': expected report or fail"),
-    (["--hang-action", "fail", "ok.py"], "--hang-action 'fail': stopping a stalled job is not supported yet; use report"),
     (["--nnodes", "3:1", "ok.py"], "--nnodes '3:1': need 0 < MIN <= MAX"),
     (["--nnodes", "a:b", "ok.py"], "--nnodes 'a:b': expected N or \"MIN:MAX\" with integers"),
     (["--nnodes", "1:2:3", "ok.py"], "--nnodes '1:2:3': expected N or \"MIN:MAX\""),

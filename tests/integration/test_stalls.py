@@ -79,3 +79,16 @@ def test_ranks_that_exited_are_named_and_the_one_that_did_not_is_shown(launch):
     text = "\n".join(_report(run, line))
     assert "in stuck_loading_data" in text and "wait_for_peers" not in text and "process is gone" not in text
     _stop(run)
+
+
+def test_fail_stops_a_stalled_job_as_a_failure_and_the_restart_budget_applies(launch):
+    run = launch("--nproc-per-node", "4", "--hang-timeout", "1", "--hang-action", "fail", "--max-restarts", "1",
+                 "--shutdown-timeout", "1", payload("stall.py"))
+    assert run.finish(timeout=120) == 1
+    err = "\n".join(run.err)
+    assert len(re.findall(STALLED, err)) == 2  # attempt 0, then the restart stalls the same way
+    assert re.search(r"attempt 0 failed: the workers stalled \(no output for [\d.]+ s; rank 3 \(the smallest group of "
+                     r"stacks\) at \S+stall\.py:\d+ in stuck_loading_data\); restarting workers \(1/1 restarts used\)", err)
+    assert re.search(r"Root cause: the workers on \S+ stalled \(--hang-action fail", err)
+    assert "rank 3 (the smallest group of stacks) at" in err.split("FAILED (attempt 1)")[1]
+    assert err.rindex("FAILED (attempt 1)") > err.rindex("stalled: no output")  # the failure report comes last

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from rankrun.agent import stall
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
-from rankrun.agent.events import first_error
+from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, attempt_context
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 from rankrun.logs.console import Console
@@ -26,7 +26,7 @@ from rankrun.logs.layout import RunLogs
 from rankrun.logs.lines import Tail, render_prefix
 from rankrun.logs.pump import Activity, Route, pump
 from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
-from rankrun.proc.group import Exit, GroupOutcome, supervise
+from rankrun.proc.group import Exit, GroupEnd, GroupOutcome, MovedOn, Stalled, supervise
 from rankrun.proc.signals import Interrupted, Stop, StopStream
 from rankrun.proc.spawn import Command, WorkerHandle
 from rankrun.record import record
@@ -150,7 +150,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
     activity = Activity(asyncio.get_running_loop().time())  # starting counts as output
-    stall_watch: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # none until the workers run
+    stall_watch: asyncio.Future[str] = asyncio.get_running_loop().create_future()  # none until the workers run
     try:
         async with asyncio.TaskGroup() as group:  # the output pumps end within the attempt, or it ends with their error
             try:
@@ -180,7 +180,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                     workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
                 stall_watch = _stall_watch(spec, attempt_dir, deps, workers, activity)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
-                                          deps.clock.wall, moved_on)
+                                          deps.clock.wall, _group_end(moved_on, stall_watch))
             finally:
                 stall_watch.cancel()
                 for w in workers:
@@ -208,16 +208,26 @@ def _with_stacks_channel(spec: LaunchSpec, env: dict[str, str], attempt_dir: Pat
     return channel_env(env, str(dump_file))
 
 
+async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -> GroupEnd:
+    """What stops the group early: the round moving on, or (``--hang-action fail``) a stall; the first of them."""
+    if moved_on is None:
+        return Stalled(await stalled)
+    index, why = await first_of(moved_on, stalled)
+    return MovedOn(why) if index == 0 else Stalled(why)
+
+
 def _stall_watch(spec: LaunchSpec, attempt_dir: Path | None, deps: AgentDeps, workers: list[_Worker],
-                 activity: Activity) -> asyncio.Future[None]:
-    """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); a future that never ends if off."""
+                 activity: Activity) -> asyncio.Future[str]:
+    """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); it ends, with the stall, only
+    for ``--hang-action fail``. A future that never ends when the watch is off."""
     if spec.hang.timeout <= 0:
         return asyncio.get_running_loop().create_future()
     python = spec.worker.entry.kind is not EntryKind.BINARY
     targets = [Target(w.who.rank, deps.host, w.handle.pid,
                       RunLogs.stacks_file(attempt_dir, w.who.local_rank) if python else None, w.handle.signal)
                for w in workers]
-    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, deps.console))
+    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, deps.console,
+                                             fail=spec.hang.action == "fail"))
 
 
 async def _spawn_all(deps: AgentDeps, commands: list[Command]) -> list[WorkerHandle]:

@@ -113,6 +113,8 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
 def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
     root = root_cause(attempt.results)
     what = f"rank {root.rank} (pid {root.pid}) ended with {describe_status(root.status)}" if root else "workers failed"
+    if attempt.outcome.stalled is not None:
+        what = f"the workers stalled ({attempt.outcome.stalled})"
     console.say(f"attempt {restarts} failed: {what}; restarting workers ({restarts + 1}/{max_restarts} restarts used)")
 
 
@@ -133,8 +135,9 @@ def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
 
 def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_kept: bool) -> None:
     results = final.report.results if final.report is not None else []
+    stalled = final.report.outcome.stalled if final.report is not None else None
     text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
-                         job_cause=final.job_cause)
+                         job_cause=final.job_cause, stalled=stalled)
     deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
     root = root_cause(results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")

@@ -204,6 +204,8 @@ async def _the_round_moved_on(member: Member, round_: int) -> str:
 
 def _summary(result: AttemptResult, host: str) -> str:
     """This node's first failure in a few lines, for the other nodes' reports."""
+    if result.outcome.stalled is not None:
+        return f"the workers on {host} stalled: {result.outcome.stalled}"
     root = root_cause(result.results)
     if root is None:
         return f"a worker on {host} failed"

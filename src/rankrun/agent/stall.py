@@ -16,15 +16,16 @@ from collections.abc import Sequence
 from rankrun.clock import seconds
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
-from rankrun.stacks.report import RankSample, render, signature, stall_title
+from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
 
 SAMPLE_GAP = 1.0  # seconds from the first to the last of the samples that must agree
 SAMPLES = 3  # a loop in Python can show one stack twice by chance; three times, over a second, hardly
 
 
-async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity: Activity, console: Console) -> None:
-    """Runs until cancelled (the attempt's end)."""
+async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity: Activity, console: Console, *,
+                fail: bool = False) -> str:
+    """Runs until cancelled (the attempt's end); with ``fail``, returns the stall's cause after its report."""
     loop = asyncio.get_running_loop()
     sampler = Sampler()
     reported: tuple[object, ...] | None = None
@@ -46,6 +47,8 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
         if signature(samples[-1]) != reported:
             _report(console, run_id, loop.time() - since, samples[-1])
             reported, reported_after = signature(samples[-1]), since
+            if fail:
+                return stall_cause(seconds(loop.time() - since), samples[-1])
         await asyncio.sleep(max(timeout, SAMPLE_GAP))
 
 

@@ -1,8 +1,9 @@
 """Supervise one worker group: wait for the first of {a failure, all done, a stop}, then stop it.
 
 Exits are events (``handle.wait()`` tasks), not a polling tick. A stop is a signal from the
-``StopStream`` (``Interrupted``), or ``moved_on``: an awaitable that ends, with the reason, when the
-rendezvous round this group belongs to is over (a node joined or left). Stopping is
+``StopStream`` (``Interrupted``), or ``ended``: an awaitable that ends with ``MovedOn`` when the
+rendezvous round this group belongs to is over (a node joined or left), or with ``Stalled`` when the
+group stalled and ``--hang-action fail`` treats that as a failure. Stopping is
 one path: send the polite signal (SIGTERM after a failure or a regroup, the received signal
 after an interrupt) to every worker's process group, wait until all have exited or the single
 monotonic deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. Workers that end
@@ -42,11 +43,29 @@ class GroupOutcome:
     interrupted_by: int | None = None  # signal number, when a signal stopped the group
     second_signal: int | None = None  # a further signal, which killed the group without grace
     regrouped: str | None = None  # why the membership changed, when that stopped the group
+    stalled: str | None = None  # the stall that stopped the group (--hang-action fail): a failure
     unkillable: list[int] = field(default_factory=list)  # indexes still alive after SIGKILL
 
     @property
     def failed(self) -> bool:
-        return any(e.status != 0 and not e.after_stop for e in self.exits.values())
+        return self.stalled is not None or any(e.status != 0 and not e.after_stop for e in self.exits.values())
+
+
+@record
+class MovedOn:
+    """The group's rendezvous round is over (a node joined or left): stop it, not counted as a failure."""
+
+    why: str
+
+
+@record
+class Stalled:
+    """The group stalled and ``--hang-action fail`` asks to stop it as after a failure."""
+
+    what: str
+
+
+GroupEnd = MovedOn | Stalled
 
 
 @dataclass
@@ -60,12 +79,13 @@ async def supervise(
     next_stop: Callable[[], Awaitable[Stop]],
     shutdown_timeout: float,
     wall: Callable[[], float] = time.time,
-    moved_on: Awaitable[str] | None = None,
+    ended: Awaitable[GroupEnd] | None = None,
 ) -> GroupOutcome:
+    """Until every worker has exited; ``ended``, when it completes, stops the group (SIGTERM, then the deadline)."""
     outcome = GroupOutcome()
     waits = {asyncio.ensure_future(_wait(h)): i for i, h in enumerate(handles)}
     sig_task: asyncio.Future[Stop] = asyncio.ensure_future(next_stop())
-    round_task: asyncio.Future[str] | None = asyncio.ensure_future(moved_on) if moved_on is not None else None
+    round_task: asyncio.Future[GroupEnd] | None = asyncio.ensure_future(ended) if ended is not None else None
     stop = _Stop()
     try:
         while waits:
@@ -81,7 +101,7 @@ async def supervise(
             if not stopping and any(status != 0 for _, status in exited):
                 _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
             if round_task is not None and round_task in done:
-                _on_moved_on(round_task.result(), handles, waits, outcome, stop, shutdown_timeout)
+                _on_ended(round_task.result(), handles, waits, outcome, stop, shutdown_timeout)
                 round_task = None
             if sig_task in done:
                 _on_stop(sig_task.result(), handles, waits, outcome, stop, shutdown_timeout)
@@ -103,16 +123,19 @@ async def supervise(
     return outcome
 
 
-def _on_moved_on(  # noqa: PLR0917 - private helper of supervise()
-    reason: str,
+def _on_ended(  # noqa: PLR0917 - private helper of supervise()
+    end: GroupEnd,
     handles: Sequence[WorkerHandle],
     waits: dict[asyncio.Task[int], int],
     outcome: GroupOutcome,
     stop: _Stop,
     shutdown_timeout: float,
 ) -> None:
-    if outcome.regrouped is None and outcome.interrupted_by is None:
-        outcome.regrouped = reason
+    if outcome.interrupted_by is None:
+        if isinstance(end, Stalled):
+            outcome.stalled = end.what
+        else:
+            outcome.regrouped = end.why
         if stop.deadline is None:
             _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
 

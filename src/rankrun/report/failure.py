@@ -86,14 +86,19 @@ def _indent(text: str, pad: str = "    ") -> str:
 
 
 def render_report(
-    title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = ""
+    title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = "",
+    stalled: str | None = None,
 ) -> str:
-    """The failure report (multi-line, ends with a newline); ``job_cause``: the job's first failure on any node."""
+    """The failure report (multi-line, ends with a newline); ``job_cause``: the job's first failure on any node;
+    ``stalled``: the stall that stopped this node's workers (``--hang-action fail``), its root cause."""
     root = root_cause(results)
     bar, thin = "=" * WIDTH, "-" * WIDTH
     out = [bar, f"rankrun: {title} FAILED (attempt {attempt})", thin]
     if job_cause:
         out += ["The job's first failure (on any node):", _indent(job_cause), thin, f"This node ({host}):"]
+    if stalled is not None:
+        out += [f"Root cause: the workers on {host} stalled (--hang-action fail; the stack report is above):",
+                f"  {stalled}"]
     if root is not None:
         source, text = exception_text(root)
         out += [

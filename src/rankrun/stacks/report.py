@@ -216,6 +216,25 @@ def stall_title(run_id: str, silent: str, samples: Sequence[RankSample]) -> tupl
     return f"rankrun: job {run_id} stalled: no output for {silent} s; {stacks}", list(samples)
 
 
+def stall_cause(silent: str, samples: Sequence[RankSample]) -> str:
+    """One line for the failure report: how long, and where the smallest group (the outliers) sits."""
+    running = [s for s in samples if s.proc is not None]
+    outliers = group(running)[0] if running else None
+    if outliers is None:
+        return f"no output for {silent} s"
+    where = _user_frame(outliers.frames)
+    at = f" at {where}" if where is not None else ""
+    return f"no output for {silent} s; {who(outliers.ranks)} (the smallest group of stacks){at}"
+
+
+def _user_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost frame of the user's code: not the standard library's, nor an installed package's."""
+    for frame in reversed(frames):
+        if not frame.file.startswith("<") and "/lib/python" not in frame.file and "site-packages" not in frame.file:
+            return frame
+    return frames[-1] if frames else None
+
+
 def render(title: str, samples: Sequence[RankSample], silent_nodes: Sequence[str] = ()) -> list[str]:
     """The report: ``title`` (already saying stalled / on request), then the groups. ``silent_nodes``: lines
     for nodes whose agents did not answer, e.g. ``node 3 (10.0.0.4)``."""
