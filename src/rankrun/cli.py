@@ -132,6 +132,8 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--hang-timeout", "--hang_timeout"), "HANG_TIMEOUT",
      {"default": "0", "help": "report the job as stalled after SECONDS without output and with every worker's stacks "
       "unchanged (0: off)"}),
+    (("--stacks",), None, {"default": None, "metavar": "PID",
+                           "help": "rankrun --stacks [PID]: print the grouped stacks of a running job and exit"}),
     (("--hang-action", "--hang_action"), "HANG_ACTION",
      {"default": "report", "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
       "failure: --max-restarts applies)"}),
@@ -359,6 +361,8 @@ def _unsupported(ns: argparse.Namespace) -> None:
 def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
     """The one translation of user input into a ``LaunchSpec``; raises ``UsageError``."""
     ns = parse_args(argv, env)
+    if ns.stacks is not None:
+        raise UsageError("--stacks", ns.stacks, "comes alone, first: rankrun --stacks [PID]")
     nproc = _nproc(ns.nproc_per_node, env)
     rdzv, store = _rendezvous(ns)
     _unsupported(ns)
@@ -383,6 +387,8 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None)
     """Entry point of ``rankrun`` and ``python -m rankrun``; returns the exit code."""
     catcher = catcher or EarlyCatcher.install()
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["--stacks"]:
+        return _stacks(args[1:])
     try:
         spec = spec_from_args(args, os.environ)
     except RankrunError as exc:
@@ -392,6 +398,22 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None)
 
     catcher.adopt(spec.signals)  # from here on exactly --signals-to-handle; the rest as inherited
     return launch(spec, catcher)
+
+
+def _stacks(rest: list[str]) -> int:
+    """``rankrun --stacks [PID]``: print the grouped stack report of a running job (see ``rankrun.stacks.control``)."""
+    from rankrun.stacks.control import request  # noqa: PLC0415 - only this command needs it
+
+    try:
+        if len(rest) > 1:
+            raise ArgumentError(f"--stacks takes at most one PID, got {' '.join(rest)}")
+        if rest and not rest[0].isdigit():
+            raise UsageError("--stacks", rest[0], "expected the PID of a rankrun launcher")
+        print(request(int(rest[0]) if rest else None), end="", flush=True)
+    except RankrunError as exc:
+        print(f"rankrun: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
 
 
 __all__ = ["main", "spec_from_args"]

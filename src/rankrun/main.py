@@ -13,6 +13,8 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.loop import run_agent
@@ -23,6 +25,7 @@ from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.spawn import OsSpawner
 from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
 from rankrun.spec import LaunchSpec
+from rankrun.stacks.control import serve
 
 
 def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
@@ -38,7 +41,7 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep, facts)
     code = EXIT_LAUNCHER
     try:
-        code = asyncio.run(run_agent(spec, deps, catcher))
+        code = asyncio.run(_serving_stacks(run_agent(spec, deps, catcher), deps))
     except RankrunError as exc:
         console.say(f"error: {exc}")
         code = exc.exit_code
@@ -59,6 +62,16 @@ def _interactive() -> bool:
     from rankrun.proc.terminal import is_foreground_terminal  # noqa: PLC0415 - see the docstring
 
     return is_foreground_terminal(0)
+
+
+async def _serving_stacks(agent: Coroutine[Any, Any, int], deps: AgentDeps) -> int:
+    """The agent, with ``rankrun --stacks`` answered for as long as it runs."""
+    server = await serve(deps.on_demand.report)
+    try:
+        return await agent
+    finally:
+        if server is not None:
+            server.close()
 
 
 class _ConsoleLogHandler(logging.Handler):

@@ -3,6 +3,7 @@
 - ``wait``: rank ``PAYLOAD_ODD_RANK`` (default: the last) sleeps in ``stuck_loading_data``, the others in
   ``wait_for_peers`` (both silent, 0 % CPU);
 - ``regex``: the odd rank backtracks in ``re.match`` with the GIL held, the others wait;
+- ``tick``: every rank prints ``tick <rank> <i>`` ten times a second, forever (a healthy job);
 - ``exit``: every rank but the odd one exits 0 at once; the odd one waits (an exit that hangs);
 - ``compute``: every rank computes in Python for ``PAYLOAD_SECONDS`` without a word (its stack moves with
   time), then exits 0.
@@ -51,6 +52,10 @@ def compute() -> None:
     sys.exit(0)
 
 
+if mode == "tick":
+    for i in range(10**9):
+        print(f"tick {rank} {i}", flush=True)
+        time.sleep(0.1)
 if mode == "compute":
     compute()
 elif mode == "exit" and rank != odd:

@@ -183,6 +183,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                                           deps.clock.wall, _group_end(moved_on, stall_watch))
             finally:
                 stall_watch.cancel()
+                deps.on_demand.targets = []
                 for w in workers:
                     w.handle.signal_group(signal.SIGKILL)
                 await deps.after_group([w.handle for w in workers])
@@ -219,13 +220,15 @@ async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -
 def _stall_watch(spec: LaunchSpec, attempt_dir: Path | None, deps: AgentDeps, workers: list[_Worker],
                  activity: Activity) -> asyncio.Future[str]:
     """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); it ends, with the stall, only
-    for ``--hang-action fail``. A future that never ends when the watch is off."""
-    if spec.hang.timeout <= 0:
-        return asyncio.get_running_loop().create_future()
+    for ``--hang-action fail``. A future that never ends when the watch is off. ``rankrun --stacks`` gets the same
+    workers to sample (``deps.on_demand``) until the attempt ends."""
     python = spec.worker.entry.kind is not EntryKind.BINARY
     targets = [Target(w.who.rank, deps.host, w.handle.pid,
                       RunLogs.stacks_file(attempt_dir, w.who.local_rank) if python else None, w.handle.signal)
                for w in workers]
+    deps.on_demand.run_id, deps.on_demand.targets = spec.rendezvous.run_id, targets
+    if spec.hang.timeout <= 0:
+        return asyncio.get_running_loop().create_future()
     return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, deps.console,
                                              fail=spec.hang.action == "fail"))
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rankrun.agent.stall import OnDemand
 from rankrun.clock import Clock, SystemClock
 from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
@@ -29,6 +30,7 @@ class AgentDeps:
     worker_store: TCPStoreServer = field(default_factory=TCPStoreServer)  # what env:// connects to
     clock: Clock = field(default_factory=SystemClock)
     rendezvous: Backend | None = None  # several nodes: how the session joins (None: as the spec says; tests: a shared store)
+    on_demand: OnDemand = field(default_factory=OnDemand)  # the running workers, for rankrun --stacks
 
     @property
     def console_facts(self) -> ConsoleFacts:

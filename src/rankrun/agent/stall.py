@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rankrun.clock import seconds
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
-from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
+from rankrun.stacks.report import RankSample, group, render, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
 
 SAMPLE_GAP = 1.0  # seconds from the first to the last of the samples that must agree
@@ -55,3 +55,20 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
 def _report(console: Console, run_id: str, silent: float, samples: Sequence[RankSample]) -> None:
     title, running = stall_title(run_id, seconds(silent), samples)
     console.write_blocking(console.stderr_fd, ("\n".join(render(title, running)) + "\n").encode())
+
+
+class OnDemand:
+    """What a ``rankrun --stacks`` request samples: the running attempt's workers (none between attempts)."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.targets: list[Target] = []
+        self._sampler = Sampler()
+
+    async def report(self) -> list[str]:
+        if not self.targets:
+            return [f"rankrun: job {self.run_id}: no workers are running right now (between attempts, or done)"]
+        samples = await self._sampler.sample(self.targets)
+        groups, n = len(group(samples)), len(samples)
+        return render(f"rankrun: job {self.run_id} stacks on request: {groups} distinct stack{'s' if groups > 1 else ''} "
+                      f"across {n} rank{'s' if n > 1 else ''}", samples)

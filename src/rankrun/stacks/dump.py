@@ -18,7 +18,8 @@ order of the report. A dump cut short (the process died while writing) keeps the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from rankrun.record import record
 
 HEADER = "rankrun-stacks"
 _HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)$")
@@ -26,7 +27,7 @@ _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)(?: \[[^\]]*\])? \(
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 
 
-@dataclass(frozen=True)
+@record
 class Frame:
     file: str
     line: int  # 0 when faulthandler did not know it
@@ -36,7 +37,7 @@ class Frame:
         return f"{self.file}:{self.line} in {self.function}"
 
 
-@dataclass(frozen=True)
+@record
 class ThreadStack:
     ident: int
     main: bool
@@ -44,7 +45,7 @@ class ThreadStack:
     truncated: bool = False  # faulthandler stopped at its depth limit ("...")
 
 
-@dataclass(frozen=True)
+@record
 class Dump:
     threads: tuple[ThreadStack, ...]
 

@@ -12,8 +12,8 @@ not on how many ranks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
+from rankrun.record import record
 from rankrun.stacks.dump import Dump, Frame
 
 MAX_LINES = 95  # under 100 with <= 4 distinct stacks, at any world size
@@ -21,7 +21,7 @@ MAX_THREAD_LINES = 6
 MAX_FRAMES = 12  # a group's own frames beyond the common ones; the innermost are kept
 
 
-@dataclass(frozen=True)
+@record
 class ProcState:
     """A worker process as /proc saw it at the sample."""
 
@@ -30,14 +30,14 @@ class ProcState:
     wchan: str = ""  # where the kernel has it waiting (/proc/<pid>/wchan), for a worker without a Python stack
 
 
-@dataclass(frozen=True)
+@record
 class Child:
     pid: int
     name: str
     state: str
 
 
-@dataclass(frozen=True)
+@record
 class RankSample:
     rank: int
     host: str
@@ -79,7 +79,7 @@ def signature(samples: Sequence[RankSample]) -> tuple[object, ...]:
     return tuple((s.rank, _key(s)) for s in sorted(samples, key=lambda s: s.rank))
 
 
-@dataclass(frozen=True)
+@record
 class _Group:
     key: tuple[object, ...]
     members: tuple[RankSample, ...]

@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from rankrun.record import record
 from rankrun.stacks.channel import DUMP_SIGNAL
 from rankrun.stacks.dump import main_thread, parse
 from rankrun.stacks.report import Child, ProcState, RankSample
@@ -25,7 +25,7 @@ POLL = 0.005  # seconds between looks at the dump files while waiting for the an
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-@dataclass(frozen=True)
+@record
 class Target:
     """One worker to sample. ``signal`` is its handle's (``WorkerHandle.signal``): it sends nothing once the
     launcher has reaped the worker, whose pid may be another process's by then; ``0`` only asks whether it is."""

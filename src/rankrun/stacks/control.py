@@ -1,0 +1,102 @@
+"""``rankrun --stacks [PID]``: ask a running launcher for the grouped stack report of its job, on demand.
+
+Each launcher listens on a Unix socket in the abstract namespace, ``@rankrun-<uid>-<pid>``: nothing on disk to
+leave behind after ``kill -9``, and a name any process of this machine can find from the PID. Only this user
+gets an answer: the launcher checks the caller's ``SO_PEERCRED`` uid, and the caller checks that the socket's
+owner is the very process (pid and uid) it asked for, so no other user's process can pose as a launcher.
+A request is one line, ``stacks``; the answer is the report's lines, then the connection is closed. Taking the
+sample never disturbs the job: the workers' faulthandler writes to its own file, not to their output.
+
+Without a PID the launchers are found in ``/proc/net/unix`` by that name (this user's only); none or several
+is an error naming them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+
+from rankrun.errors import ArgumentError, UsageError
+
+PREFIX = "rankrun-"
+REQUEST = b"stacks\n"
+ANSWER_TIMEOUT = 30.0  # seconds the caller waits for a report (sampling takes about a second at most)
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def name(pid: int, uid: int | None = None) -> str:
+    return f"{PREFIX}{os.getuid() if uid is None else uid}-{pid}"
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid
+
+
+async def serve(report: Callable[[], Awaitable[list[str]]]) -> asyncio.AbstractServer | None:
+    """Listen for ``--stacks`` requests for this process; None if the name cannot be taken (then there is none)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            sock = writer.get_extra_info("socket")
+            if sock is None or _peer(sock)[1] != os.getuid():
+                return
+            if await asyncio.wait_for(reader.readline(), ANSWER_TIMEOUT) != REQUEST:
+                return
+            writer.write(("\n".join(await report()) + "\n").encode())
+            await writer.drain()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            pass  # the caller went away: nothing to do
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    try:
+        return await asyncio.start_unix_server(answer, path="\0" + name(os.getpid()))
+    except OSError:
+        return None
+
+
+def launchers() -> list[int]:
+    """This user's launchers on this machine, by their control sockets."""
+    found: set[int] = set()
+    mine = f"@{PREFIX}{os.getuid()}-"
+    with contextlib.suppress(OSError), open("/proc/net/unix") as table:
+        for line in table:
+            path = line.split()[-1] if len(line.split()) >= 8 else ""
+            if path.startswith(mine) and path[len(mine):].isdigit():
+                found.add(int(path[len(mine):]))
+    return sorted(found)
+
+
+def request(pid: int | None) -> str:
+    """The report of the launcher ``pid`` (or of the only one); ``UsageError`` when there is none to ask."""
+    if pid is None:
+        running = launchers()
+        if len(running) != 1:
+            named = ", ".join(str(p) for p in running) or "none"
+            raise ArgumentError(f"--stacks: which launcher? this user's rankrun launchers on this machine: {named}")
+        pid = running[0]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
+        try:
+            sock.connect("\0" + name(pid))
+        except OSError:
+            raise UsageError("--stacks", str(pid), "not a rankrun launcher of this user on this machine") from None
+        if _peer(sock) != (pid, os.getuid()):
+            raise UsageError("--stacks", str(pid), "that socket does not belong to the launcher with this PID")
+        sock.sendall(REQUEST)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except TimeoutError:
+        raise UsageError("--stacks", str(pid), f"the launcher did not answer within {ANSWER_TIMEOUT:g} s") from None
+    finally:
+        sock.close()
+    return b"".join(chunks).decode(errors="replace")

@@ -1,0 +1,53 @@
+"""``rankrun --stacks [PID]``: the grouped report of a running job on request, without disturbing it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from conftest import clean_environ, payload, run_cli
+
+
+def test_a_healthy_job_lists_every_rank_and_its_output_is_untouched(launch):
+    run = launch("--nproc-per-node", "3", payload("stall.py"), env=clean_environ() | {"PAYLOAD_STALL": "tick"})
+    run.wait_for(r"tick \d 3", count=3)
+    asked = run_cli("--stacks", str(run.proc.pid))
+    assert asked.returncode == 0, asked.stderr
+    lines = asked.stdout.splitlines()
+    assert re.match(r"rankrun: job \S+ stacks on request: \d+ distinct stacks? across 3 ranks$", lines[0])
+    listed: set[int] = set()
+    for spans in re.findall(r"^  ranks? ([\d,-]+) on ", asked.stdout, re.M):
+        for span in spans.split(","):
+            first, _, last = span.partition("-")
+            listed.update(range(int(first), int(last or first) + 1))
+    assert listed == {0, 1, 2}
+    assert any("stall.py" in line for line in lines)
+    again = run_cli("--stacks")  # the only launcher of this user here: no PID needed
+    assert again.returncode == 0 and again.stdout.startswith("rankrun: job ")
+    run.wait_for(r"tick \d 20", count=3)  # still ticking after two requests
+    run.proc.send_signal(signal.SIGTERM)
+    run.finish()
+    worker_lines = [line for line in run.out if line.startswith("[default")]
+    assert worker_lines and all(re.fullmatch(r"\[default\d\]:(READY rank \d|tick \d \d+)", line) for line in worker_lines)
+    assert not any("most recent call first" in line or "rankrun-stacks" in line for line in run.out + run.err)
+
+
+def test_workers_exiting_while_asked_do_not_break_the_launcher(launch):
+    run = launch("--nproc-per-node", "4", payload("stall.py"), env=clean_environ() | {"PAYLOAD_STALL": "exit"})
+    run.wait_for("READY rank")  # the control socket is up before the first worker starts
+    for _ in range(5):  # ranks 0-2 exit 0 at once, as the requests come
+        assert run_cli("--stacks", str(run.proc.pid)).returncode == 0
+    final = run_cli("--stacks", str(run.proc.pid))
+    assert "in stuck_loading_data" in final.stdout
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 128 + signal.SIGTERM
+
+
+def test_a_pid_that_is_not_a_launcher_is_one_line_and_exit_2():
+    asked = run_cli("--stacks", str(os.getpid()))
+    assert asked.returncode == 2
+    assert asked.stderr == f"rankrun: error: --stacks '{os.getpid()}': not a rankrun launcher of this user on this machine\n"
+    for args in (["--stacks", "abc"], ["--stacks", "1", "2"], ["--nproc-per-node", "2", "--stacks", "5", "x.py"]):
+        bad = run_cli(*args)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--stacks" in bad.stderr
