@@ -1,4 +1,4 @@
-"""Every listening socket rankrun opens, opened one way: ``listen(host, port, protocol) -> (server, port)``.
+"""Every TCP listening socket rankrun opens, opened one way: ``listen(host, port, protocol) -> (server, port)``.
 
 Bound once, to exactly the address given (never all interfaces unless asked), with ``SO_REUSEADDR``
 (a fixed endpoint must be re-bindable at once while the last job's sockets sit in TIME_WAIT) and a
@@ -9,7 +9,8 @@ on ``__cause__`` (its errno tells "someone else hosts it" from "not this machine
 
 Used by the workers' TCPStore (``workerstore.tcpstore``), the embedded store (``store.embedded.server``),
 the shared rendezvous port (``rendezvous.listener``), and ``hold``: a single-node c10d endpoint kept
-taken for the job, so that a second job on it fails loudly (nothing is served behind it).
+taken for the job, so that a second job on it fails loudly (nothing is served behind it). The one
+non-TCP listener, ``rankrun --stacks``'s local Unix socket, is ``rankrun.stacks.control``'s.
 """
 
 from __future__ import annotations

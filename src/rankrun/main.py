@@ -2,8 +2,9 @@
 
 Fork the lifetime watchdog before any thread exists, become a child subreaper, use the pidfd
 child watcher, start the console thread and route logging through it, then run the async agent
-(``rankrun.agent.loop.run_agent``); afterwards reap orphans, flush the console (a signal meanwhile
-abandons a console nobody reads) and close the watchdog. The exit code is ``rankrun.errors.exit_code``.
+(``rankrun.agent.loop.run_agent``) while answering ``rankrun --stacks`` (``rankrun.stacks.control``);
+afterwards reap orphans, flush the console (a signal meanwhile abandons a console nobody reads) and
+close the watchdog. The exit code is ``rankrun.errors.exit_code``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ ALLOWED = {
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
     "create_server": {"listen.py"},
     "start_server": set(),
+    "start_unix_server": {"stacks/control.py"},  # the one local socket: rankrun --stacks
 }
 
 
