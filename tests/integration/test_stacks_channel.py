@@ -35,6 +35,8 @@ def parked_in_a_distinct_place():
         import subprocess
         subprocess.Popen(["sleep", "60"])  # a DataLoader worker's stand-in: listed, never signalled
     open(out + ".ready", "w").close()
+    if sys.argv[2] == "exec":
+        os.execv("/bin/sleep", ["sleep", "60"])  # the shim's header stays, its handler does not
     if sys.argv[2] == "regex":
         re.match(r"(a+)+$", "a" * 40 + "b")  # exponential backtracking, all of it in C with the GIL held
     time.sleep(60)
@@ -135,3 +137,15 @@ def test_workers_that_cannot_answer_are_described_not_signalled(tmp_path, worker
     assert stopped.dump is None and not stopped.answered and stopped.proc is not None and stopped.proc.state == "T"
     assert exited.proc is None
     os.kill(proc.pid, 18)  # SIGCONT: the pending request is answered late, and nothing breaks
+
+
+def test_a_worker_that_exec_d_another_program_is_not_signalled(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w5", mode="exec")
+    deadline = time.monotonic() + READY_TIMEOUT
+    while Path(f"/proc/{proc.pid}/comm").read_text().strip() != "sleep":
+        assert time.monotonic() < deadline, "the worker did not exec"
+        time.sleep(0.01)
+    assert dump.read_bytes().startswith(b"rankrun-stacks main=")
+    (sample,) = _sample(_target(5, proc, dump), timeout=1.0)
+    assert sample.dump is None and sample.proc is not None
+    assert proc.poll() is None  # the signal's default action would have ended it

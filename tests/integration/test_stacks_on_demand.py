@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import subprocess
 
 from conftest import clean_environ, payload, run_cli
+from rankrun.stacks.control import name
 
 
 def test_a_healthy_job_lists_every_rank_and_its_output_is_untouched(launch):
@@ -51,3 +54,19 @@ def test_a_pid_that_is_not_a_launcher_is_one_line_and_exit_2():
     for args in (["--stacks", "abc"], ["--stacks", "1", "2"], ["--nproc-per-node", "2", "--stacks", "5", "x.py"]):
         bad = run_cli(*args)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--stacks" in bad.stderr
+
+
+def test_a_socket_posing_as_another_pids_launcher_is_refused():
+    """Whoever binds @rankrun-<uid>-<pid> first gets the name: the client checks the socket's owner is that pid."""
+    victim = subprocess.Popen(["sleep", "60"])
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        impostor.bind("\0" + name(victim.pid))
+        impostor.listen(1)
+        asked = run_cli("--stacks", str(victim.pid))
+        assert asked.returncode == 2
+        assert "that socket does not belong to the launcher with this PID" in asked.stderr and asked.stdout == ""
+    finally:
+        impostor.close()
+        victim.kill()
+        victim.wait(timeout=30)

@@ -92,3 +92,12 @@ def test_fail_stops_a_stalled_job_as_a_failure_and_the_restart_budget_applies(la
     assert re.search(r"Root cause: the workers on \S+ stalled \(--hang-action fail", err)
     assert "rank 3 (the smallest group of stacks) at" in err.split("FAILED (attempt 1)")[1]
     assert err.rindex("FAILED (attempt 1)") > err.rindex("stalled: no output")  # the failure report comes last
+
+
+def test_a_job_that_keeps_printing_is_never_reported(launch):
+    """Output is what resets the watch: a ticking worker sits in the same time.sleep line at every sample."""
+    run = launch("--nproc-per-node", "2", "--hang-timeout", "1", payload("stall.py"),
+                 env=clean_environ() | {"PAYLOAD_STALL": "tick"})
+    run.wait_for(r"tick 1 40", timeout=60)  # four seconds of ticking: several timeouts' worth
+    assert _stop(run) == 128 + signal.SIGTERM
+    assert not any(re.search(STALLED, line) for line in run.err)
