@@ -178,7 +178,9 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                     tasks = tuple(group.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
                     label = "stderr" if handle.stderr is not None else "output"
                     workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
-                stall_watch = _stall_watch(spec, attempt_dir, deps, workers, activity)
+                targets = _stack_targets(spec, attempt_dir, deps.host, workers)
+                deps.on_demand.run_id, deps.on_demand.targets = spec.rendezvous.run_id, targets  # for --stacks
+                stall_watch = _stall_watch(spec, targets, activity, console)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
                                           deps.clock.wall, _group_end(moved_on, stall_watch))
             finally:
@@ -217,19 +219,19 @@ async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -
     return MovedOn(why) if index == 0 else Stalled(why)
 
 
-def _stall_watch(spec: LaunchSpec, attempt_dir: Path | None, deps: AgentDeps, workers: list[_Worker],
-                 activity: Activity) -> asyncio.Future[str]:
-    """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); it ends, with the stall, only
-    for ``--hang-action fail``. A future that never ends when the watch is off. ``rankrun --stacks`` gets the same
-    workers to sample (``deps.on_demand``) until the attempt ends."""
+def _stack_targets(spec: LaunchSpec, attempt_dir: Path | None, host: str, workers: list[_Worker]) -> list[Target]:
+    """The workers as the stack sampler sees them: a ``--no-python`` program has no dump file to read."""
     python = spec.worker.entry.kind is not EntryKind.BINARY
-    targets = [Target(w.who.rank, deps.host, w.handle.pid,
-                      RunLogs.stacks_file(attempt_dir, w.who.local_rank) if python else None, w.handle.signal)
-               for w in workers]
-    deps.on_demand.run_id, deps.on_demand.targets = spec.rendezvous.run_id, targets
+    return [Target(w.who.rank, host, w.handle.pid, RunLogs.stacks_file(attempt_dir, w.who.local_rank) if python else None,
+                   w.handle.signal) for w in workers]
+
+
+def _stall_watch(spec: LaunchSpec, targets: list[Target], activity: Activity, console: Console) -> asyncio.Future[str]:
+    """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); it ends, with the stall, only
+    for ``--hang-action fail``. A future that never ends when the watch is off."""
     if spec.hang.timeout <= 0:
         return asyncio.get_running_loop().create_future()
-    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, deps.console,
+    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, console,
                                              fail=spec.hang.action == "fail"))
 
 
