@@ -10,7 +10,6 @@ Waiting is always on a watch or a deadline, never a polling loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -42,7 +41,7 @@ from rankrun.rendezvous.round import (
     assign_node_ranks,
     next_step,
 )
-from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, feed
+from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, watching
 
 logger = logging.getLogger(__name__)
 
@@ -100,16 +99,8 @@ class Coordinator:
         for entry in entries:
             node_id = entry.key[len(self._keys.nodes) :]
             self._nodes[node_id] = node_from(entry.value, entry.create_revision, node_id)
-        watches = [await self._store.watch(self._keys.nodes, revision), await self._store.watch(self._keys.results, revision)]
-        feeders = [asyncio.create_task(feed(w, self._events)) for w in watches]
-        try:
+        async with watching(self._store, (self._keys.nodes, self._keys.results), revision, self._events):
             await self._decide_forever()
-        finally:
-            for task in feeders:
-                task.cancel()
-            for watch in watches:
-                with contextlib.suppress(StoreUnavailable):
-                    await watch.close()
 
     async def _take_over(self) -> bool:
         """A coordinator elected mid-job (the last one was lost) carries on from the round key; True if it ended."""

@@ -14,7 +14,7 @@ from rankrun.clock import seconds
 from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, Spare, Status, node_value, place_from, result_value
 from rankrun.rendezvous.round import NodeInfo, Phase
-from rankrun.store.api import Entry, Event, EventKind, Lease, Store, StoreUnavailable, exact, feed
+from rankrun.store.api import Entry, EventKind, Lease, Store, StoreUnavailable, exact, watching
 
 
 @dataclass(frozen=True)
@@ -50,30 +50,19 @@ class Member:
         found = self._read(latest_assign, latest_round, after)
         if found is not None:
             return found
-        watch_assign, watch_round = await self.store.watch(key, revision), await self.store.watch(round_key, revision)
-        try:
-            merged: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
-            feeders = [asyncio.create_task(feed(w, merged)) for w in (watch_assign, watch_round)]
-            try:
-                while True:
-                    event = await merged.get()
-                    if isinstance(event, StoreUnavailable):
-                        raise event
-                    if event.kind is EventKind.PUT:
-                        if event.key == key:
-                            latest_assign = event.value
-                        elif event.key == round_key:
-                            latest_round = event.value
-                    found = self._read(latest_assign, latest_round, after)
-                    if found is not None:
-                        return found
-            finally:
-                for task in feeders:
-                    task.cancel()
-        finally:
-            for watch in (watch_assign, watch_round):
-                with contextlib.suppress(StoreUnavailable):
-                    await watch.close()
+        async with watching(self.store, (key, round_key), revision) as merged:
+            while True:
+                event = await merged.get()
+                if isinstance(event, StoreUnavailable):
+                    raise event
+                if event.kind is EventKind.PUT:
+                    if event.key == key:
+                        latest_assign = event.value
+                    elif event.key == round_key:
+                        latest_round = event.value
+                found = self._read(latest_assign, latest_round, after)
+                if found is not None:
+                    return found
 
     def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | None:
         word = RoundWord.parse(round_value) if round_value else None

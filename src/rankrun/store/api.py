@@ -24,7 +24,8 @@ bounds each attempt and moves on to the next member.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -170,10 +171,34 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-async def feed(watch: Watch, queue: asyncio.Queue[Event | StoreUnavailable]) -> None:
+Events = asyncio.Queue[Event | StoreUnavailable]  # several watches' events in one queue, their ends included
+
+
+async def feed(watch: Watch, queue: Events) -> None:
     """A watch's events into a queue several watches share; its end (``StoreUnavailable``) too, for the reader to raise."""
     try:
         async for event in watch:
             queue.put_nowait(event)
     except StoreUnavailable as exc:
         queue.put_nowait(exc)
+
+
+@contextlib.asynccontextmanager
+async def watching(store: Store, prefixes: Sequence[str], after: int,
+                   queue: Events | None = None) -> AsyncIterator[Events]:
+    """Watches of ``prefixes`` from revision ``after``, their events in one queue (a watch's end as its
+    ``StoreUnavailable``, for the reader to raise); every watch closed on the way out."""
+    merged: Events = queue if queue is not None else asyncio.Queue()
+    watches: list[Watch] = []
+    feeders: list[asyncio.Task[None]] = []
+    try:
+        for prefix in prefixes:
+            watches.append(await store.watch(prefix, after))
+            feeders.append(asyncio.create_task(feed(watches[-1], merged)))
+        yield merged
+    finally:
+        for task in feeders:
+            task.cancel()
+        for watch in watches:
+            with contextlib.suppress(StoreUnavailable):
+                await watch.close()
