@@ -289,3 +289,24 @@ def test_master_addr_is_this_nodes_side_of_its_etcd_connection_not_etcds(launch,
     etcd_host = etcd.endpoints.split(",")[0].split("//")[-1].split(":")[0]
     assert etcd_host != "127.0.0.1"  # a fresh loopback address: the kernel connects to it from 127.0.0.1
     assert start["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_a_stall_is_reported_by_every_agent_with_the_ranks_of_both_nodes(launch, etcd):
+    """The whole job's stack report goes through etcd as it goes through the embedded store."""
+    args = (*_args(etcd.endpoints, "stall", "2", "last_call_timeout=0.3"), "--nproc-per-node", "2", "--hang-timeout", "2")
+    addrs = [fresh_address(), fresh_address()]
+    runs = [launch(*args, "--local-addr", addr, payload("stall.py"), env=_env()) for addr in addrs]
+    for run in runs:
+        run.wait_for(r"READY rank", count=2)
+    stuck = next(i for i, run in enumerate(runs) if any("READY rank 3" in line for line in run.out))  # rank 3's node
+    for run in runs:
+        (line,) = run.wait_for(r"rankrun: job stall stalled: ", timeout=60)
+        run.wait_for(r"in wait_for_peers$")  # the report's last line: all of it has been read
+        assert line.endswith("; 2 distinct stacks across 4 ranks on 2 nodes"), run.err
+        report = "\n".join(run.err[run.err.index(line):])
+        assert re.search(rf"^  rank 3 on \S+/{re.escape(addrs[stuck])} \(1 rank;", report, re.M), report
+        assert re.search(r"stall\.py:\d+ in stuck_loading_data", report)
+    for run in runs:
+        run.proc.send_signal(signal.SIGTERM)
+    for run in runs:
+        run.finish()

@@ -63,3 +63,19 @@ def test_setpriv_is_used_only_when_it_knows_pdeathsig(tmp_path: Path, monkeypatc
     assert pdeathsig_exec() == ()  # too old: no --pdeathsig
     fake.write_bytes(b"#!/bin/sh\n# --pdeathsig keep|clear|<signal>\n")
     assert pdeathsig_exec() == (str(fake), "--pdeathsig", "KILL", "--")
+
+
+def test_a_worker_is_signalled_only_until_it_is_reaped() -> None:
+    """After the launcher reaped a worker its pid may be another process's: ``signal`` sends nothing then."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        handle = await OsSpawner().spawn(Command((sys.executable, "-c", "import sys; sys.stdin.read()"), dict(os.environ)))
+        try:
+            alive = handle.signal(0)
+            assert handle.signal(15)  # SIGTERM: it ends
+            await asyncio.wait_for(handle.wait(), 30)
+            return alive, handle.signal(0), handle.signal(15)
+        finally:
+            handle.close()
+
+    assert asyncio.run(scenario()) == (True, False, False)

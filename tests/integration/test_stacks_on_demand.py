@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+
+import pytest
 
 from conftest import clean_environ, payload, run_cli
 from rankrun.stacks.control import name
@@ -70,3 +74,22 @@ def test_a_socket_posing_as_another_pids_launcher_is_refused():
         impostor.close()
         victim.kill()
         victim.wait(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become another user")
+def test_a_caller_of_another_uid_gets_nothing_from_the_launcher(launch):
+    """The abstract namespace has no permissions: anyone can connect, so the launcher checks the caller's uid."""
+    run = launch("--nproc-per-node", "1", payload("stall.py"), env=clean_environ() | {"PAYLOAD_STALL": "tick"})
+    run.wait_for(r"tick 0 1")
+    probe = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_UNIX); s.settimeout(30); s.connect(chr(0) + sys.argv[1])\n"
+             "try:\n    s.sendall(b'stacks\\n'); print(s.recv(65536).decode() or 'closed')\n"
+             "except (ConnectionResetError, BrokenPipeError):\n    print('closed')\n")  # closed before or after the request
+    address = name(run.proc.pid)  # the abstract name, without its leading NUL (not allowed in argv)
+    as_nobody = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c",
+                                probe, address], capture_output=True, text=True, timeout=60, check=False)
+    assert as_nobody.stdout == "closed\n", as_nobody  # it connected, and was sent away unanswered
+    as_me = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, timeout=60, check=False)
+    assert "stacks on request" in as_me.stdout  # the same request from the launcher's own uid is answered
+    run.proc.send_signal(signal.SIGTERM)
+    run.finish()

@@ -29,6 +29,7 @@ def test_the_odd_rank_is_shown_first_and_the_job_keeps_running(launch, tmp_path)
     env = clean_environ() | {"PYTHONPATH": str(site)}
     run = launch("--nproc-per-node", "4", "--hang-timeout", "1", payload("stall.py"), env=env)
     (line,) = run.wait_for(STALLED, timeout=30)  # workers start (16 s on a loaded machine), then timeout + 5 s
+    run.wait_for(r"in wait_for_peers$")  # the report's last line: all of it has been read
     assert sum("user sitecustomize ran" in out for out in run.out) == 4  # the user's own still runs under the shim
     report = _report(run, line)
     silent = re.search(r"no output for ([\d.]+) s", line)
@@ -46,6 +47,7 @@ def test_a_rank_holding_the_gil_in_a_regex_is_shown_in_it(launch):
     env = clean_environ() | {"PAYLOAD_STALL": "regex"}
     run = launch("--nproc-per-node", "2", "--hang-timeout", "1", payload("stall.py"), env=env)
     (line,) = run.wait_for(STALLED, timeout=30)
+    run.wait_for(r"re/__init__\.py:\d+ in match$")  # the last group's innermost frame
     text = "\n".join(_report(run, line))
     assert "  rank 1 on " in text and re.search(r"in stuck_in_a_regex\n.*re/__init__\.py:\d+ in match", text)
     assert "state R" in text  # spinning, not blocked
@@ -56,6 +58,7 @@ def test_sixteen_ranks_one_elsewhere_fit_in_sixty_lines(launch):
     env = clean_environ() | {"PAYLOAD_ODD_RANK": "7"}
     run = launch("--nproc-per-node", "16", "--hang-timeout", "1", payload("stall.py"), env=env)
     (line,) = run.wait_for(STALLED, timeout=30)
+    run.wait_for(r"in wait_for_peers$")
     report = _report(run, line)
     assert len(report) <= 60
     assert report[0].endswith("2 distinct stacks across 16 ranks")
@@ -74,6 +77,7 @@ def test_ranks_that_exited_are_named_and_the_one_that_did_not_is_shown(launch):
     env = clean_environ() | {"PAYLOAD_STALL": "exit"}
     run = launch("--nproc-per-node", "4", "--hang-timeout", "1", payload("stall.py"), env=env)
     (line,) = run.wait_for(STALLED, timeout=30)
+    run.wait_for(r"in stuck_loading_data$")
     assert re.search(r"stalled: ranks 0-2 exited 0, rank 3 did not: no output for [\d.]+ s; 1 distinct stack across 1 rank$",
                      line)
     text = "\n".join(_report(run, line))

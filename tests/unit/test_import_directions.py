@@ -42,7 +42,10 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     ("agent", ("store.etcd",), ()),  # an embedded-store job never loads the etcd client: only the session does, lazily
     ("report", ("agent", "rendezvous", "store", "workerstore"), ()),
     # stack reports: dumps, /proc and the grouping; what they are sent through (proc, the store) is handed in
-    ("stacks", ("agent", "rendezvous", "store", "workerstore", "proc", "logs", "report"), ()),
+    ("stacks", ("agent", "rendezvous", "store", "workerstore", "proc", "logs", "report"), ("stacks/exchange.py",)),
+    # the whole job's report goes through the store's seam, laid out as the rendezvous's keys say; no backend
+    ("stacks", ("agent", "workerstore", "proc", "logs", "report", "store.embedded", "store.etcd", "store.memory",
+                "rendezvous.session", "rendezvous.coordinator", "rendezvous.member"), ()),
 ])
 def test_dependencies_point_one_way(folder, forbidden, allowed):
     assert _offenders(folder, forbidden, allowed) == []

@@ -101,7 +101,7 @@ def test_ranks_without_a_python_stack_say_why() -> None:
         RankSample(2, "node-a", None, None),
         RankSample(3, "node-b", None, ProcState("T", None), answered=False),
     ]
-    text = "\n".join(render("rankrun: job mixed: on request", samples, silent_nodes=["node 3 (10.0.0.4)"]))
+    text = "\n".join(render("rankrun: job mixed: on request", samples, ["node 3 (10.0.0.4): no answer — its agent is stuck or gone"]))
     assert "kernel wait: io_schedule" in text
     assert "(the process is gone)" in text
     assert "no stack came back in time" in text

@@ -20,6 +20,7 @@ from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, attempt_context
+from rankrun.agent.stall import OnDemand
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -34,6 +35,7 @@ from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
 from rankrun.stacks.channel import channel_env
+from rankrun.stacks.flight import FOLDER, Recorder, enabled, flight_env
 from rankrun.stacks.sampler import Target
 
 if TYPE_CHECKING:
@@ -157,7 +159,8 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                 error_files = [RunLogs.error_file(attempt_dir, who.local_rank) for who in identities]
                 commands = []
                 for who, error_file in zip(identities, error_files, strict=True):
-                    env = _with_stacks_channel(spec, worker_env(spec.base_env, who, ctx, error_file), attempt_dir, who)
+                    env = flight_env(_with_stacks_channel(spec, worker_env(spec.base_env, who, ctx, error_file), attempt_dir,
+                                                          who), attempt_dir)
                     stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
                     argv = worker_argv(spec.worker.entry, who.local_rank)
                     commands.append(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
@@ -179,13 +182,13 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                     label = "stderr" if handle.stderr is not None else "output"
                     workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
                 targets = _stack_targets(spec, attempt_dir, deps.host, workers)
-                deps.on_demand.run_id, deps.on_demand.targets = spec.rendezvous.run_id, targets  # for --stacks
-                stall_watch = _stall_watch(spec, targets, activity, console)
+                deps.on_demand.running(spec.rendezvous.run_id, targets, _recorder(spec, attempt_dir, console))  # for --stacks
+                stall_watch = _stall_watch(spec, deps.on_demand, activity, console)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
                                           deps.clock.wall, _group_end(moved_on, stall_watch))
             finally:
                 stall_watch.cancel()
-                deps.on_demand.targets = []
+                deps.on_demand.running(spec.rendezvous.run_id, [], None)
                 for w in workers:
                     w.handle.signal_group(signal.SIGKILL)
                 await deps.after_group([w.handle for w in workers])
@@ -226,13 +229,22 @@ def _stack_targets(spec: LaunchSpec, attempt_dir: Path | None, host: str, worker
                    w.handle.signal) for w in workers]
 
 
-def _stall_watch(spec: LaunchSpec, targets: list[Target], activity: Activity, console: Console) -> asyncio.Future[str]:
-    """The ``--hang-timeout`` watch over these workers (cancelled with the attempt); it ends, with the stall, only
-    for ``--hang-action fail``. A future that never ends when the watch is off."""
+def _stall_watch(spec: LaunchSpec, running: OnDemand, activity: Activity, console: Console) -> asyncio.Future[str]:
+    """The ``--hang-timeout`` watch over the running workers (cancelled with the attempt); it ends, with the stall,
+    only for ``--hang-action fail``. A future that never ends when the watch is off."""
     if spec.hang.timeout <= 0:
         return asyncio.get_running_loop().create_future()
-    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, targets, activity, console,
-                                             fail=spec.hang.action == "fail"))
+    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, running.targets, activity, console,
+                                             fail=spec.hang.action == "fail", job=running.job, recorder=running.recorder))
+
+
+def _recorder(spec: LaunchSpec, attempt_dir: Path | None, console: Console) -> Recorder | None:
+    """torch's Flight Recorder, where the user turned it on: its folder in the attempt's directory, made before
+    the workers start (they create their pipes there), and what a stall asks of it (``stacks.flight``)."""
+    if attempt_dir is None or not enabled(spec.base_env):
+        return None
+    (attempt_dir / FOLDER).mkdir(exist_ok=True)
+    return Recorder(flight_env(spec.base_env, attempt_dir), lambda line: stall.show(console, [line]))
 
 
 async def _spawn_all(deps: AgentDeps, commands: list[Command]) -> list[WorkerHandle]:

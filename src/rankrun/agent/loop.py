@@ -25,6 +25,7 @@ from rankrun.proc.signals import Interrupted, StopStream, attach, detach
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec
+from rankrun.stacks.flight import has_dumps
 
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
@@ -65,7 +66,7 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Ou
         await deps.worker_store.close()
         if held is not None:
             held.close()
-        kept = logs.finish()
+        kept = logs.finish(keep=logs.base is not None and has_dumps(logs.base))
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")
     return final, kept is not None

@@ -22,6 +22,7 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, Membership
+from rankrun.agent.stall import show
 from rankrun.errors import LauncherError
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
@@ -31,6 +32,7 @@ from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.session import Session, open_session
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
+from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
@@ -190,7 +192,25 @@ async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan
 ) -> AttemptResult:
     moved_on = _the_round_moved_on(member, word.round)
-    return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
+    host = f"{deps.host}/{member.info.addr}" if member.info.addr else deps.host  # two nodes may share a name
+    exchange = Exchange(member.store, member.keys, member.info.id, word, host=host, run_id=spec.rendezvous.run_id,
+                        sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),
+                        lease=member.lease.id, job_lease=member.job.id if member.job is not None else 0)
+    serving = asyncio.create_task(_serve(exchange))
+    deps.on_demand.job = exchange  # a stall or a --stacks request gets the whole job's stacks
+    try:
+        return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
+    finally:
+        deps.on_demand.job = None
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+
+async def _serve(exchange: Exchange) -> None:
+    """The round's stacks exchange; a store that fails here is the round's business (its watches say so), not this."""
+    with contextlib.suppress(StoreUnavailable):
+        await exchange.serve()
 
 
 async def _the_round_moved_on(member: Member, round_: int) -> str:

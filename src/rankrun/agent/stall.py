@@ -6,26 +6,39 @@ Python without printing moves between samples and is left alone. The report (``r
 the launcher's stderr in one piece; it is printed again only when the stacks change, or after the workers
 have written something and fallen silent again. Ranks that exited 0 while others went silent (a stuck
 ``destroy_process_group``, a non-daemon thread) are named on its first line: an exit that hangs.
+
+Several nodes: the report is the whole job's, gathered through the rendezvous store (``stacks.exchange``);
+when the store cannot be used within ``EXCHANGE_BOUND``, this node's own report is printed, saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rankrun.clock import seconds
+from rankrun.errors import StoreUnavailable
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
-from rankrun.stacks.report import RankSample, group, render, signature, stall_cause, stall_title
+from rankrun.stacks.report import RankSample, render, request_title, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
+
+if TYPE_CHECKING:  # one node never imports the exchange
+    from rankrun.stacks.exchange import Exchange
+    from rankrun.stacks.flight import Recorder
 
 SAMPLE_GAP = 1.0  # seconds from the first to the last of the samples that must agree
 SAMPLES = 3  # a loop in Python can show one stack twice by chance; three times, over a second, hardly
+CPU_WINDOW = 0.5  # seconds of CPU time a sample on request measures, when no sample was taken just before
+EXCHANGE_BOUND = 8.0  # seconds the whole job's report may take before this node prints its own
 
 
 async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity: Activity, console: Console, *,
-                fail: bool = False) -> str:
-    """Runs until cancelled (the attempt's end); with ``fail``, returns the stall's cause after its report."""
+                fail: bool = False, job: Exchange | None = None, recorder: Recorder | None = None) -> str:
+    """Runs until cancelled (the attempt's end); with ``fail``, returns the stall's cause after its report.
+    ``job``: several nodes, whose report is the whole job's (each node's answer takes its own recorder dumps);
+    ``recorder``: torch's Flight Recorder, asked for dumps at each report."""
     loop = asyncio.get_running_loop()
     sampler = Sampler()
     reported: tuple[object, ...] | None = None
@@ -45,30 +58,83 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
         if activity.last != since or len({signature(s) for s in samples}) > 1:
             continue  # output meanwhile, or the stacks moved: not stalled (look again)
         if signature(samples[-1]) != reported:
-            _report(console, run_id, loop.time() - since, samples[-1])
+            silent = seconds(loop.time() - since)
+            cause = await _job_report(job, silent, since, console) if job is not None else None
+            if cause is None:
+                _report(console, run_id, silent, samples[-1])
+                cause = stall_cause(silent, samples[-1])
+                if recorder is not None:
+                    recorder.take()
             reported, reported_after = signature(samples[-1]), since
             if fail:
-                return stall_cause(seconds(loop.time() - since), samples[-1])
+                return cause
         await asyncio.sleep(max(timeout, SAMPLE_GAP))
 
 
-def _report(console: Console, run_id: str, silent: float, samples: Sequence[RankSample]) -> None:
-    title, running = stall_title(run_id, seconds(silent), samples)
-    console.write_blocking(console.stderr_fd, ("\n".join(render(title, running)) + "\n").encode())
+async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> str | None:
+    """The whole job's report (printed by the exchange) and its cause; None when the store could not give it."""
+    try:
+        async with asyncio.timeout(EXCHANGE_BOUND):
+            return (await job.stall(silent, since)).cause
+    except (StoreUnavailable, TimeoutError) as exc:
+        why = str(exc) or f"no report within {EXCHANGE_BOUND:g} s"
+        console.write_blocking(console.stderr_fd, f"rankrun: the other nodes' stacks could not be gathered ({why}): "
+                                                  "this node's report follows\n".encode())
+        return None
+
+
+def _report(console: Console, run_id: str, silent: str, samples: Sequence[RankSample]) -> None:
+    title, running = stall_title(run_id, silent, samples)
+    show(console, render(title, running))
+
+
+def show(console: Console, lines: Sequence[str]) -> None:
+    """A report on the launcher's stderr, in one piece."""
+    console.write_blocking(console.stderr_fd, ("\n".join(lines) + "\n").encode())
 
 
 class OnDemand:
-    """What a ``rankrun --stacks`` request samples: the running attempt's workers (none between attempts)."""
+    """What a ``rankrun --stacks`` request samples: the running attempt's workers (none between attempts), and
+    with several nodes the round's exchange, through which the report is the whole job's."""
 
     def __init__(self) -> None:
         self.run_id = ""
         self.targets: list[Target] = []
+        self.job: Exchange | None = None
+        self.recorder: Recorder | None = None  # torch's Flight Recorder, where on: asked for dumps at a stall
         self._sampler = Sampler()
+        self._sampled = float("-inf")
+
+    def running(self, run_id: str, targets: list[Target], recorder: Recorder | None) -> None:
+        """The attempt's workers as they start (and ``[]`` once they are gone), with their recorder if any."""
+        self.run_id, self.targets, self.recorder = run_id, targets, recorder
+
+    async def sample(self, why: str = "request") -> list[RankSample]:
+        """The running workers' stacks now, with the CPU each used over the last ``CPU_WINDOW`` s at least;
+        for a stall (``why``), this node's Flight Recorder dumps are asked for too."""
+        loop = asyncio.get_running_loop()
+        if why == "stall" and self.recorder is not None:
+            self.recorder.take()
+        targets = list(self.targets)
+        if loop.time() - self._sampled > 2 * CPU_WINDOW:
+            self._sampler.prime(targets)
+            await asyncio.sleep(CPU_WINDOW)  # CPU used over a window: blocked at 0 % or spinning
+        samples = await self._sampler.sample(targets)
+        self._sampled = loop.time()
+        return samples
 
     async def report(self) -> list[str]:
+        if self.job is not None:
+            try:
+                async with asyncio.timeout(EXCHANGE_BOUND):
+                    return await self.job.request()
+            except (StoreUnavailable, TimeoutError) as exc:
+                note = f"rankrun: the other nodes' stacks could not be gathered ({exc or 'no answer in time'}): this node's only"
+                return [note, *await self._local()]
+        return await self._local()
+
+    async def _local(self) -> list[str]:
         if not self.targets:
             return [f"rankrun: job {self.run_id}: no workers are running right now (between attempts, or done)"]
-        samples = await self._sampler.sample(self.targets)
-        groups, n = len(group(samples)), len(samples)
-        return render(f"rankrun: job {self.run_id} stacks on request: {groups} distinct stack{'s' if groups > 1 else ''} "
-                      f"across {n} rank{'s' if n > 1 else ''}", samples)
+        samples = await self.sample()
+        return render(request_title(self.run_id, samples), samples)

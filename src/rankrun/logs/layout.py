@@ -57,11 +57,12 @@ class RunLogs:
         """Where the worker writes its stack dumps when asked (``rankrun.stacks.channel``), beside its error file."""
         return None if attempt_dir is None else attempt_dir / str(local_rank) / "stacks.txt"
 
-    def finish(self) -> Path | None:
-        """Remove a private directory nobody asked to keep; return the kept base (if any)."""
+    def finish(self, *, keep: bool = False) -> Path | None:
+        """Remove a private directory nobody asked to keep (``keep``: something in it must stay, e.g. the Flight
+        Recorder's dumps); return the kept base (if any)."""
         if self.base is None:
             return None
-        if not self.keep:
+        if not self.keep and not keep:
             remove_tree(self.base)
             return None
         return self.base

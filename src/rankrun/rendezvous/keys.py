@@ -9,10 +9,14 @@ Keys (all small; none is rewritten by more than one writer)::
     status                  who has joined so far, for the "3/4 nodes joined" line of waiting nodes
     closed                  the job is over: late joiners are turned away
     coordinator, job        a shared store (etcd): the elected coordinator, the job lease's id
+    stacks/ask              somebody wants every node's stacks (a stall, or ``rankrun --stacks``)
+    stacks/answer/<node>    a node's grouped samples for the latest ask, bound to its lease
+    stacks/report           the asker's report of the whole job, which every node prints (a stall)
 
-Each record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
+Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
 ``Assignment`` and ``Spare`` (``place_from``), ``result_value``/``result_from``, ``Status``,
-``closed_value``/``closed_ok``. They travel as compact JSON objects, never pickle.
+``closed_value``/``closed_ok``. They travel as compact JSON objects, never pickle. The ``stacks/`` records
+are the stacks exchange's (``rankrun.stacks.wire``).
 """
 
 from __future__ import annotations
@@ -65,11 +69,30 @@ class Keys:
     def node(self, node_id: str) -> str:
         return self.nodes + node_id
 
+    @property
+    def assigns(self) -> str:
+        return self.root + "assign/"
+
     def assign(self, node_id: str) -> str:
-        return self.root + "assign/" + node_id
+        return self.assigns + node_id
 
     def result(self, round_: int, node_id: str) -> str:
         return f"{self.results}{round_}/{node_id}"
+
+    @property
+    def stacks_ask(self) -> str:
+        return self.root + "stacks/ask"
+
+    @property
+    def stacks_answers(self) -> str:
+        return self.root + "stacks/answer/"
+
+    def stacks_answer(self, node_id: str) -> str:
+        return self.stacks_answers + node_id
+
+    @property
+    def stacks_report(self) -> str:
+        return self.root + "stacks/report"
 
 
 def _dump(obj: dict[str, Any]) -> bytes:

@@ -202,18 +202,27 @@ def _children(samples: Sequence[RankSample]) -> list[str]:
     return ["  children of the workers (pid, name, state):", *lines]
 
 
-def stall_title(run_id: str, silent: str, samples: Sequence[RankSample]) -> tuple[str, list[RankSample]]:
+def _across(samples: Sequence[RankSample], nodes: int) -> str:
+    n = len(group(samples))
+    text = f"{n} distinct stack{'s' if n != 1 else ''} across {len(samples)} rank{'s' if len(samples) != 1 else ''}"
+    return text + (f" on {nodes} nodes" if nodes > 1 else "")
+
+
+def stall_title(run_id: str, silent: str, samples: Sequence[RankSample], *, nodes: int = 1) -> tuple[str, list[RankSample]]:
     """The report's first line (the word "stalled" on it), and the ranks the report is about: those still running.
     Ranks that already exited (0: a failure would have ended the attempt) are named on the line instead."""
     exited = [s.rank for s in samples if s.proc is None]
     running = [s for s in samples if s.proc is not None]
-    n = len(group(running))
-    stacks = f"{n} distinct stack{'s' if n != 1 else ''} across {len(running)} rank{'s' if len(running) != 1 else ''}"
     if exited and running:
         stuck = who([s.rank for s in running])
         return (f"rankrun: job {run_id} stalled: {who(exited)} exited 0, {stuck} did not: no output for {silent} s; "
-                f"{stacks}"), running
-    return f"rankrun: job {run_id} stalled: no output for {silent} s; {stacks}", list(samples)
+                f"{_across(running, nodes)}"), running
+    return f"rankrun: job {run_id} stalled: no output for {silent} s; {_across(samples, nodes)}", list(samples)
+
+
+def request_title(run_id: str, samples: Sequence[RankSample], *, nodes: int = 1) -> str:
+    """The first line of a ``rankrun --stacks`` report."""
+    return f"rankrun: job {run_id} stacks on request: {_across(samples, nodes)}"
 
 
 def stall_cause(silent: str, samples: Sequence[RankSample]) -> str:
@@ -224,7 +233,8 @@ def stall_cause(silent: str, samples: Sequence[RankSample]) -> str:
         return f"no output for {silent} s"
     where = _user_frame(outliers.frames)
     at = f" at {where}" if where is not None else ""
-    return f"no output for {silent} s; {who(outliers.ranks)} (the smallest group of stacks){at}"
+    on = f" on {_hosts(outliers.members)}" if len({s.host for s in running}) > 1 else ""
+    return f"no output for {silent} s; {who(outliers.ranks)}{on} (the smallest group of stacks){at}"
 
 
 def _user_frame(frames: Sequence[Frame]) -> Frame | None:
@@ -235,9 +245,9 @@ def _user_frame(frames: Sequence[Frame]) -> Frame | None:
     return frames[-1] if frames else None
 
 
-def render(title: str, samples: Sequence[RankSample], silent_nodes: Sequence[str] = ()) -> list[str]:
-    """The report: ``title`` (already saying stalled / on request), then the groups. ``silent_nodes``: lines
-    for nodes whose agents did not answer, e.g. ``node 3 (10.0.0.4)``."""
+def render(title: str, samples: Sequence[RankSample], notes: Sequence[str] = ()) -> list[str]:
+    """The report: ``title`` (already saying stalled / on request), then the groups. ``notes``: a line each at
+    the end, e.g. for a node whose agent did not answer."""
     groups = group(samples)
     stacks = [g.frames for g in groups if g.frames and g.key and isinstance(g.key[0], Frame)]
     common = _common_prefix(stacks) if len(stacks) == len(groups) else ()
@@ -247,7 +257,7 @@ def render(title: str, samples: Sequence[RankSample], silent_nodes: Sequence[str
         head += [f"    {f}" for f in common]
     blocks = [[_heading(g), *_body(g, len(common) if len(groups) > 1 else 0)] for g in groups]
     tail = [*_threads(samples), *_children(samples)]
-    tail += [f"  {node}: no answer — its agent is stuck or gone" for node in silent_nodes]
+    tail += [f"  {note}" for note in notes]
     # Fold the largest groups (printed last) until the report fits; past that, sum up the largest in one line.
     folded = len(blocks)
     while sum(len(b) for b in blocks) + len(head) + len(tail) > MAX_LINES and folded > 1:

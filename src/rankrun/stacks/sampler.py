@@ -139,6 +139,13 @@ class Sampler:
                                       children=children(t.pid)))
         return sorted(samples, key=lambda s: s.rank)
 
+    def prime(self, targets: Sequence[Target]) -> None:
+        """Note every worker's CPU time now (from /proc, nothing sent), so the next sample says what was used since."""
+        for t in targets:
+            stat = proc_stat(t.pid) if t.signal(0) else None
+            if stat is not None:
+                self._cpu[t.pid] = stat[1]
+
     def _proc(self, pid: int, state: str, cpu: float, *, wchan: bool) -> ProcState:
         before = self._cpu.get(pid)
         self._cpu[pid] = cpu
