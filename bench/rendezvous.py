@@ -155,8 +155,8 @@ def run_rankrun(nodes: int, procs: int) -> dict[str, object]:
         return _collect(children, start, nodes, count_bytes=True)
     finally:
         for child in children:
-            _end(child)
-        _end(host)
+            end_process(child)
+        end_process(host)
 
 
 def _collect(children: list[subprocess.Popen[str]], start: float, nodes: int, *, count_bytes: bool) -> dict[str, object]:
@@ -191,7 +191,7 @@ def _start_agents(
     return start
 
 
-def _end(proc: subprocess.Popen[str]) -> None:
+def end_process(proc: subprocess.Popen[str]) -> None:
     if proc.stdin is not None and not proc.stdin.closed:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
@@ -292,8 +292,8 @@ def run_etcd(nodes: int, procs: int) -> dict[str, object]:
             return _collect(children, start, nodes, count_bytes=False)
         finally:
             for child in children:
-                _end(child)
-            _end(host)
+                end_process(child)
+            end_process(host)
 
 
 async def _failover_once(cluster: object) -> tuple[float, float]:
@@ -377,7 +377,7 @@ def _partition_once(sw: object, cluster: object, ttl: float) -> dict[str, object
         return {"seconds": answer["at"] - cut, "kept": "lost" not in answer, "why": answer.get("lost", "")}
     finally:
         sw.heal()  # type: ignore[attr-defined]
-        _end(client)
+        end_process(client)
         cluster.wait_healthy([leader])  # type: ignore[attr-defined]
 
 
@@ -468,8 +468,8 @@ def run_torch(nodes: int, procs: int, bound: float) -> dict[str, object]:
                 "bytes_per_node": None}
     finally:
         for child in children:
-            _end(child)
-        _end(host)
+            end_process(child)
+        end_process(host)
 
 
 # --------------------------------------------------------------------------- CLI

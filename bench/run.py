@@ -2,7 +2,9 @@
 
 Both launchers (and the bare-Python baselines) run interleaved, in rotating order, on the same machine in the same
 minutes; the report quotes medians and ratios, since absolute times on a shared 2-core VM drift by ±30 %.
-Run it with the venv's interpreter: it is the one whose ``bin/rankrun`` and ``torch`` are measured.
+Run it with the venv's interpreter: it is the one whose ``bin/rankrun`` and ``torch`` are measured. Bench-only tools
+(py-spy, the anchor of the stacks section) come from ``.venv/bin/pip install -r bench/requirements.txt``; without
+them their columns stay empty and the report says why.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import faults_bench
 import launch_bench
 import rendezvous_bench
 import rss_bench
+import stacks
+import stacks_nodes
 import startup_bench
 import store_bench
 from harness import (
@@ -46,7 +50,7 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks")
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,15 @@ class Plan:
     store_reps: int
     rendezvous_reps: int
     faults_reps: int
+    stacks_reps: int
+    stacks_ranks: tuple[int, ...] = (8, 64, 512)
+    stacks_nodes: tuple[int, ...] = (256,)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
-            rendezvous_reps=3, faults_reps=5)
+            rendezvous_reps=3, faults_reps=5, stacks_reps=3)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
-             rendezvous_reps=1, faults_reps=1)
+             rendezvous_reps=1, faults_reps=1, stacks_reps=1)
 
 
 @dataclass
@@ -172,8 +179,19 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = faults_bench.run(plan.faults_reps)
         return faults_bench.rows(r), faults_bench.details(r)
 
+    def stacks_() -> tuple[list[Row], list[str]]:
+        r = stacks.run(plan.stacks_ranks, plan.stacks_reps, on_result=lambda n: log(f"  stacks {stacks.table_row(n)}"))
+        nodes = stacks_nodes.run(list(plan.stacks_nodes), plan.stacks_reps)
+        for n in nodes:
+            log(f"  stacks {stacks_nodes.table_row(n)}")
+        shim = stacks.measure_shim()
+        log(f"  stacks {stacks.shim_line(shim)}")
+        return ([*stacks.rows(r), *stacks_nodes.rows(nodes), stacks.shim_row(shim)],
+                [*stacks.details(r, plan.stacks_reps), *stacks_nodes.details(nodes, plan.stacks_reps),
+                 stacks.shim_line(shim), ""])
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
-            "rendezvous": rendezvous, "faults": faults}
+            "rendezvous": rendezvous, "faults": faults, "stacks": stacks_}
 
 
 def warm_up() -> None:
@@ -250,7 +268,7 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
            if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
-        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}",
+        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}",
         "",
         "## Summary (medians)",
         "",
@@ -261,7 +279,9 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         "rankrun is smaller/faster (for console walls too). All runs are interleaved: each repetition runs every launcher "
         "once, in rotating order. Times use the real interpreter (`sys.executable`), never a pyenv shim. The harness sets "
         "`RES_OPTIONS='timeout:1 attempts:1'` for all runs (it only shortens torch's occasional 5 s reverse-DNS stall), and "
-        "clears `PET_*`, `TORCHELASTIC_*`, `RANK`-style variables inherited from the calling shell.",
+        "clears `PET_*`, `TORCHELASTIC_*`, `RANK`-style variables inherited from the calling shell."
+        + (" In the stack-report rows the *baseline* is `py-spy dump` over the same workers in the same run (torchrun "
+           "has no stack report; see *Stack report* below)." if "stacks" in outcome.seconds else ""),
         "",
         *(["## Metrics that failed to run", "", *(f"- **{k}**: `{v.splitlines()[0]}`" for k, v in outcome.errors.items()), ""]
           if outcome.errors else []),
