@@ -2,7 +2,8 @@
 
 Fork the lifetime watchdog before any thread exists, become a child subreaper, use the pidfd
 child watcher, start the console thread and route logging through it, then run the async agent
-(``rankrun.agent.loop.run_agent``) while answering ``rankrun --stacks`` (``rankrun.stacks.control``);
+(``rankrun.agent.loop.run_agent``) while answering ``rankrun --stacks`` (``rankrun.stacks.control``) and
+reaping orphans as they exit (PID 1 of a container);
 afterwards reap orphans, flush the console (a signal meanwhile abandons a console nobody reads) and
 close the watchdog. The exit code is ``rankrun.errors.exit_code``.
 """
@@ -24,7 +25,7 @@ from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.spawn import OsSpawner
-from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_orphans
+from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_on_sigchld, reap_orphans
 from rankrun.spec import LaunchSpec
 from rankrun.stacks.control import serve
 
@@ -39,10 +40,11 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     console = Console()
     _log_through(console)
     facts = ConsoleFacts(merged=console.merged, interactive=_interactive())
-    deps = AgentDeps(OsSpawner(on_spawn=watchdog.register), console, socket.gethostname(), watchdog, keep, facts)
+    spawner = OsSpawner(on_spawn=watchdog.register)
+    deps = AgentDeps(spawner, console, socket.gethostname(), watchdog, keep, facts)
     code = EXIT_LAUNCHER
     try:
-        code = asyncio.run(_serving_stacks(run_agent(spec, deps, catcher), deps))
+        code = asyncio.run(_serving_stacks(run_agent(spec, deps, catcher), deps, spawner))
     except RankrunError as exc:
         console.say(f"error: {exc}")
         code = exc.exit_code
@@ -65,12 +67,15 @@ def _interactive() -> bool:
     return is_foreground_terminal(0)
 
 
-async def _serving_stacks(agent: Coroutine[Any, Any, int], deps: AgentDeps) -> int:
-    """The agent, with ``rankrun --stacks`` answered for as long as it runs."""
+async def _serving_stacks(agent: Coroutine[Any, Any, int], deps: AgentDeps, spawner: OsSpawner) -> int:
+    """The agent, with ``rankrun --stacks`` answered and orphans reaped as they exit, for as long as it runs."""
     server = await serve(deps.on_demand.report)
+    keep = {*deps.keep, *((deps.watchdog.pid,) if deps.watchdog is not None else ())}
+    stop_reaping = reap_on_sigchld(lambda: keep | spawner.live, lambda: spawner.spawning > 0)
     try:
         return await agent
     finally:
+        stop_reaping()
         if server is not None:
             server.close()
 

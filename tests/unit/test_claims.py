@@ -23,8 +23,8 @@ ALLOWED = {
     "os.fork": {"proc/watchdog.py"},
     # signal dispositions: the early catcher (and the watchdog's own child, which ignores them)
     "signal.signal": {"proc/early.py", "proc/watchdog.py"},
-    # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT
-    "add_signal_handler": {"proc/signals.py", "proc/terminal.py"},
+    # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT, SIGCHLD's orphan reaping
+    "add_signal_handler": {"proc/signals.py", "proc/terminal.py", "proc/watchdog.py"},
     # worker processes: started only by the spawner
     "subprocess_exec": {"proc/spawn.py"},
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen

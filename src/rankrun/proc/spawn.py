@@ -231,6 +231,8 @@ class OsSpawner:
         self._hooks = {tty: _preexec_hook(controlling_tty=tty) for tty in (False, True)}
         self._wrapper = pdeathsig_exec() if wrapper is None else wrapper
         self._on_spawn = on_spawn
+        self.spawning = 0  # spawns under way: a fresh worker's pid is not in ``live`` yet
+        self.live: set[int] = set()  # workers not yet reaped by the event loop's child watcher
 
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()
@@ -241,6 +243,7 @@ class OsSpawner:
         stdin: int | None = fds.child[0] if command.stdio is Stdio.TERMINAL else None
         if command.stdin_null:
             stdin = subprocess.DEVNULL
+        self.spawning += 1
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitProtocol(loop),
@@ -257,8 +260,12 @@ class OsSpawner:
             raise SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}") from exc
         finally:
             fds.close_child()  # the child has its copies; ours would keep the streams from ending
+            self.spawning -= 1
+        pid = transport.get_pid()
+        self.live.add(pid)
+        protocol.exited.add_done_callback(lambda _: self.live.discard(pid))  # reaped by the loop's child watcher
         if self._on_spawn is not None:
-            self._on_spawn(transport.get_pid())
+            self._on_spawn(pid)
         readers = [await _reader(loop, fd) for fd in fds.read]
         return _OsWorker(transport, protocol.exited, (readers[0], readers[1] if len(readers) > 1 else None), fds.terminal)
 

@@ -13,18 +13,22 @@ Three layers, cheapest first:
    launcher exit says ``exit`` first, so nothing is killed twice.
 3. The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): descendants orphaned by a
    worker are re-parented to it, so at the end of each attempt it can kill and reap them
-   even if they left the worker's process group (``reap_orphans``).
+   even if they left the worker's process group (``reap_orphans``). While the job runs, each one
+   that exits is reaped as its SIGCHLD arrives (``reap_strays``): as PID 1 of a container no
+   zombie waits for the attempt's end.
 
 Forking (not spawning a fresh interpreter) keeps the cost to about a millisecond.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +196,75 @@ def child_pids(parent: int) -> list[int]:
         if len(fields) > 1 and int(fields[1]) == parent:
             found.append(int(entry.name))
     return found
+
+
+def _state_and_session(pid: int) -> tuple[str, int] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # state ppid pgrp session ...
+    return fields[0], int(fields[3])
+
+
+def my_children() -> list[int]:
+    """This process's children, from each of its threads' ``children`` list (cheaper than a walk of /proc)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                found.update(int(pid) for pid in Path(f"/proc/self/task/{task}/children").read_text().split())
+    return sorted(found)
+
+
+def reap_strays(exclude: set[int], *, spawning: bool) -> tuple[list[int], bool]:
+    """Reap the children that have exited and are not ``exclude`` (the watchdog, the workers the event loop
+    reaps itself, children the launcher had before): orphans re-parented to the launcher. Returns those reaped,
+    and whether one was left for later: a session leader (as every worker is) while a spawn is under way may be
+    a worker not in ``exclude`` yet."""
+    reaped, later = [], False
+    for pid in my_children():
+        if pid in exclude:
+            continue
+        stat = _state_and_session(pid)
+        if stat is None or stat[0] != "Z":
+            continue
+        if spawning and stat[1] == pid:
+            later = True
+            continue
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                reaped.append(pid)
+    return reaped, later
+
+
+STRAY_RETRY = 0.05  # seconds before looking again at a zombie that may be a worker still being recorded
+
+
+def reap_on_sigchld(exclude: Callable[[], set[int]], spawning: Callable[[], bool]) -> Callable[[], None]:
+    """On the running loop: at each SIGCHLD, ``reap_strays`` (coalesced, and once more shortly when a zombie had
+    to wait for a spawn under way). Returns what stops it."""
+    loop = asyncio.get_running_loop()
+    pending: list[asyncio.Handle] = []
+
+    def sweep() -> None:
+        pending.clear()
+        _, later = reap_strays(exclude(), spawning=spawning())
+        if later:
+            pending.append(loop.call_later(STRAY_RETRY, sweep))
+
+    def on_sigchld() -> None:
+        if not pending:
+            pending.append(loop.call_soon(sweep))
+
+    loop.add_signal_handler(signal.SIGCHLD, on_sigchld)
+
+    def stop() -> None:
+        loop.remove_signal_handler(signal.SIGCHLD)
+        for handle in pending:
+            handle.cancel()
+
+    return stop
 
 
 def reap_orphans(exclude: set[int], max_rounds: int = 64, patience: float = 2.0) -> list[int]:

@@ -63,15 +63,29 @@ async def serve(report: Callable[[], Awaitable[list[str]]]) -> asyncio.AbstractS
 
 
 def launchers() -> list[int]:
-    """This user's launchers on this machine, by their control sockets."""
+    """This user's launchers on this machine, by their control sockets. A name's pid is the launcher's in its own
+    PID namespace: one in a container that shares this network namespace is left out unless the process with that
+    pid here holds the socket."""
     found: set[int] = set()
     mine = f"@{PREFIX}{os.getuid()}-"
     with contextlib.suppress(OSError), open("/proc/net/unix") as table:
         for line in table:
-            path = line.split()[-1] if len(line.split()) >= 8 else ""
-            if path.startswith(mine) and path[len(mine):].isdigit():
+            fields = line.split()
+            path = fields[-1] if len(fields) >= 8 else ""
+            if path.startswith(mine) and path[len(mine):].isdigit() and _holds(int(path[len(mine):]), fields[6]):
                 found.add(int(path[len(mine):]))
     return sorted(found)
+
+
+def _holds(pid: int, inode: str) -> bool:
+    """Whether process ``pid`` (in this PID namespace) has socket ``inode`` open."""
+    target = f"socket:[{inode}]"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return True
+    return False
 
 
 def request(pid: int | None) -> str:
