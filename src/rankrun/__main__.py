@@ -11,7 +11,8 @@ import sys
 from rankrun.proc.early import EarlyCatcher
 
 
-def main_exit() -> None:
+def main_exit(*, legacy: bool = False) -> None:
+    """Launch, and exit with the job's code; ``legacy``: ``python -m rankrun.launch``'s contract."""
     catcher = EarlyCatcher.install()
     _reopen_closed_stdio()
 
@@ -22,7 +23,7 @@ def main_exit() -> None:
 
     from rankrun.cli import main  # noqa: PLC0415 - after the catcher, on purpose
 
-    code = main(catcher=catcher)
+    code = main(catcher=catcher, legacy=legacy)
     catcher.settle()  # decided: a late signal must not turn it into a death by that signal during exit
     _exit_now(code)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from rankrun import __version__, devices
+from rankrun import __version__, devices, slurm
 from rankrun.errors import ArgumentError, NotSupportedYetError, RankrunError, UsageError
 from rankrun.fsutil import which
 from rankrun.proc.early import EarlyCatcher
@@ -30,6 +30,7 @@ from rankrun.spec import (
     HangSpec,
     LaunchSpec,
     LogSpec,
+    RendezvousConf,
     RendezvousSpec,
     RestartPolicy,
     Standalone,
@@ -47,6 +48,7 @@ from rankrun.spec import (
     parse_signals,
     parse_std_map,
     resolve_backend,
+    unknown_conf_note,
     uuid4_from,
 )
 
@@ -122,7 +124,7 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--master-port", "--master_port"), "MASTER_PORT",
      {"default": None, "type": int, "help": "port of the worker store (static backend; 0 lets the OS choose)"}),
     (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None, "help": "this node's address (default 127.0.0.1)"}),
-    (("--logs-specs", "--logs_specs"), None, {"default": None, "help": "not supported (torchrun LogsSpecs plugins)"}),
+    (("--logs-specs", "--logs_specs"), None, {"default": None, "help": "only 'default' (torchrun's own layout)"}),
     (("--numa-binding", "--numa_binding"), None,
      {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"], "help": "not supported yet"}),
     (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE",
@@ -153,8 +155,8 @@ _FLAGS: list[tuple[tuple[str, ...], str, str]] = [
 
 
 def _env_flag(env: Mapping[str, str], name: str) -> bool:
-    value = env.get(f"PET_{name}")
-    if value is None:
+    value = env.get(f"PET_{name}", "").strip()
+    if not value:  # unset, or empty: Kubeflow's PyTorchJob writes PET_STANDALONE="" for elastic jobs
         return False
     try:
         return bool(int(value))
@@ -162,37 +164,74 @@ def _env_flag(env: Mapping[str, str], name: str) -> bool:
         raise UsageError(f"PET_{name}", value, "expected 0 or 1") from None
 
 
-def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+LEGACY = "python -m rankrun.launch"
+LEGACY_NOTE = ("rankrun: note: python -m rankrun.launch keeps torch.distributed.launch's contract: each worker gets "
+               "--local-rank=N after the script (none with --use-env); new scripts read LOCAL_RANK and run under rankrun")
+
+
+def build_parser(env: Mapping[str, str], *, legacy: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="rankrun",
-        usage="rankrun [options] SCRIPT [ARGS...]",
+        prog=LEGACY if legacy else "rankrun",
+        usage=f"{LEGACY if legacy else 'rankrun'} [options] SCRIPT [ARGS...]",
         description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun.",
         epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 128+N stopped by signal N",
         formatter_class=_Formatter,
     )
     for names, pet, kwargs in _OPTIONS:
         opts = dict(kwargs)
-        if pet is not None and f"PET_{pet}" in env:
+        if pet is not None and env.get(f"PET_{pet}", "").strip():  # an empty PET_ variable is an unset one
             opts["default"] = env[f"PET_{pet}"]
         parser.add_argument(*names, **opts)  # type: ignore[arg-type]
     for names, pet, text in _FLAGS:
         parser.add_argument(*names, action="store_true", default=_env_flag(env, pet), help=text)
+    if legacy:
+        parser.add_argument("--use-env", "--use_env", action="store_true", help="LOCAL_RANK in the environment only: no "
+                            "--local-rank=N after the script (also --use-env=1/true/True, which torch refuses)")
     parser.add_argument("--version", action="version", version=f"rankrun {__version__}")
     parser.add_argument("training_script", help="script, module (-m) or program (--no-python)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser
 
 
-def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    return build_parser(env).parse_args(list(argv))
+def parse_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool = False) -> argparse.Namespace:
+    parser = build_parser(env, legacy=legacy)
+    return parser.parse_args(_use_env_values(list(argv), parser) if legacy else list(argv))
+
+
+def _use_env_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--use-env=VALUE`` (torch's docs show ``--use-env=True``, which its own parser refuses) as the flag, or
+    nothing for a false value; only among the launcher's options, before the script and its arguments."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if not arg.startswith("-") or arg == "--":
+            return out + argv[i:]  # the script: the rest is its own
+        if name in ("--use-env", "--use_env") and eq:
+            if value.lower() in ("1", "true", "yes"):
+                out.append(name)
+            elif value.lower() not in ("0", "false", "no"):
+                raise UsageError(name, value, "expected 1/0, true/false or yes/no (or the flag alone)")
+            i += 1
+            continue
+        action = parser._option_string_actions.get(name)  # which options take a value
+        takes = action is not None and action.nargs != 0 and not eq
+        out += argv[i:i + 2] if takes else [arg]
+        i += 2 if takes else 1
+    return out
 
 
 # --------------------------------------------------------------------------- spec building
 
 
-def _entry(ns: argparse.Namespace, env: Mapping[str, str]) -> EntrySpec:
+def _entry(ns: argparse.Namespace, env: Mapping[str, str], *, legacy: bool = False) -> EntrySpec:
     if ns.module and ns.no_python:
         raise UsageError("-m/--module", ns.training_script, "cannot be combined with --no-python")
+    local_rank_arg = legacy and not ns.use_env
+    if local_rank_arg and ns.no_python:
+        raise UsageError("--no-python", ns.training_script, "needs --use-env with python -m rankrun.launch: a program "
+                         "gets LOCAL_RANK in its environment, not --local-rank=N")
     kind = EntryKind.SCRIPT
     if ns.run_path:
         kind = EntryKind.RUN_PATH
@@ -206,7 +245,54 @@ def _entry(ns: argparse.Namespace, env: Mapping[str, str]) -> EntrySpec:
     if kind is EntryKind.BINARY and which(script) is None:
         raise UsageError("--no-python program", script, "not found on PATH or not executable")
     python = env.get("PYTHON_EXEC") or sys.executable
-    return EntrySpec(kind=kind, script=script, args=tuple(ns.training_script_args), python=python)
+    return EntrySpec(kind=kind, script=script, args=tuple(ns.training_script_args), python=python,
+                     local_rank_arg=local_rank_arg)
+
+
+SLURM_SHAPE = ("standalone", "nnodes", "node_rank", "master_addr", "rdzv_endpoint")  # given: the user shapes the job
+
+
+def _given(argv: Sequence[str], env: Mapping[str, str]) -> set[str]:
+    """The options set on the command line or by a non-empty ``PET_`` variable (argparse's dest names)."""
+    parser = build_parser({})
+    for action in parser._actions:  # a parse that keeps only what was given
+        action.default = argparse.SUPPRESS
+    given = set(vars(parser.parse_known_args(list(argv))[0])) - {"training_script", "training_script_args"}
+    options = [(names, pet) for names, pet, _ in _OPTIONS] + [(names, pet) for names, pet, _ in _FLAGS]
+    by_env = {names[-1].lstrip("-").replace("-", "_") for names, pet in options if pet and env.get(f"PET_{pet}", "").strip()}
+    return given | by_env
+
+
+def _slurm(ns: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) -> slurm.Step | None:
+    """Inside an ``srun`` step with none of the options that shape a job given: Slurm's shape (``rankrun.slurm``)
+    becomes the defaults of the options left unset, and one line says so. Several tasks of the step on this node
+    are refused: each would start every worker."""
+    try:
+        step = slurm.step_from(env)
+    except ValueError as exc:
+        raise UsageError("SLURM_STEP_NODELIST", env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
+                         str(exc)) from None
+    if step is None:
+        return None
+    given = _given(argv, env)
+    if given & set(SLURM_SHAPE):
+        return None
+    if step.tasks_here > 1:
+        raise UsageError("srun", f"{step.tasks_here} tasks on this node",
+                         "rankrun starts every worker of a node itself: run one task per node (srun --ntasks-per-node=1), "
+                         f"or {step.tasks_here} launchers would each start the node's workers")
+    ns.nnodes, ns.node_rank, ns.master_addr = str(step.nnodes), step.node_id, step.master
+    if "master_port" not in given:
+        ns.master_port = step.port
+    if "rdzv_id" not in given:
+        ns.rdzv_id = step.run_id
+    nproc_from = "--nproc-per-node"
+    if "nproc_per_node" not in given:
+        ns.nproc_per_node, nproc_from = str(step.gpus or 1), "SLURM_GPUS_ON_NODE" if step.gpus else "the default"
+    print(f"rankrun: Slurm step {step.run_id}: node {step.node_id} of {step.nnodes}, master {step.master}:{ns.master_port} "
+          f"(the first host of {step.nodelist}; port from {step.port_from if 'master_port' not in given else '--master-port'}), "
+          f"{ns.nproc_per_node} worker(s) a node ({nproc_from})", file=sys.stderr)
+    return step
 
 
 def _nproc(value: str, env: Mapping[str, str]) -> int:
@@ -215,13 +301,21 @@ def _nproc(value: str, env: Mapping[str, str]) -> int:
     return parse_nproc(value, cpu_count=devices.cpu_count(), gpu_count=gpus)
 
 
+def _rdzv_conf(ns: argparse.Namespace) -> RendezvousConf:
+    """``--rdzv-conf``, with a line on stderr for what it ignores and for the etcd-v2 alias."""
+    if ns.rdzv_backend == "etcd-v2":
+        print(ETCD_V2_NOTE, file=sys.stderr)
+    conf, unknown = parse_rdzv_conf(ns.rdzv_conf)
+    if unknown:
+        print(unknown_conf_note(unknown), file=sys.stderr)
+    return conf
+
+
 def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     """torchrun's backend resolution (its §2) into one of the three rendezvous kinds."""
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     backend = resolve_backend(ns.rdzv_backend)
-    if ns.rdzv_backend == "etcd-v2":
-        print(ETCD_V2_NOTE, file=sys.stderr)
-    conf = parse_rdzv_conf(ns.rdzv_conf)
+    conf = _rdzv_conf(ns)
     if ns.master_port is not None:
         check_port("--master-port", ns.master_port)
     if ns.standalone and max_nodes > 1:
@@ -348,8 +442,9 @@ def _hang(ns: argparse.Namespace) -> HangSpec:
 
 
 def _unsupported(ns: argparse.Namespace) -> None:
-    if ns.logs_specs is not None:
-        raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins are not supported; use --log-dir/-r/-t")
+    if ns.logs_specs is not None and ns.logs_specs != "default":  # torchrun's default: the layout rankrun writes
+        raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins other than torchrun's default are not "
+                                   "supported; use --log-dir/-r/-t")
     if ns.numa_binding is not None:
         raise NotSupportedYetError("--numa-binding", ns.numa_binding, "NUMA binding is not supported yet")
     if ns.start_method not in ("spawn", "fork", "forkserver"):  # argparse checks choices for flags, not PET_ defaults
@@ -358,17 +453,20 @@ def _unsupported(ns: argparse.Namespace) -> None:
         raise UsageError("--event-log-handler", ns.event_log_handler, "expected null, console or dynamic_rendezvous")
 
 
-def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
-    """The one translation of user input into a ``LaunchSpec``; raises ``UsageError``."""
-    ns = parse_args(argv, env)
+def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool = False) -> LaunchSpec:
+    """The one translation of user input into a ``LaunchSpec``; raises ``UsageError``. ``legacy``: the command line
+    of ``python -m rankrun.launch`` (torch.distributed.launch's, ``--use-env`` added)."""
+    ns = parse_args(argv, env, legacy=legacy)
     if ns.stacks is not None:
         raise UsageError("--stacks", ns.stacks, "comes alone, first: rankrun --stacks [PID]")
+    _slurm(ns, argv, env)
     nproc = _nproc(ns.nproc_per_node, env)
     rdzv, store = _rendezvous(ns)
     _unsupported(ns)
     signals_text = ns.signals_to_handle
     return LaunchSpec(
-        worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank, entry=_entry(ns, env)),
+        worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank,
+                          entry=_entry(ns, env, legacy=legacy)),
         rendezvous=rdzv,
         store=store,
         restart=_restart(ns, env),
@@ -383,14 +481,16 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSpec:
     )
 
 
-def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None) -> int:
-    """Entry point of ``rankrun`` and ``python -m rankrun``; returns the exit code."""
+def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None, *, legacy: bool = False) -> int:
+    """Entry point of ``rankrun`` and ``python -m rankrun`` (``legacy``: ``python -m rankrun.launch``); the exit code."""
     catcher = catcher or EarlyCatcher.install()
     args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["--stacks"]:
+    if args[:1] == ["--stacks"] and not legacy:
         return _stacks(args[1:])
+    if legacy:
+        print(LEGACY_NOTE, file=sys.stderr)
     try:
-        spec = spec_from_args(args, os.environ)
+        spec = spec_from_args(args, os.environ, legacy=legacy)
     except RankrunError as exc:
         print(f"rankrun: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import field
 from enum import Enum
 from pathlib import Path
@@ -58,6 +58,7 @@ class EntrySpec:
     script: str
     args: tuple[str, ...]
     python: str  # interpreter for SCRIPT / MODULE / RUN_PATH
+    local_rank_arg: bool = False  # torch.distributed.launch without --use-env: --local-rank=N after the script
 
     @property
     def title(self) -> str:
@@ -376,19 +377,28 @@ _CONF_KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
 }
 
 
-def parse_rdzv_conf(value: str) -> RendezvousConf:
-    """``k1=v1,k2=v2`` → typed settings; blanks around keys and values are dropped.
+def unquote(text: str) -> str:
+    """``text`` without one pair of matching surrounding quotes: a caller without a shell (a Kubernetes manifest,
+    a subprocess list) passes ``'k=v'`` with its quotes, which torchrun tolerates."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].strip()
+    return text
 
-    Every key torchrun accepts is accepted; an unknown key is an error listing them. A secret
-    is never taken from the command line (it would show in ``ps``): ``secret_file=`` or
-    ``RANKRUN_RDZV_SECRET``.
+
+def parse_rdzv_conf(value: str) -> tuple[RendezvousConf, tuple[str, ...]]:
+    """``k1=v1,k2=v2`` → typed settings, and the keys it did not know (ignored, as torchrun does; the caller
+    warns). Blanks around keys and values are dropped, and one pair of surrounding quotes around the whole
+    value or around a value (``unquote``). A secret is never taken from the command line (it would show in
+    ``ps``): ``secret_file=`` or ``RANKRUN_RDZV_SECRET``.
     """
     fields: dict[str, Any] = {}
-    for item in value.split(","):
+    unknown: list[str] = []
+    for item in unquote(value).split(","):
         if not item.strip():
             continue
         key, sep, val = item.partition("=")
-        key, val = key.strip(), val.strip()
+        key, val = key.strip(), unquote(val)
         if key in ("secret", "password"):
             shown = f"{key}=<hidden>"
             raise UsageError("--rdzv-conf", shown, f"never put a {key} on the command line: use "
@@ -396,14 +406,22 @@ def parse_rdzv_conf(value: str) -> RendezvousConf:
         if not sep or not key or not val:
             raise UsageError("--rdzv-conf", value, f"{item.strip()!r} is not key=value")
         if key not in _CONF_KEYS:
-            raise UsageError("--rdzv-conf", value, f"unknown key {key!r} (accepted: {', '.join(sorted(_CONF_KEYS))})")
+            unknown.append(key)
+            continue
         name, parse = _CONF_KEYS[key]
         try:
             fields[name] = parse(val)
         except ValueError as exc:
             why = str(exc) if str(exc).startswith(("must", "expected")) else "expected a number"  # int()/float()'s own
             raise UsageError("--rdzv-conf", f"{key}={val}", why) from None
-    return RendezvousConf(**fields)
+    return RendezvousConf(**fields), tuple(unknown)
+
+
+def unknown_conf_note(keys: Sequence[str]) -> str:
+    """The warning for ``--rdzv-conf`` keys nobody reads (torchrun is silent; a typo should still be seen)."""
+    names = ", ".join(repr(k) for k in keys)
+    return (f"rankrun: warning: --rdzv-conf: unknown key{'s' if len(keys) > 1 else ''} {names} ignored "
+            f"(accepted: {', '.join(sorted(_CONF_KEYS))})")
 
 
 def _host_port(value: str) -> tuple[str, str]:

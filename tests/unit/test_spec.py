@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from rankrun.cli import spec_from_args
 from rankrun.errors import NotSupportedYetError, UsageError
+from rankrun.proc.early import requested_signals
 from rankrun.spec import (
     DynamicRendezvous,
     Endpoint,
@@ -77,9 +78,14 @@ def test_uuid4_from_matches_the_uuid_module(raw):
 
 
 def test_rdzv_conf_and_endpoint_and_filters():
-    conf = parse_rdzv_conf(" join_timeout = 5 , is_host=no,keep_alive_max_attempt=4,cacert=/ca.pem ")
+    conf, unknown = parse_rdzv_conf(" join_timeout = 5 , is_host=no,keep_alive_max_attempt=4,cacert=/ca.pem ")
     assert (conf.join_timeout, conf.is_host, conf.keep_alive_max_attempt, str(conf.ca_cert)) == (5.0, False, 4, "/ca.pem")
-    assert parse_rdzv_conf("") == RendezvousConf()  # torchrun's defaults
+    assert unknown == ()
+    assert parse_rdzv_conf("") == (RendezvousConf(), ())  # torchrun's defaults
+    # a caller without a shell keeps the quotes: one matching pair around the whole, or around a value, is dropped
+    quoted, unknown = parse_rdzv_conf("'join_timeout=5,last_call_timeout=\"1\",jion=3'")
+    assert (quoted.join_timeout, quoted.last_call_timeout, unknown) == (5.0, 1.0, ("jion",))  # unknown keys: ignored
+    assert parse_rdzv_conf("\"join_timeout=7'") == (RendezvousConf(), ('"join_timeout',))  # quotes that do not match stay
     assert parse_endpoint("node1", 29400) == ("node1", 29400)
     assert parse_endpoint("node1:0", 29400) == ("node1", 0)
     assert parse_endpoint("[::1]:5", 29400) == ("::1", 5)
@@ -120,6 +126,16 @@ def test_pet_environment_defaults_and_cli_wins(tmp_path):
     assert (spec.worker.nproc, spec.restart.max_restarts, spec.restart.shutdown_timeout) == (3, 2, 7.0)
     assert isinstance(spec.rendezvous, Standalone)
     assert _spec(tmp_path, "--nproc-per-node", "1", env=env).worker.nproc == 1
+
+
+def test_an_empty_pet_variable_is_an_unset_one(tmp_path):
+    """Kubeflow's PyTorchJob writes PET_STANDALONE="" for elastic jobs (torchrun: ValueError from int(''))."""
+    empty = {f"PET_{name}": "" for name in ("STANDALONE", "NNODES", "NPROC_PER_NODE", "RDZV_BACKEND", "RDZV_ENDPOINT",
+                                            "MAX_RESTARTS", "NO_PYTHON", "MODULE", "SIGNALS_TO_HANDLE", "RDZV_CONF")}
+    spec, plain = _spec(tmp_path, env=empty), _spec(tmp_path)
+    assert (spec.worker, spec.restart, spec.signals, type(spec.rendezvous)) == (
+        plain.worker, plain.restart, plain.signals, type(plain.rendezvous))
+    assert requested_signals([], {"PET_SIGNALS_TO_HANDLE": " "}) == requested_signals([], {})
 
 
 def test_unique_prefixes_like_torchrun(tmp_path):

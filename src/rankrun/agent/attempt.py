@@ -45,8 +45,11 @@ DRAIN_TIMEOUT = 10.0  # after the group is gone, how long output may still take 
 
 
 def worker_argv(entry: EntrySpec, local_rank: int) -> tuple[str, ...]:
-    """torchrun's command line for each entry kind; ``${local_rank}`` substituted in the arguments."""
+    """torchrun's command line for each entry kind; ``${local_rank}`` substituted in the arguments. The legacy
+    launcher (``rankrun.launch`` without ``--use-env``) puts ``--local-rank=N`` between the script and its arguments."""
     args = tuple(Template(a).safe_substitute(local_rank=str(local_rank)) for a in entry.args)
+    if entry.local_rank_arg:
+        args = (f"--local-rank={local_rank}", *args)
     if entry.kind is EntryKind.BINARY:
         return (entry.script, *args)
     if entry.kind is EntryKind.MODULE:

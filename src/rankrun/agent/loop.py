@@ -24,6 +24,7 @@ from rankrun.proc.group import GroupOutcome
 from rankrun.proc.signals import Interrupted, StopStream, attach, detach
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
+from rankrun.slurm import job_words
 from rankrun.spec import DynamicRendezvous, LaunchSpec
 from rankrun.stacks.flight import has_dumps
 
@@ -137,14 +138,15 @@ def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
 def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_kept: bool) -> None:
     results = final.report.results if final.report is not None else []
     stalled = final.report.outcome.stalled if final.report is not None else None
+    slurm = job_words(spec.base_env)
     text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
-                         job_cause=final.job_cause, stalled=stalled)
+                         job_cause=final.job_cause, stalled=stalled, slurm=slurm)
     deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
     root = root_cause(results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")
     if root is not None and own_error_file:
         try:
-            write_error_file(own_error_file, root_cause_json(root))
+            write_error_file(own_error_file, root_cause_json(root, slurm))
         except OSError as exc:
             deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
 

@@ -28,7 +28,7 @@ _Disposition = Callable[[int, FrameType | None], object] | int | signal.Handlers
 
 def requested_signals(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, ...]:
     """A cheap first reading of ``--signals-to-handle`` (the CLI parses it properly later)."""
-    text = env.get("PET_SIGNALS_TO_HANDLE")
+    text = env.get("PET_SIGNALS_TO_HANDLE", "").strip() or None  # empty: unset, as every PET_ variable
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
         if len(name) >= 4 and any(s.startswith(name) for s in _SPELLINGS):

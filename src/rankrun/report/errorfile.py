@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from rankrun.record import record
@@ -68,8 +69,10 @@ def read_error_file(path: str) -> WorkerError | None:
         return None
 
 
-def error_json(message: str, py_callstack: str, timestamp: int, error_code: int | None = None) -> str:
-    body: dict[str, Any] = {"message": message, "extraInfo": {"py_callstack": py_callstack, "timestamp": str(timestamp)}}
+def error_json(message: str, py_callstack: str, timestamp: int, error_code: int | None = None,
+               extra: Mapping[str, str] | None = None) -> str:
+    body: dict[str, Any] = {"message": message,
+                            "extraInfo": {"py_callstack": py_callstack, "timestamp": str(timestamp), **(extra or {})}}
     if error_code is not None:
         body["errorCode"] = error_code
     import json  # noqa: PLC0415 - see parse_error_json

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Mapping
 from enum import Enum
 
 from rankrun.record import record
@@ -87,13 +88,17 @@ def _indent(text: str, pad: str = "    ") -> str:
 
 def render_report(
     title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = "",
-    stalled: str | None = None,
+    stalled: str | None = None, slurm: Mapping[str, str] | None = None,
 ) -> str:
     """The failure report (multi-line, ends with a newline); ``job_cause``: the job's first failure on any node;
-    ``stalled``: the stall that stopped this node's workers (``--hang-action fail``), its root cause."""
+    ``stalled``: the stall that stopped this node's workers (``--hang-action fail``), its root cause; ``slurm``: the
+    Slurm job it ran in (``rankrun.slurm.job_words``)."""
     root = root_cause(results)
     bar, thin = "=" * WIDTH, "-" * WIDTH
-    out = [bar, f"rankrun: {title} FAILED (attempt {attempt})", thin]
+    out = [bar, f"rankrun: {title} FAILED (attempt {attempt})"]
+    if slurm:
+        out.append("Slurm job " + ", ".join(f"{k} {v}" if k != "job" else v for k, v in slurm.items()))
+    out.append(thin)
     if job_cause:
         out += ["The job's first failure (on any node):", _indent(job_cause), thin, f"This node ({host}):"]
     if stalled is not None:
@@ -110,6 +115,7 @@ def render_report(
             f"  error_file : {_error_file_line(root, error_files_kept)}",
             f"  exception  : (from {source})",
             _indent(text),
+            *hint(text),
         ]
     others = [r for r in results if r is not root]
     if others:
@@ -125,9 +131,23 @@ def render_report(
     return "\n".join(out) + "\n"
 
 
-def root_cause_json(result: WorkerResult) -> str:
-    """What the launcher writes to its own ``TORCHELASTIC_ERROR_FILE`` (torch's format plus ``errorCode``)."""
+LOCAL_RANK_REFUSED = "unrecognized arguments: --local-rank="
+
+
+def hint(text: str) -> list[str]:
+    """Lines that say how to fix a failure rankrun recognises in the root cause's text (pure)."""
+    if LOCAL_RANK_REFUSED in text:
+        return ["  how to fix : the script's argument parser refuses --local-rank=N, which python -m rankrun.launch passes",
+                "               after the script (torch.distributed.launch's contract). Read os.environ['LOCAL_RANK'] and",
+                "               add --use-env, or accept both spellings: add_argument('--local-rank', '--local_rank', type=int)"]
+    return []
+
+
+def root_cause_json(result: WorkerResult, slurm: Mapping[str, str] | None = None) -> str:
+    """What the launcher writes to its own ``TORCHELASTIC_ERROR_FILE`` (torch's format plus ``errorCode``, and the
+    Slurm job in ``extraInfo`` as ``slurm_job``, ``slurm_step``, ``slurm_restart`` when there is one)."""
     _, text = exception_text(result)
     message = result.error.message if result.error is not None else text.rstrip("\n").split("\n")[-1]
     timestamp = result.error.timestamp if result.error is not None and result.error.timestamp else int(result.ended_at)
-    return error_json(message, text, timestamp, error_code=result.status)
+    return error_json(message, text, timestamp, error_code=result.status,
+                      extra={f"slurm_{k}": v for k, v in (slurm or {}).items()})

@@ -1,0 +1,14 @@
+"""``python -m rankrun.launch``: the contract of ``python -m torch.distributed.launch`` (torch 2.13), for old scripts.
+
+torchrun's options plus ``--use-env``/``--use_env``. Without it each worker gets ``--local-rank=N`` between the script
+(or module) and its arguments, as torch's legacy launcher passes it, and ``LOCAL_RANK`` in its environment as
+always; with it nothing is inserted. Where torch is hostile, this is not: ``--use-env=1|true|True`` is accepted
+(torch's docs show ``--use-env=True``, which its parser refuses), ``--no-python`` without ``--use-env`` is one
+line and exit 2 (torch: a traceback), the deprecation is one line, and a worker whose parser refuses
+``--local-rank=N`` gets a failure report that says how to fix it.
+"""
+
+from rankrun.__main__ import main_exit
+
+if __name__ == "__main__":
+    main_exit(legacy=True)
