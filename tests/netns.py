@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,7 @@ class Switch:
         self.switch = f"rs_{self.tag}"
         self.names = [f"rh{i}_{self.tag}" for i in range(hosts)]
         self._made: list[str] = []
+        self._etc: list[Path] = []  # /etc/netns/<name>/ folders made for per-host files
         self._faults: list[tuple[str, int]] = []
         try:
             self._build()
@@ -79,6 +81,19 @@ class Switch:
         """The command prefix that runs a program on host ``i``."""
         return ("ip", "netns", "exec", self.names[i])
 
+    def hosts(self, i: int, entries: dict[str, str]) -> Path:
+        """Host ``i``'s own ``/etc/hosts`` (``ip netns exec`` binds ``/etc/netns/<name>/hosts`` over it): localhost
+        and ``entries`` (name → address), and a ``resolv.conf`` that sends DNS to the host's own loopback. Append to
+        the returned file in place (the bind mount keeps its inode) to add a name later."""
+        folder = Path("/etc/netns") / self.names[i]
+        folder.mkdir(parents=True, exist_ok=True)
+        self._etc.append(folder)
+        path = folder / "hosts"
+        path.write_text("127.0.0.1 localhost\n" + "".join(f"{addr} {name}\n" for name, addr in entries.items()))
+        # and a resolver that asks nobody outside: a name not in the file fails at once, never leaving the host
+        (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        return path
+
     # -- faults
 
     def link_down(self, i: int) -> None:
@@ -111,6 +126,9 @@ class Switch:
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
         self._made.clear()
+        for folder in self._etc:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._etc.clear()
 
 
 @contextlib.contextmanager

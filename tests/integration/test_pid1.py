@@ -50,3 +50,17 @@ def test_a_launcher_in_another_pid_namespace_is_not_listed_under_the_pid_it_has_
     assert 1 not in launchers()  # the listing rankrun --stacks uses without a PID
     os.kill(outer, signal.SIGTERM)
     inside.finish(timeout=60)
+
+
+def test_as_pid_1_a_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout(launch):
+    """The kubelet's grace period is 30 s by default: rankrun must be gone well within --shutdown-timeout + 2 s."""
+    run = launch(*RANKRUN, "--nproc-per-node", "1", "--shutdown-timeout", "1", payload("orphan_worker.py"),
+                 env=clean_environ() | {"ORPHAN_WAIT": "ignore"}, cmd=("unshare", "--pid", "--kill-child", "--mount-proc"))
+    run.wait_for(r"READY", timeout=60)
+    asked = time.monotonic()
+    os.kill(_child_of(run.proc.pid), signal.SIGTERM)
+    assert run.finish(timeout=60) == 128 + signal.SIGTERM
+    took = time.monotonic() - asked
+    assert took < 1 + 2, f"{took:.1f} s"  # a bound the kubelet relies on, not a speed measurement
+    assert run.err[-1] == ("rankrun: received SIGTERM: forwarded to 1 worker(s); 1 did not stop within --shutdown-timeout "
+                           "and were killed")

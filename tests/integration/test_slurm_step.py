@@ -1,8 +1,8 @@
 """``srun rankrun w.py`` with no flags: two loopback "nodes" under a fake ``srun`` step's variables form one job.
 
-The node list names one fresh loopback address twice (both agents run here); the master is its first host,
-the port is derived from the job id (rankrun.slurm), ranks follow ``SLURM_NODEID``. tests/e2e has the form with
-two network-namespace hosts and per-host ``/etc/hosts``.
+On loopback the node list names one fresh address twice (both agents run here); on two network-namespace hosts
+it is ``n[01-02]``, each host's own ``/etc/hosts`` naming both. The master is the list's first host, the port is
+derived from the job id (rankrun.slurm), ranks follow ``SLURM_NODEID``.
 """
 
 from __future__ import annotations
@@ -11,15 +11,18 @@ import json
 
 import pytest
 
-from conftest import clean_environ, fresh_loopback, payload, run_cli
+from conftest import PY, clean_environ, fresh_loopback, payload, run_cli
+from netns import switch
 from rankrun.slurm import derived_port
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 
-def _step(addr: str, node_id: int, **extra: str) -> dict[str, str]:
+def _step(nodelist: str, node_id: int, **extra: str) -> dict[str, str]:
+    """An srun step's variables on node ``node_id`` (``nodelist``: a hostlist, or one address for both nodes)."""
+    nodes = nodelist if "[" in nodelist else f"{nodelist},{nodelist}"
     return {"SLURM_JOB_ID": "7301", "SLURM_STEP_ID": "2", "SLURM_NODEID": str(node_id), "SLURM_STEP_NUM_NODES": "2",
-            "SLURM_STEP_NODELIST": f"{addr},{addr}", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_GPUS_ON_NODE": "2"} | extra
+            "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_GPUS_ON_NODE": "2"} | extra
 
 
 def test_two_nodes_form_one_job_from_slurms_variables_alone(launch, tmp_path):
@@ -51,3 +54,19 @@ def test_several_tasks_per_node_start_nothing_and_standalone_stays_one_node(tmp_
                               "workers\n")
     alone = run_cli("--standalone", "w.py", env=env, cwd=tmp_path)
     assert (alone.returncode, alone.stdout, alone.stderr) == (0, "worker 1\n", "")
+
+
+def test_on_two_hosts_the_node_list_names_them_and_the_first_is_the_master(launch, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = clean_environ() | {"TEST_OUT_DIR": str(out)}
+    with switch(2) as sw:
+        for host in range(2):
+            sw.hosts(host, {"n01": sw.addr(0), "n02": sw.addr(1)})
+        runs = [launch(payload("node_worker.py"), cmd=(*sw.exec(node), PY, "-m", "rankrun"),
+                       env=env | _step("n[01-02]", node)) for node in (1, 0)]
+        assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+        master = sw.addr(0)
+    starts = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert sorted((s["RANK"], s["GROUP_RANK"]) for s in starts) == [("0", "0"), ("1", "0"), ("2", "1"), ("3", "1")]
+    assert {(s["WORLD_SIZE"], s["MASTER_ADDR"]) for s in starts} == {("4", master)}

@@ -1,6 +1,7 @@
 """A worker that leaves an orphan: its child forks a grandchild and exits, so the grandchild is re-parented to the
 launcher (PID 1 of a PID namespace, or the subreaper), and exits 0.3 s later. The worker watches for 10 s whether the
-grandchild is reaped while the job still runs, says which, then prints READY and (with ORPHAN_WAIT) waits for a signal.
+grandchild is reaped while the job still runs, says which, then prints READY and (with ORPHAN_WAIT) waits for a signal:
+SIGTERM ends it, or with ORPHAN_WAIT=ignore it ignores SIGTERM.
 """
 
 import os
@@ -28,7 +29,10 @@ if os.path.exists(f"/proc/{gp}"):
 else:
     print("grandchild reaped", flush=True)
 print("my pid", os.getpid(), "ppid", os.getppid(), flush=True)
-if os.environ.get("ORPHAN_WAIT"):
+if os.environ.get("ORPHAN_WAIT") == "ignore":  # a worker that does not stop when asked
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif os.environ.get("ORPHAN_WAIT"):
     signal.signal(signal.SIGTERM, lambda *_: (print("worker got SIGTERM", flush=True), sys.exit(0)))
+if os.environ.get("ORPHAN_WAIT"):
     print("READY", flush=True)
     signal.pause()

@@ -133,6 +133,7 @@ async def _backend(
 async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack) -> Session:
     rdzv = spec.rendezvous
     host, port = endpoint(spec)
+    await _resolvable(spec, host, port, say)
     keys = Keys.for_run(rdzv.run_id)
     lost_why = f"its lease expired or the connection to the host at {host}:{port} was lost"
     hosted = await _try_to_host(spec, worker_store, host, port, stack)
@@ -179,6 +180,31 @@ async def _try_to_host(
     stack.push_async_callback(server.close)
     stack.push_async_callback(listener.close)
     return listener, memory, bound
+
+
+async def _resolvable(spec: LaunchSpec, host: str, port: int, say: Say) -> None:
+    """Wait until the endpoint's name resolves, saying so at once and every few seconds; bounded by join_timeout.
+
+    A scheduler often starts the nodes before the master's DNS record exists (a Kubernetes Service, a pod's
+    hostname), for the master itself too: waiting is the cure, not exit 3. An address resolves at once."""
+    conf = spec.rendezvous.conf
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + conf.join_timeout
+    pause, said = CONNECT_RETRY[0], float("-inf")
+    while True:
+        try:
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            return
+        except socket.gaierror as exc:
+            reason = exc.strerror or str(exc)
+        if loop.time() + pause > deadline:
+            raise LauncherError(f"rendezvous {host}:{port}: {host} did not resolve within {conf.join_timeout:g} s "
+                                f"(join_timeout): {reason}")
+        if loop.time() - said >= PROGRESS_EVERY:
+            say(f"rendezvous {host}:{port}: waiting for {host} to resolve: {reason}")
+            said = loop.time()
+        await asyncio.sleep(pause)  # no event announces a DNS record: retry with backoff
+        pause = min(pause * 2, CONNECT_RETRY[1])
 
 
 async def _connect(spec: LaunchSpec, host: str, port: int, say: Say) -> StoreClient:
