@@ -5,6 +5,7 @@ each branch to a documented exit code and prints ``str(exc)`` as one line, never
 traceback::
 
     RankrunError                      exit_code
+    ├── WorkerError                   1   rankrun.launch(fn): workers failed (``failures``: each failed rank's record)
     ├── UsageError                    2   bad flag or value; the message names both
     │   ├── ArgumentError             2   argparse's own message (unknown option, bad type)
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
@@ -21,8 +22,9 @@ traceback::
 
 Every class below ``RankrunError`` anywhere in rankrun is drawn here (``tests/unit/test_claims.py``).
 
-A worker that exits non-zero is *not* an exception: it is an outcome (see
-``rankrun.report``), reported with exit code 1.
+A worker that exits non-zero is *not* an exception to the launcher: it is an outcome (see
+``rankrun.report``), reported with exit code 1. Only the Python API (``rankrun.launch``) raises it, as
+``WorkerError``, to its caller.
 """
 
 from __future__ import annotations
@@ -115,3 +117,15 @@ class NotCoordinator(StoreUnavailable):
 
 class RendezvousClosed(StoreUnavailable):
     """The job this node wants to join has already finished."""
+
+
+class WorkerError(RankrunError):
+    """``rankrun.launch(fn, ...)``: the job's workers failed. ``failures`` maps each failed global rank to its
+    ``rankrun.api.results.Failure``; ``__cause__`` is the root cause's exception when it could be rebuilt;
+    ``str()`` is the failure report the CLI prints."""
+
+    exit_code = EXIT_WORKERS_FAILED
+
+    def __init__(self, report: str, failures: dict[int, object]) -> None:
+        super().__init__(report)
+        self.failures = failures

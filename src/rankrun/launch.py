@@ -8,7 +8,24 @@ line and exit 2 (torch: a traceback), the deprecation is one line, and a worker 
 ``--local-rank=N`` gets a failure report that says how to fix it.
 """
 
+import sys
+import types
+from typing import Any
+
 from rankrun.__main__ import main_exit
+
+
+class _Callable(types.ModuleType):
+    """Imported as ``rankrun.launch``, this module takes the package attribute of that name, the Python API's
+    function: so the module forwards a call to it, and ``rankrun.launch(fn, ...)`` works either way."""
+
+    def __call__(self, fn: Any, *args: Any, **options: Any) -> dict[int, Any]:
+        from rankrun.api.launch import launch  # noqa: PLC0415 - only when called
+
+        return launch(fn, *args, **options)
+
 
 if __name__ == "__main__":
     main_exit(legacy=True)
+else:
+    sys.modules[__name__].__class__ = _Callable

@@ -13,9 +13,11 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 ALLOWED = {
     # the environment and the command line: read for the launch spec (cli), and by the few entry points that must
     # act before it exists (the early signal catcher, the TLS preload check, the run-path shim) or outside it (TMPDIR)
-    "os.environ": {"cli.py", "__main__.py", "proc/early.py", "fsutil.py", "run_path.py",
+    # The Python API is an entry point too: api/launch.py hands the caller's environment to the launcher it starts,
+    # api/worker.py is a worker's main (its arguments, its RANK), as run_path.py is.
+    "os.environ": {"cli.py", "__main__.py", "proc/early.py", "fsutil.py", "run_path.py", "api/launch.py", "api/worker.py",
                    "stacks/shim/sitecustomize.py"},  # the worker-side shim: takes its own variables out again
-    "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py"},
+    "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py", "api/worker.py"},
     # signalling and reaping processes: only rankrun.proc
     "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py"},
     "os.kill": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "proc/early.py"},

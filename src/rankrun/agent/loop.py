@@ -23,7 +23,15 @@ from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.group import GroupOutcome
 from rankrun.proc.signals import Interrupted, StopStream, attach, detach
 from rankrun.report.errorfile import write_error_file
-from rankrun.report.failure import Ending, describe_status, render_report, root_cause, root_cause_json, signal_name
+from rankrun.report.failure import (
+    Ending,
+    WorkerResult,
+    describe_status,
+    render_report,
+    root_cause,
+    root_cause_json,
+    signal_name,
+)
 from rankrun.slurm import job_words
 from rankrun.spec import DynamicRendezvous, LaunchSpec
 from rankrun.stacks.flight import has_dumps
@@ -142,6 +150,7 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_ke
     text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
                          job_cause=final.job_cause, stalled=stalled, slurm=slurm)
     deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
+    _report_json(spec, deps, text, results)
     root = root_cause(results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")
     if root is not None and own_error_file:
@@ -149,6 +158,19 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_ke
             write_error_file(own_error_file, root_cause_json(root, slurm))
         except OSError as exc:
             deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
+
+
+def _report_json(spec: LaunchSpec, deps: AgentDeps, text: str, results: list[WorkerResult]) -> None:
+    """For the Python API (``RANKRUN_REPORT_JSON`` in the launcher's environment): the report and how each rank ended."""
+    path = spec.base_env.get("RANKRUN_REPORT_JSON")
+    if not path:
+        return
+    import json  # noqa: PLC0415 - the API's launches only
+
+    workers = [{"rank": r.rank, "status": r.status, "ending": r.ending.value} for r in results]
+    root = root_cause(results)
+    write_error_file(path, json.dumps({"report": text, "host": deps.host, "workers": workers,
+                                       "root": root.rank if root is not None else None}))
 
 
 __all__ = ["AgentDeps", "group_ended", "run_agent"]

@@ -1,0 +1,128 @@
+"""``rankrun.launch(fn, ...)``: every rank's value back, functions of ``__main__`` and notebook cells shipped by value,
+failures as ``WorkerError``, output through the caller's ``sys.stdout``, Ctrl-C, and the CLI's validation."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import rankrun
+from conftest import Launcher, clean_environ, payload
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
+CELL = '''
+import os
+factor = 3
+double = lambda x: 2 * x
+def make(n):
+    def add(x):
+        return double(x) * factor + n
+    return add
+'''
+
+
+def test_a_scripts_main_functions_run_in_four_fresh_workers(tmp_path):
+    done = subprocess.run([sys.executable, payload("api_driver.py"), "values"], cwd=tmp_path, env=clean_environ(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "values [(0, 101), (1, 102), (2, 103), (3, 104)]" in lines
+    assert "pids 5" in lines  # four workers, none of them the caller
+    assert sorted(line for line in lines if line.endswith(" here")) == [f"[default{r}]:rank {r} here" for r in range(4)]
+
+
+def test_a_notebook_cells_lambda_and_closure_and_the_callers_own_stdout(capsys):
+    cell: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(CELL, "<ipython-input-1>", "exec"), cell)  # what a kernel does with a cell
+    add = cell["make"](1)  # type: ignore[operator]
+    assert rankrun.launch(add, 5, nproc_per_node=2) == {0: 31, 1: 31}
+    assert rankrun.launch(lambda: print("from", os.environ["RANK"]) or os.environ["LOCAL_RANK"], nproc_per_node=2) == \
+        {0: "0", 1: "1"}
+    out = capsys.readouterr().out  # sys.stdout replaced, as a notebook's cell output is: not fd 1
+    assert sorted(out.splitlines()) == ["[default0]:from 0", "[default1]:from 1"]
+
+
+def _fails_on_rank_2() -> int:
+    if os.environ["RANK"] == "2":
+        raise ValueError("rank two refuses")
+    return 0
+
+
+def _killed_on_rank_1() -> int:
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+
+
+def test_a_failure_is_a_worker_error_with_the_failed_rank_its_record_and_its_exception(capsys):
+    with pytest.raises(rankrun.WorkerError) as caught:
+        rankrun.launch(_fails_on_rank_2, nproc_per_node=4)
+    error = caught.value
+    assert list(error.failures) == [2]  # ranks that were only stopped are not failures
+    failure = error.failures[2]
+    assert (failure.exc_type, failure.message, failure.exit_code, failure.signal) == (
+        "builtins.ValueError", "rank two refuses", 1, None)
+    assert 'raise ValueError("rank two refuses")' in failure.traceback and failure.host
+    assert isinstance(error.__cause__, ValueError) and str(error.__cause__) == "rank two refuses"
+    report = str(error)  # the CLI's failure report
+    assert report.startswith("=" * 72 + "\nrankrun: ") and "Root cause (first failure" in report
+    assert "rank       : 2 (local_rank: 2)" in report
+    capsys.readouterr()
+
+
+def test_a_worker_killed_by_a_signal_is_a_failure_without_an_exception(capsys):
+    with pytest.raises(rankrun.WorkerError) as caught:
+        rankrun.launch(_killed_on_rank_1, nproc_per_node=2)
+    failure = caught.value.failures[1]
+    assert (failure.exc_type, failure.exit_code, failure.signal) == ("", None, "SIGKILL")
+    assert caught.value.__cause__ is None
+    capsys.readouterr()
+
+
+def _fails_before_a_restart() -> str:
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "0":
+        raise RuntimeError("first try")
+    return os.environ["TORCHELASTIC_RESTART_COUNT"]
+
+
+def test_a_failure_a_restart_cured_raises_nothing(capsys):
+    assert rankrun.launch(_fails_before_a_restart, nproc_per_node=2, max_restarts=1) == {0: "1", 1: "1"}
+    capsys.readouterr()
+
+
+def test_bad_options_are_value_errors_naming_them():
+    with pytest.raises(ValueError, match=r"--nproc-per-node 'zero': expected a positive integer"):
+        rankrun.launch(print, nproc_per_node="zero")
+    with pytest.raises(ValueError, match=r"unknown option 'nprocs'"):
+        rankrun.launch(print, nprocs=2)
+    with pytest.raises(ValueError, match=r"--max-restarts -1: must be 0 or more"):
+        rankrun.launch(print, max_restarts=-1)
+
+
+def test_ctrl_c_in_the_caller_stops_every_worker_within_a_second_and_launch_works_again(reaper, tmp_path):
+    pid_dir = tmp_path / "pids-of-workers"
+    pid_dir.mkdir()
+    driver = Launcher([sys.executable, payload("api_driver.py"), "interrupt", str(pid_dir)], clean_environ(), tmp_path,
+                      reaper)
+    driver.wait_for(r"sleeping", count=2, timeout=60)
+    driver.proc.send_signal(signal.SIGINT)  # the notebook's interrupt button does the same to the kernel
+    (gone,) = driver.wait_for(r"^workers gone after", timeout=60)
+    assert gone.endswith(": True") and float(re.search(r"after ([\d.]+) s", gone).group(1)) < 1.0, gone  # type: ignore[union-attr]
+    driver.wait_for(r"^again 100$", timeout=60)
+    assert driver.finish() == 0
+
+
+def test_importing_the_legacy_launcher_module_keeps_rankrun_launch_callable(capsys):
+    """``python -m rankrun.launch`` is torch.distributed.launch's contract; importing that module sets the package's
+    ``launch`` attribute to the module, which forwards a call to the API."""
+    import importlib  # noqa: PLC0415
+
+    module = importlib.import_module("rankrun.launch")
+    assert rankrun.launch is module and rankrun.launch(abs, -7) == {0: 7}  # type: ignore[operator]
+    capsys.readouterr()

@@ -1,0 +1,55 @@
+"""A script whose ``__main__`` defines the functions it launches (``python api_driver.py MODE``), as users write them.
+
+MODE ``values``: four ranks return (rank, pid); ``interrupt``: two ranks sleep until the driver gets SIGINT, then the
+driver waits for their pids to vanish, says how long it took, and launches again.
+"""
+
+import os
+import sys
+import time
+
+import rankrun
+
+OFFSET = 100
+
+
+def identify(extra):
+    print(f"rank {os.environ['RANK']} here", flush=True)
+    return int(os.environ["RANK"]) + OFFSET + extra, os.getpid()
+
+
+def sleeper(pid_dir):
+    with open(os.path.join(pid_dir, os.environ["RANK"]), "w") as fh:
+        fh.write(str(os.getpid()))
+    print("sleeping", flush=True)
+    time.sleep(120)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "values":
+        values = rankrun.launch(identify, 1, nproc_per_node=4)
+        print("values", sorted((rank, value) for rank, (value, _) in values.items()), flush=True)
+        print("pids", len({pid for _, pid in values.values()} | {os.getpid()}), flush=True)
+    else:
+        pid_dir = sys.argv[2]
+        try:
+            rankrun.launch(sleeper, pid_dir, nproc_per_node=2)
+        except KeyboardInterrupt:
+            interrupted = time.monotonic()
+            pids = []
+            for name in os.listdir(pid_dir):
+                with open(os.path.join(pid_dir, name)) as fh:
+                    pids.append(int(fh.read()))
+            while any(alive(pid) for pid in pids) and time.monotonic() - interrupted < 10:
+                time.sleep(0.01)
+            print(f"workers gone after {time.monotonic() - interrupted:.2f} s: {not any(alive(pid) for pid in pids)}",
+                  flush=True)
+        print("again", rankrun.launch(identify, 0, nproc_per_node=1)[0][0], flush=True)
