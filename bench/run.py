@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import api_bench
 import console_bench
 import failure_bench
 import faults_bench
@@ -50,7 +51,7 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api")
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,15 @@ class Plan:
     rendezvous_reps: int
     faults_reps: int
     stacks_reps: int
+    api_reps: int
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
-            rendezvous_reps=3, faults_reps=5, stacks_reps=3)
+            rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
-             rendezvous_reps=1, faults_reps=1, stacks_reps=1)
+             rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2)
 
 
 @dataclass
@@ -190,8 +192,12 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
                 [*stacks.details(r, plan.stacks_reps), *stacks_nodes.details(nodes, plan.stacks_reps),
                  stacks.shim_line(shim), ""])
 
+    def api() -> tuple[list[Row], list[str]]:
+        r = api_bench.run(plan.api_reps)
+        return api_bench.rows(r), api_bench.details(r, plan.api_reps)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
-            "rendezvous": rendezvous, "faults": faults, "stacks": stacks_}
+            "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api}
 
 
 def warm_up() -> None:
@@ -268,7 +274,7 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
            if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
-        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}",
+        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}, api {plan.api_reps}",
         "",
         "## Summary (medians)",
         "",

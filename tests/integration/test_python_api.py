@@ -126,3 +126,20 @@ def test_importing_the_legacy_launcher_module_keeps_rankrun_launch_callable(caps
     module = importlib.import_module("rankrun.launch")
     assert rankrun.launch is module and rankrun.launch(abs, -7) == {0: 7}  # type: ignore[operator]
     capsys.readouterr()
+
+
+def _launch_again() -> object:
+    return rankrun.launch(abs, -1)
+
+
+def test_launches_from_two_threads_are_two_jobs_and_a_launch_inside_a_worker_is_refused(capsys):
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(rankrun.launch, abs, -n, nproc_per_node=2) for n in (3, 4)]
+        assert [job.result(timeout=120) for job in jobs] == [{0: 3, 1: 3}, {0: 4, 1: 4}]
+    with pytest.raises(rankrun.WorkerError) as caught:
+        rankrun.launch(_launch_again)
+    assert caught.value.failures[0].exc_type == "builtins.RuntimeError"
+    assert "called inside a worker of rankrun.launch" in caught.value.failures[0].message
+    capsys.readouterr()

@@ -14,8 +14,9 @@ and ``sys.stderr`` (a notebook's cell output), with the CLI's rank prefixes. A f
 ``KeyboardInterrupt`` in the caller stops the job: SIGINT to the launcher (forwarded to the workers), then, after
 ``INTERRUPT_GRACE`` seconds, SIGKILL (its watchdog kills every worker).
 
-Not yet: several nodes' values on every node (each caller gets its own node's ranks), and nested or concurrent
-launches from one process are not guarded.
+Several launches at once from threads of one process are independent jobs (each its own launcher, its own port);
+only the main thread gets ``KeyboardInterrupt``. A launch from inside a worker is refused with ``RuntimeError``.
+Not yet: several nodes' values on every node (each caller gets its own node's ranks).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rankrun.errors import LauncherError, RankrunError, WorkerError
 from rankrun.proc.spawn import pdeathsig_exec
 
 INTERRUPT_GRACE = 1.0  # seconds from the caller's KeyboardInterrupt to SIGKILL of a launcher still running
+NESTED = "RANKRUN_API_WORKER"  # in the launcher's environment, so in its workers': a launch from inside one is refused
 WORKER = ("-m", "rankrun.api.worker")
 
 
@@ -81,6 +83,9 @@ def _relay(stream: IO[bytes], sink: Callable[[], IO[str]], kept: list[str]) -> N
 
 def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **options: Any) -> dict[int, Any]:
     """Run ``fn(*args)`` in every worker of the job the options describe; the value of each rank, by rank."""
+    if os.environ.get(NESTED):
+        raise RuntimeError("rankrun.launch: called inside a worker of rankrun.launch: a worker cannot start a job of "
+                           "its own (return what it needs, and launch again from the caller)")
     argv = command_line(nproc_per_node, options)
     with tempfile.TemporaryDirectory(prefix="rankrun-launch-") as tmp:
         run = Path(tmp)
@@ -92,7 +97,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
         except RankrunError as exc:
             raise ValueError(f"rankrun.launch: {exc}") from None
         payload.write_bytes(pickle.dumps((list(sys.path), dumps((fn, args)))))
-        code, err = _run(full, {**os.environ, "RANKRUN_REPORT_JSON": str(report)})
+        code, err = _run(full, {**os.environ, "RANKRUN_REPORT_JSON": str(report), NESTED: "1"})
         values = {int(p.name.split(".")[0]): loads(p.read_bytes()) for p in results.glob("*.value")}
         if code == 0:
             return dict(sorted(values.items()))
