@@ -23,6 +23,7 @@ KNOWN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 ETCD_DEFAULT_PORT = 2379
 DEFAULT_ETCD_PREFIX = "/rankrun"
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+API_WORKER = "rankrun.api.worker"  # the module each worker of rankrun.launch(fn) runs
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
 
@@ -62,7 +63,10 @@ class EntrySpec:
 
     @property
     def title(self) -> str:
-        """The name used in failure reports, as torchrun titles them."""
+        """The name used in failure reports, as torchrun titles them; a ``rankrun.launch(fn)`` job's, after ``fn``
+        (the API passes its name as the worker module's third argument)."""
+        if self.kind is EntryKind.MODULE and self.script == API_WORKER and len(self.args) > 2:
+            return f"rankrun.launch({self.args[2]})"
         return "run_script_path" if self.kind is EntryKind.RUN_PATH else self.script
 
 

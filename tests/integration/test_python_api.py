@@ -71,7 +71,8 @@ def test_a_failure_is_a_worker_error_with_the_failed_rank_its_record_and_its_exc
     assert 'raise ValueError("rank two refuses")' in failure.traceback and failure.host
     assert isinstance(error.__cause__, ValueError) and str(error.__cause__) == "rank two refuses"
     report = str(error)  # the CLI's failure report
-    assert report.startswith("=" * 72 + "\nrankrun: ") and "Root cause (first failure" in report
+    assert report.startswith("=" * 72 + "\nrankrun: rankrun.launch(_fails_on_rank_2) FAILED (attempt 0)\n")
+    assert "Root cause (first failure" in report
     assert "rank       : 2 (local_rank: 2)" in report
     capsys.readouterr()
 

@@ -2,7 +2,8 @@
 
 The options are the CLI's, as keywords (``nnodes=2``, ``rdzv_conf={"join_timeout": 5}``, ``standalone=True``), turned
 into its command line and validated by its own parser first: a bad value is a ``ValueError`` naming the option, and
-nothing starts. Then the launcher itself runs, as a child process (``python -m rankrun ... -m rankrun.api.worker``):
+nothing starts. Then the launcher itself runs, as a child process (``python -m rankrun ... -m rankrun.api.worker PAYLOAD RESULTS
+NAME``, ``NAME`` only for the failure report's title):
 the same agent as the CLI, with its restarts, its root cause and its no-orphans guarantees, and nothing of it in the
 caller's process (no signal handler, no event loop, no fork of an interpreter that may hold CUDA or a notebook's
 threads). It dies with the caller (``PR_SET_PDEATHSIG``), and its watchdog takes the workers with it.
@@ -38,10 +39,10 @@ from rankrun.api.ship import dumps, loads
 from rankrun.cli import build_parser, spec_from_args
 from rankrun.errors import LauncherError, RankrunError, WorkerError
 from rankrun.proc.spawn import pdeathsig_exec
+from rankrun.spec import API_WORKER
 
 INTERRUPT_GRACE = 1.0  # seconds from the caller's KeyboardInterrupt to SIGKILL of a launcher still running
 NESTED = "RANKRUN_API_WORKER"  # in the launcher's environment, so in its workers': a launch from inside one is refused
-WORKER = ("-m", "rankrun.api.worker")
 
 
 def _flags() -> dict[str, tuple[str, bool]]:
@@ -91,7 +92,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
         run = Path(tmp)
         payload, results, report = run / "payload", run / "results", run / "report.json"
         results.mkdir()
-        full = [*argv, *WORKER, str(payload), str(results)]
+        full = [*argv, "-m", API_WORKER, str(payload), str(results), getattr(fn, "__qualname__", type(fn).__name__)]
         try:
             spec_from_args(full, os.environ)  # the CLI's own validation, before anything starts
         except RankrunError as exc:

@@ -1,4 +1,5 @@
-"""``python -m rankrun.api.worker PAYLOAD RESULTS``: one rank of ``rankrun.launch(fn, ...)``, in a fresh interpreter.
+"""``python -m rankrun.api.worker PAYLOAD RESULTS [NAME]``: one rank of ``rankrun.launch(fn, ...)``, in a fresh
+interpreter (``NAME``, ``fn``'s, is the launcher's, for its failure report).
 
 It puts the caller's ``sys.path`` before its own (what the caller imports, a worker imports from the same
 places), loads ``(fn, args)`` (``rankrun.api.ship``), calls ``fn(*args)``, and writes ``RESULTS/<rank>.value`` (the value,
