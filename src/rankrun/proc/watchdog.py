@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rankrun import procfs
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -181,40 +183,12 @@ def become_subreaper() -> bool:
 
 
 def child_pids(parent: int) -> list[int]:
-    """Direct children of ``parent``, from /proc (no psutil at run time)."""
+    """Direct children of ``parent``, from a walk of /proc (by parent pid: any process's, not only this one's)."""
     found: list[int] = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: parse after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == parent:
+        if entry.name.isdigit() and (fields := procfs.stat(entry.name)) is not None and int(fields[1]) == parent:
             found.append(int(entry.name))
     return found
-
-
-def _state_and_session(pid: int) -> tuple[str, int] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # state ppid pgrp session ...
-    return fields[0], int(fields[3])
-
-
-def my_children() -> list[int]:
-    """This process's children, from each of its threads' ``children`` list (cheaper than a walk of /proc)."""
-    found: set[int] = set()
-    with contextlib.suppress(OSError):
-        for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError):
-                found.update(int(pid) for pid in Path(f"/proc/self/task/{task}/children").read_text().split())
-    return sorted(found)
 
 
 def reap_strays(exclude: set[int], *, spawning: bool) -> tuple[list[int], bool]:
@@ -223,13 +197,13 @@ def reap_strays(exclude: set[int], *, spawning: bool) -> tuple[list[int], bool]:
     and whether one was left for later: a session leader (as every worker is) while a spawn is under way may be
     a worker not in ``exclude`` yet."""
     reaped, later = [], False
-    for pid in my_children():
+    for pid in procfs.children("self"):
         if pid in exclude:
             continue
-        stat = _state_and_session(pid)
-        if stat is None or stat[0] != "Z":
+        fields = procfs.stat(pid)
+        if fields is None or fields[0] != "Z":
             continue
-        if spawning and stat[1] == pid:
+        if spawning and int(fields[3]) == pid:  # its session is its own
             later = True
             continue
         with contextlib.suppress(ChildProcessError):

@@ -50,7 +50,7 @@ def flight_env(env: dict[str, str], attempt_dir: Path | None) -> dict[str, str]:
     if attempt_dir is None or not enabled(env):
         return env
     folder = attempt_dir / FOLDER
-    dump = next((env[name] for name in DUMP_FILES if env.get(name)), str(folder / DUMP_PREFIX))
+    dump = where(env) or str(folder / DUMP_PREFIX)
     out = dict(env)
     for name in DUMP_FILES:
         out.setdefault(name, dump)

@@ -11,11 +11,11 @@ are reported with their /proc state.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from rankrun import procfs
 from rankrun.record import record
 from rankrun.stacks.channel import DUMP_SIGNAL
 from rankrun.stacks.dump import main_thread, parse
@@ -39,11 +39,9 @@ class Target:
 
 def proc_stat(pid: int) -> tuple[str, float] | None:
     """The process's state letter and CPU seconds (user + system), or None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = procfs.stat(pid)
+    if fields is None:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
     return fields[0], (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
@@ -57,16 +55,12 @@ def _wchan(pid: int) -> str:
 
 def children(pid: int) -> tuple[Child, ...]:
     """The worker's own children (a DataLoader's workers), with their names and states."""
-    found: list[Child] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
-                    stat = proc_stat(int(child))
-                    name = _comm(int(child))
-                    if stat is not None:
-                        found.append(Child(int(child), name, stat[0]))
-    return tuple(sorted(set(found), key=lambda c: c.pid))
+    found = []
+    for child in procfs.children(pid):
+        stat = proc_stat(child)
+        if stat is not None:
+            found.append(Child(child, _comm(child), stat[0]))
+    return tuple(found)
 
 
 def _comm(pid: int) -> str:
