@@ -30,6 +30,7 @@ def test_a_healthy_job_lists_every_rank_and_its_output_is_untouched(launch):
             listed.update(range(int(first), int(last or first) + 1))
     assert listed == {0, 1, 2}
     assert any("stall.py" in line for line in lines)
+    assert re.search(r"s CPU since the last sample\):$", lines[1]), lines[1]  # CPU over a window, even at the first ask
     again = run_cli("--stacks")  # the only launcher of this user here: no PID needed
     assert again.returncode == 0 and again.stdout.startswith("rankrun: job ")
     run.wait_for(r"tick \d 20", count=3)  # still ticking after two requests

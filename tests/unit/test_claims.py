@@ -4,6 +4,7 @@ where its list below allows. A new user of one must be added here, on purpose, a
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,10 @@ def test_exit_codes_are_chosen_in_one_place():
             if isinstance(node, ast.Name) and node.id.startswith("EXIT_"):
                 users.add(path.relative_to(SRC).as_posix())
     assert users <= allowed, sorted(users - allowed)
+
+
+def test_proc_stat_and_children_are_read_only_by_procfs():
+    """procfs.py's docstring: /proc/<pid>/stat and the task children lists are read there and nowhere else."""
+    readers = {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
+               if re.search(r'/stat"|/children"', path.read_text())}
+    assert readers == {"procfs.py"}
