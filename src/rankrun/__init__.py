@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankrun.errors import WorkerError
+from rankrun.errors import LauncherError, RankrunError, WorkerError
 
 __version__ = "0.1.0"
-__all__ = ["WorkerError", "__version__", "launch"]
+__all__ = ["LauncherError", "RankrunError", "WorkerError", "__version__", "launch"]
 
 
 def launch(fn: Any, *args: Any, nproc_per_node: int | str = 1, **options: Any) -> dict[int, Any]:
     """Run ``fn(*args)`` in every worker of the job the CLI's options describe; each rank's value, by rank.
 
-    See ``rankrun.api.launch`` (and the README's "From Python"). A failure raises ``WorkerError``.
+    See ``rankrun.api.launch`` (and the README's "From Python"). The workers' failure raises ``WorkerError``; the
+    launcher's own (a rendezvous that timed out, a value that could not be read) ``LauncherError``; both are
+    ``RankrunError``s.
     """
     from rankrun.api.launch import launch as run  # noqa: PLC0415 - the CLI never pays for the API
 

@@ -69,6 +69,12 @@ class EntrySpec:
             return f"rankrun.launch({self.args[2]})"
         return "run_script_path" if self.kind is EntryKind.RUN_PATH else self.script
 
+    @property
+    def api_results(self) -> Path | None:
+        """A ``rankrun.launch(fn)`` job's results directory (the worker module's second argument), else None."""
+        return Path(self.args[1]) if self.kind is EntryKind.MODULE and self.script == API_WORKER and len(self.args) > 1 \
+            else None
+
 
 @record
 class RendezvousConf:

@@ -220,3 +220,45 @@ async def _lose_after_a_spare_waits(store: MemoryStore, agents: list[Agent], spa
     start_spare()
     await waiting.wait()
     await _lose_node_1(store, agents)
+
+
+def test_a_python_api_job_gives_every_node_the_values_of_the_round_that_succeeded(tmp_path):
+    """``rankrun.launch``'s workers (faked here: a value file written as each one starts) on two nodes; round 1 fails
+    on node 1 after node 0's worker returned, round 2 succeeds: both nodes get round 2's values, of every rank."""
+    from rankrun.api.ship import dumps, loads  # noqa: PLC0415
+
+    store = MemoryStore(FakeTimers())
+
+    def node_plan(fails_first: bool) -> Plan:
+        return lambda attempt, rank: Behaviour(exit_status=2 if fails_first and attempt == 0 else 0)
+
+    agents, specs = [], []
+    for index in range(2):
+        results = tmp_path / f"results{index}"
+        results.mkdir()
+        argv = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "fake",
+                "--nproc-per-node", "1", "--max-restarts", "1", "-m", "rankrun.api.worker", "payload", str(results), "fn"]
+        specs.append(spec_from_args(argv, {"PATH": "/usr/bin", "RANKRUN_RDZV_SECRET": "fake-secret"}))
+        agent = Agent(tmp_path, store, index, node_plan(fails_first=index == 1), host=index == 0)
+        started = agent.spawner.after_spawn
+
+        def returned(handle: FakeHandle, results: Path = results, started=started) -> None:
+            rank, attempt = handle.env["RANK"], handle.command.attempt
+            (results / f"{rank}.value").write_bytes(dumps(f"rank {rank} attempt {attempt}"))
+            started(handle)
+
+        agent.spawner.after_spawn = returned
+        agents.append(agent)
+
+    async def main():
+        return await asyncio.gather(*(agent.run(spec) for agent, spec in zip(agents, specs, strict=True)))
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(main(), BOUND))
+    finally:
+        for agent in agents:
+            agent.close()
+    assert [e.exit_code for e in ends] == [0, 0]
+    for index in range(2):
+        got = {int(p.stem): loads(p.read_bytes()) for p in (tmp_path / f"results{index}").glob("*.value")}
+        assert got == {0: "rank 0 attempt 1", 1: "rank 1 attempt 1"}, index

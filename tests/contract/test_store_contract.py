@@ -18,6 +18,7 @@ import pytest
 
 from etcdserver import etcd_cluster
 from fakes import FakeTimers
+from rankrun.api.values import VALUE_LIMIT, encode
 from rankrun.spec import parse_etcd_endpoints
 from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
 from rankrun.store.embedded.client import StoreClient
@@ -179,6 +180,18 @@ def test_binary_values_pass_unchanged(run):
         value = bytes(range(256)) * 3
         await h.store.put("/bin", value)
         entry = await h.store.get("/bin")
+        assert entry is not None and entry.value == value
+
+    run(body)
+
+
+def test_a_value_as_large_as_rankrun_launch_sends_through_the_store_passes(run):
+    """``rankrun.api.values``: a rank's value of up to ``VALUE_LIMIT`` bytes travels as one key (etcd's default
+    request limit is 1.5 MiB)."""
+    async def body(h: Harness) -> None:
+        value = encode(3, "node-with-a-rather-long-host-name.cluster.example/10.0.0.1", bytes(range(256)) * (VALUE_LIMIT // 256))
+        await h.store.put("/big", value)
+        entry = await h.store.get("/big")
         assert entry is not None and entry.value == value
 
     run(body)

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 import rankrun
-from conftest import Launcher, clean_environ, payload
+import rankrun.api.values
+from conftest import Launcher, clean_environ, fresh_loopback, payload
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -144,3 +145,34 @@ def test_launches_from_two_threads_are_two_jobs_and_a_launch_inside_a_worker_is_
     assert caught.value.failures[0].exc_type == "builtins.RuntimeError"
     assert "called inside a worker of rankrun.launch" in caught.value.failures[0].message
     capsys.readouterr()
+
+
+def _two_nodes(tmp_path, reaper, log_dir=None):
+    endpoint = f"{fresh_loopback()}:29400"
+    extra = [str(log_dir)] if log_dir is not None else []
+    nodes = [Launcher([sys.executable, payload("api_driver.py"), "node", endpoint, *extra], clean_environ(), tmp_path,
+                      reaper) for _ in range(2)]
+    for node in nodes:
+        assert node.finish(timeout=120) == 0, node.err
+    return [node.out for node in nodes]
+
+
+def test_two_callers_form_a_two_node_job_and_both_get_all_four_values(reaper, tmp_path):
+    """Two callers on loopback, a c10d rendezvous: every rank's value on both nodes (rank 3's, over the store's
+    limit, spilled into the log directory both share)."""
+    outs = _two_nodes(tmp_path, reaper, log_dir=tmp_path / "logs")
+    for out in outs:
+        assert "values [(0, 100), (1, 101), (2, 102), (3, 103)]" in out, out
+        assert f"big {{3: {rankrun.api.values.VALUE_LIMIT + 1}}}" in out, out
+    pids = [set(next(line for line in out if line.startswith("pids ")).split()[1:]) for out in outs]
+    assert pids[0] == pids[1] and len(pids[0]) == 4  # the same four workers, seen from both nodes
+    assert list((tmp_path / "logs").glob("api-nodes_*/values/3.value"))  # the spilled copy, where the other node read it
+
+
+def test_a_value_over_the_limit_without_a_shared_log_dir_is_a_clear_error_on_the_other_node(reaper, tmp_path):
+    outs = _two_nodes(tmp_path, reaper)
+    got = sorted(next(line for line in out if line.startswith(("values ", "error "))) for out in outs)
+    assert got[1] == "values [(0, 100), (1, 101), (2, 102), (3, 103)]"  # rank 3's node has its value on disk
+    assert re.match(r"error rankrun.launch: rank 3's value \(1,048,6\d\d bytes, on \S+\) is larger than the 1,048,576 "
+                    "bytes a value may take through the rendezvous store", got[0]), got
+    assert "had no log_dir to spill it to: give log_dir= a directory every node shares" in got[0]

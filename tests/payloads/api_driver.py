@@ -1,7 +1,9 @@
 """A script whose ``__main__`` defines the functions it launches (``python api_driver.py MODE``), as users write them.
 
 MODE ``values``: four ranks return (rank, pid); ``interrupt``: two ranks sleep until the driver gets SIGINT, then the
-driver waits for their pids to vanish, says how long it took, and launches again.
+driver waits for their pids to vanish, says how long it took, and launches again; ``node ENDPOINT [LOG_DIR]``: one of
+two nodes of a c10d job, two ranks each, which return (rank, pid) and, from rank 3, a value larger than the store
+carries (``rankrun.api.values.VALUE_LIMIT``); the driver prints what it got, or the error.
 """
 
 import os
@@ -9,6 +11,7 @@ import sys
 import time
 
 import rankrun
+import rankrun.api.values
 
 OFFSET = 100
 
@@ -33,8 +36,28 @@ def alive(pid):
         return False
 
 
+def node_value():
+    rank = int(os.environ["RANK"])
+    big = bytes(rankrun.api.values.VALUE_LIMIT + 1) if rank == 3 else b""
+    return rank + OFFSET, os.getpid(), big
+
+
+def one_of_two_nodes(endpoint, log_dir):
+    try:
+        values = rankrun.launch(node_value, nproc_per_node=2, nnodes=2, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+                                rdzv_id="api-nodes", log_dir=log_dir)
+    except rankrun.LauncherError as exc:
+        print("error", exc, flush=True)
+        return
+    print("values", sorted((rank, value) for rank, (value, _, _) in values.items()), flush=True)
+    print("pids", " ".join(str(pid) for _, pid, _ in values.values()), flush=True)
+    print("big", {rank: len(big) for rank, (_, _, big) in values.items() if big}, flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "values":
+    if sys.argv[1] == "node":
+        one_of_two_nodes(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    elif sys.argv[1] == "values":
         values = rankrun.launch(identify, 1, nproc_per_node=4)
         print("values", sorted((rank, value) for rank, (value, _) in values.items()), flush=True)
         print("pids", len({pid for _, pid in values.values()} | {os.getpid()}), flush=True)

@@ -89,6 +89,15 @@ def test_what_a_worker_can_import_goes_by_reference() -> None:
     assert loads(data) == (os.path.join, pytest)
 
 
+def test_a_submodule_the_caller_imported_is_imported_in_the_worker_too() -> None:
+    """``import xml.dom.minidom`` then ``xml.dom.minidom.parseString``: the function names only ``xml``, which a fresh
+    interpreter imports without its submodules."""
+    cell: dict[str, object] = {"__name__": "__main__"}
+    exec(compile("import xml.dom.minidom\ndef tag(text):\n    return xml.dom.minidom.parseString(text).documentElement.tagName",
+                 "<notebook cell>", "exec"), cell)
+    assert _in_a_fresh_interpreter(dumps((cell["tag"], ("<job/>",)))) == "job"
+
+
 def test_a_function_from_another_interpreter_is_refused_with_a_clear_error() -> None:
     tag = sys.implementation.cache_tag
     data = dumps(_cell()["fact"]).replace(tag.encode(), (tag[:-2] + "xx").encode())  # same length: pickle frames stay

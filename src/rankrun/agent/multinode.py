@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from pathlib import Path
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
@@ -63,6 +64,7 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
     extra = await _collective_env(spec, deps, session.address)
     previous, attempt, restarts = 0, -1, 0
     last: AttemptResult | None = None
+    placed: Assignment | None = None  # this node's place in the last round it ran
     spare_said = False
     while True:
         word = await _wait_for_word(spec, deps, stops, session, previous)
@@ -70,6 +72,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Ended):
+            if word.word.ok and placed is not None and spec.worker.entry.api_results is not None:
+                await _collect_values(spec, member, placed, spec.worker.entry.api_results)
             return _ended(spec, deps, word, last, spare=attempt < 0)
         if isinstance(word, Spare):
             if not spare_said:
@@ -84,6 +88,7 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         attempt += 1
         restarts = word.restarts
         plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra)
+        placed = word
         last = await _run_round(spec, deps, stops, logs, member, word, plan)
         outcome = last.outcome
         if outcome.interrupted_by is not None:
@@ -94,6 +99,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         if outcome.regrouped is not None:
             deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
         else:  # the workers ended by themselves: say how
+            if not outcome.failed and spec.worker.entry.api_results is not None:
+                await _publish_values(spec, deps, logs, member, word, spec.worker.entry.api_results)
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
 
@@ -109,6 +116,39 @@ def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult |
     if end.stranded:  # not the workers' failure: the job could not go on with the nodes left
         raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: the job ended: {end.reason}")
     return Outcome.failed(end.restarts, last, end.cause or end.reason)
+
+
+async def _publish_values(  # noqa: PLR0917 - private; the pieces _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member, word: Assignment, results: Path
+) -> None:
+    """``rankrun.launch``: this node's values, for the other nodes (before it reports success)."""
+    from rankrun.api.values import publish  # noqa: PLC0415 - the API's jobs only
+
+    first = word.ranks.base_rank
+    spill_dir = logs.base / "values" if logs.base is not None and not logs.temporary else None
+    await publish(member.store, member.keys, word.round, range(first, first + spec.worker.nproc), results=results,
+                  spill_dir=spill_dir, host=_host(deps, member), lease=member.job.id if member.job is not None else 0)
+
+
+async def _collect_values(spec: LaunchSpec, member: Member, placed: Assignment, results: Path) -> None:
+    """``rankrun.launch``: the job ended well, so every node's values are in the store; the others', before leaving."""
+    from rankrun.api.values import collect  # noqa: PLC0415 - the API's jobs only
+
+    first = placed.ranks.base_rank
+    rdzv = spec.rendezvous
+    try:
+        async with asyncio.timeout(rdzv.conf.close_timeout):
+            await collect(member.store, member.keys, placed.round, placed.ranks.world_size,
+                          range(first, first + spec.worker.nproc), results=results)
+    except (TimeoutError, StoreUnavailable) as exc:
+        why = f"no answer within {rdzv.conf.close_timeout:g} s (close_timeout)" if isinstance(exc, TimeoutError) else str(exc)
+        raise LauncherError(f"rendezvous {rdzv.run_id}: the job succeeded, but the other nodes' values could not be "
+                            f"read: {why}") from None
+
+
+def _host(deps: AgentDeps, member: Member) -> str:
+    """This node as reports name it: two nodes may share a host name, so with its address."""
+    return f"{deps.host}/{member.info.addr}" if member.info.addr else deps.host
 
 
 async def _wait_for_word(
@@ -192,8 +232,7 @@ async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan
 ) -> AttemptResult:
     moved_on = _the_round_moved_on(member, word.round)
-    host = f"{deps.host}/{member.info.addr}" if member.info.addr else deps.host  # two nodes may share a name
-    exchange = Exchange(member.store, member.keys, member.info.id, word, host=host, run_id=spec.rendezvous.run_id,
+    exchange = Exchange(member.store, member.keys, member.info.id, word, host=_host(deps, member), run_id=spec.rendezvous.run_id,
                         sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),
                         lease=member.lease.id, job_lease=member.job.id if member.job is not None else 0)
     serving = asyncio.create_task(_serve(exchange))

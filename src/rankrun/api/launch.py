@@ -9,15 +9,16 @@ caller's process (no signal handler, no event loop, no fork of an interpreter th
 threads). It dies with the caller (``PR_SET_PDEATHSIG``), and its watchdog takes the workers with it.
 
 Each worker is a fresh interpreter that loads ``(fn, args)`` (``rankrun.api.ship``: what ``__main__`` defines goes
-by value) and writes its value to the run's private directory (``rankrun.api.worker``); values are files, so their
-size is bounded only by the disk. The launcher's output is relayed, line by line, to the caller's ``sys.stdout``
-and ``sys.stderr`` (a notebook's cell output), with the CLI's rank prefixes. A failure raises ``WorkerError``.
+by value) and writes its value to the run's private directory (``rankrun.api.worker``); on this node values are
+files, so their size is bounded only by the disk. The other nodes' values come through the rendezvous store
+(``rankrun.api.values``: up to ``VALUE_LIMIT`` bytes each, larger ones spilled to files under ``log_dir``).
+The launcher's output is relayed, line by line, to the caller's ``sys.stdout`` and ``sys.stderr`` (a notebook's
+cell output), with the CLI's rank prefixes. A failure raises ``WorkerError``.
 ``KeyboardInterrupt`` in the caller stops the job: SIGINT to the launcher (forwarded to the workers), then, after
 ``INTERRUPT_GRACE`` seconds, SIGKILL (its watchdog kills every worker).
 
 Several launches at once from threads of one process are independent jobs (each its own launcher, its own port);
 only the main thread gets ``KeyboardInterrupt``. A launch from inside a worker is refused with ``RuntimeError``.
-Not yet: several nodes' values on every node (each caller gets its own node's ranks).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import IO, Any
 
 from rankrun.api.results import cause, failures, read_report
 from rankrun.api.ship import dumps, loads
+from rankrun.api.values import read_spilled
 from rankrun.cli import build_parser, spec_from_args
 from rankrun.errors import LauncherError, RankrunError, WorkerError
 from rankrun.proc.spawn import pdeathsig_exec
@@ -99,9 +101,8 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
             raise ValueError(f"rankrun.launch: {exc}") from None
         payload.write_bytes(pickle.dumps((list(sys.path), dumps((fn, args)))))
         code, err = _run(full, {**os.environ, "RANKRUN_REPORT_JSON": str(report), NESTED: "1"})
-        values = {int(p.name.split(".")[0]): loads(p.read_bytes()) for p in results.glob("*.value")}
         if code == 0:
-            return dict(sorted(values.items()))
+            return _values(results)
         if code == WorkerError.exit_code:  # the launcher's "workers failed"
             found = read_report(report)
             failed = failures(found, results)
@@ -109,6 +110,17 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
             raise error from cause(results, found.get("root"))
         last = next((line.strip() for line in reversed(err) if line.strip()), f"exit code {code}")
         raise LauncherError(f"rankrun.launch: the launcher failed: {last}")
+
+
+def _values(results: Path) -> dict[int, Any]:
+    """Every rank's value: this node's and the other nodes' (``rankrun.api.values``), by rank."""
+    found = {int(p.name.split(".")[0]): p.read_bytes() for p in results.glob("*.value")}
+    for at in results.glob("*.at"):  # over the store's limit: spilled to a file, read from where it lies
+        try:
+            found[int(at.name.split(".")[0])] = read_spilled(at)
+        except OSError as exc:
+            raise LauncherError(f"rankrun.launch: {exc}") from None
+    return {rank: loads(data) for rank, data in sorted(found.items())}
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:

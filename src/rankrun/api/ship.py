@@ -9,7 +9,10 @@ by value instead:
 - its name, qualified name, defaults, keyword defaults, ``__dict__`` and closure cells;
 - the globals its code names (``LOAD_GLOBAL``/``LOAD_NAME`` in it and in the code nested in it), pickled the same way,
   so a helper function or a constant of ``__main__`` travels with it. Functions that shared one globals dict in the
-  caller share one in the worker.
+  caller share one in the worker;
+- the submodules it reaches through a module's attributes (``os.path`` through ``os``, ``rankrun.api.values``
+  through ``rankrun``) that the caller had imported: the worker imports them before the function runs, as the
+  caller's ``import a.b`` had done.
 
 Everything importable (a library's functions and classes, a module) travels by reference. What is not shipped by
 value: classes defined in ``__main__`` (an instance of one pickles by reference and fails to load in the worker).
@@ -55,6 +58,25 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def _attribute_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _attribute_names(const)
+    return names
+
+
+def _submodules(used: list[Any], names: set[str]) -> list[str]:
+    """The imported submodules of the modules in ``used`` that ``names`` can reach (every part of their name in it)."""
+    found = set()
+    for value in used:
+        if isinstance(value, types.ModuleType):
+            prefix = value.__name__ + "."
+            found |= {name for name in list(sys.modules)
+                      if name.startswith(prefix) and set(name[len(prefix):].split(".")) <= names}
+    return sorted(found)
+
+
 def _skeleton(code: bytes, name: str, cells: int, tag: str, space: int) -> types.FunctionType:
     """The function without its state (``_fill`` sets it): what ``pickle`` memoises before the state, for cycles."""
     if tag != sys.implementation.cache_tag:
@@ -66,7 +88,9 @@ def _skeleton(code: bytes, name: str, cells: int, tag: str, space: int) -> types
 
 
 def _fill(fn: types.FunctionType, state: tuple[Any, ...]) -> None:
-    namespace, defaults, kwdefaults, cells, qualname, module, attributes, doc = state
+    namespace, defaults, kwdefaults, cells, qualname, module, attributes, doc, submodules = state
+    for name in submodules:
+        importlib.import_module(name)
     fn.__globals__.update(namespace)
     fn.__defaults__, fn.__kwdefaults__, fn.__qualname__, fn.__module__, fn.__doc__ = defaults, kwdefaults, qualname, module, doc
     fn.__dict__.update(attributes)
@@ -93,8 +117,9 @@ def _by_value(fn: types.FunctionType) -> tuple[Any, ...]:
             cells.append(cell.cell_contents)
         except ValueError:  # empty
             cells.append(_EMPTY)
+    submodules = _submodules([*namespace.values(), *cells], _attribute_names(code))
     state = (namespace, fn.__defaults__, fn.__kwdefaults__, cells, fn.__qualname__, fn.__module__, dict(fn.__dict__),
-             fn.__doc__)
+             fn.__doc__, submodules)
     args = (marshal.dumps(code), fn.__name__, len(cells), sys.implementation.cache_tag, id(fn.__globals__))
     return _skeleton, args, state, None, None, _fill
 

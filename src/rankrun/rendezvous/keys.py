@@ -94,6 +94,10 @@ class Keys:
     def stacks_report(self) -> str:
         return self.root + "stacks/report"
 
+    def value(self, round_: int, rank: int) -> str:
+        """A ``rankrun.launch`` job's value of one rank in one round (``rankrun.api.values``)."""
+        return f"{self.root}values/{round_}/{rank}"
+
 
 def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
