@@ -147,10 +147,10 @@ def test_launches_from_two_threads_are_two_jobs_and_a_launch_inside_a_worker_is_
     capsys.readouterr()
 
 
-def _two_nodes(tmp_path, reaper, log_dir=None):
+def _two_nodes(tmp_path, reaper, log_dir=None, mode="node"):
     endpoint = f"{fresh_loopback()}:29400"
     extra = [str(log_dir)] if log_dir is not None else []
-    nodes = [Launcher([sys.executable, payload("api_driver.py"), "node", endpoint, *extra], clean_environ(), tmp_path,
+    nodes = [Launcher([sys.executable, payload("api_driver.py"), mode, endpoint, *extra], clean_environ(), tmp_path,
                       reaper) for _ in range(2)]
     for node in nodes:
         assert node.finish(timeout=120) == 0, node.err
@@ -176,3 +176,19 @@ def test_a_value_over_the_limit_without_a_shared_log_dir_is_a_clear_error_on_the
     assert re.match(r"error rankrun.launch: rank 3's value \(1,048,6\d\d bytes, on \S+\) is larger than the 1,048,576 "
                     "bytes a value may take through the rendezvous store", got[0]), got
     assert "had no log_dir to spill it to: give log_dir= a directory every node shares" in got[0]
+
+
+def test_on_two_nodes_both_callers_get_the_failed_rank_and_its_exception_wherever_it_ran(reaper, tmp_path):
+    """Rank 2 raises on one node; the other node's ranks were only stopped. Both callers get rank 2 in
+    ``failures`` (with its node's host), its ``ValueError`` as ``__cause__``, and the report."""
+    outs = _two_nodes(tmp_path, reaper, mode="node-fails")
+    hosts = set()
+    for out in outs:
+        failures = [line.split(" ", 5) for line in out if line.startswith("failure ")]
+        assert [f[1:5] for f in failures] == [["2", "builtins.ValueError", "rank", "two"]], out
+        assert failures[0][5].startswith("refuses 1 "), out  # the message, then exit code 1, then the host
+        hosts.add(failures[0][5].split()[-1])
+        assert "traceback 2 ValueError: rank two refuses" in out, out
+        assert "cause ValueError('rank two refuses')" in out, out
+        assert "report rankrun: rankrun.launch(node_fails) FAILED (attempt 0)" in out, out
+    assert len(hosts) == 1 and hosts.pop()  # the same host, named alike on both nodes

@@ -3,7 +3,8 @@
 MODE ``values``: four ranks return (rank, pid); ``interrupt``: two ranks sleep until the driver gets SIGINT, then the
 driver waits for their pids to vanish, says how long it took, and launches again; ``node ENDPOINT [LOG_DIR]``: one of
 two nodes of a c10d job, two ranks each, which return (rank, pid) and, from rank 3, a value larger than the store
-carries (``rankrun.api.values.VALUE_LIMIT``); the driver prints what it got, or the error.
+carries (``rankrun.api.values.VALUE_LIMIT``); the driver prints what it got, or the error; ``node-fails ENDPOINT``:
+the same job, where rank 2 raises and the other ranks wait to be stopped; the driver prints the ``WorkerError``.
 """
 
 import os
@@ -54,8 +55,28 @@ def one_of_two_nodes(endpoint, log_dir):
     print("big", {rank: len(big) for rank, (_, _, big) in values.items() if big}, flush=True)
 
 
+def node_fails():
+    if os.environ["RANK"] == "2":
+        raise ValueError("rank two refuses")
+    time.sleep(120)  # stopped when rank 2 fails
+
+
+def one_of_two_failing_nodes(endpoint):
+    try:
+        rankrun.launch(node_fails, nproc_per_node=2, nnodes=2, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+                       rdzv_id="api-nodes")
+    except rankrun.WorkerError as exc:
+        for rank, failure in exc.failures.items():
+            print("failure", rank, failure.exc_type, failure.message, failure.exit_code, failure.host, flush=True)
+            print("traceback", rank, failure.traceback.strip().splitlines()[-1], flush=True)
+        print("cause", repr(exc.__cause__), flush=True)
+        print("report", str(exc).splitlines()[1], flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "node":
+    if sys.argv[1] == "node-fails":
+        one_of_two_failing_nodes(sys.argv[2])
+    elif sys.argv[1] == "node":
         one_of_two_nodes(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     elif sys.argv[1] == "values":
         values = rankrun.launch(identify, 1, nproc_per_node=4)

@@ -31,7 +31,7 @@ from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.rendezvous.keys import Assignment, Spare
 from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.session import Session, open_session
-from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
+from rankrun.report.failure import Ending, describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
 from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
@@ -72,8 +72,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Ended):
-            if word.word.ok and placed is not None and spec.worker.entry.api_results is not None:
-                await _collect_values(spec, member, placed, spec.worker.entry.api_results)
+            if placed is not None and spec.worker.entry.api_results is not None and not word.word.stranded:
+                await _collect_for_the_api(spec, deps, member, placed, spec.worker.entry.api_results, ok=word.word.ok)
             return _ended(spec, deps, word, last, spare=attempt < 0)
         if isinstance(word, Spare):
             if not spare_said:
@@ -99,8 +99,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         if outcome.regrouped is not None:
             deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
         else:  # the workers ended by themselves: say how
-            if not outcome.failed and spec.worker.entry.api_results is not None:
-                await _publish_values(spec, deps, logs, member, word, spec.worker.entry.api_results)
+            if spec.worker.entry.api_results is not None:
+                await _publish_for_the_api(spec, deps, logs, member, word, last, spec.worker.entry.api_results)
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
 
@@ -118,30 +118,48 @@ def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult |
     return Outcome.failed(end.restarts, last, end.cause or end.reason)
 
 
-async def _publish_values(  # noqa: PLR0917 - private; the pieces _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member, word: Assignment, results: Path
+async def _publish_for_the_api(  # noqa: PLR0917 - private; the pieces _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member, word: Assignment, ended: AttemptResult, results: Path
 ) -> None:
-    """``rankrun.launch``: this node's values, for the other nodes (before it reports success)."""
-    from rankrun.api.values import publish  # noqa: PLC0415 - the API's jobs only
+    """``rankrun.launch``: this node's values, or its failures, for the other nodes (before it reports how it ended)."""
+    from rankrun.api import failures, values  # noqa: PLC0415 - the API's jobs only
 
     first = word.ranks.base_rank
-    spill_dir = logs.base / "values" if logs.base is not None and not logs.temporary else None
-    await publish(member.store, member.keys, word.round, range(first, first + spec.worker.nproc), results=results,
-                  spill_dir=spill_dir, host=_host(deps, member), lease=member.job.id if member.job is not None else 0)
+    lease = member.job.id if member.job is not None else 0
+    if not ended.outcome.failed:
+        spill_dir = logs.base / "values" if logs.base is not None and not logs.temporary else None
+        await values.publish(member.store, member.keys, word.round, range(first, first + spec.worker.nproc),
+                             results=results, spill_dir=spill_dir, host=_host(deps, member), lease=lease)
+        return
+    root = root_cause(ended.results)
+    failed = [(r.rank, r.status) for r in ended.results if r.ending is Ending.FAILED]
+    value = failures.node_failures(member.info.id, deps.host, root.rank if root else None, failed, results)  # as the
+    # failing node's own WorkerError names it
+    await failures.publish(member.store, member.keys, word.round, word.group_rank, value, lease=lease)
 
 
-async def _collect_values(spec: LaunchSpec, member: Member, placed: Assignment, results: Path) -> None:
-    """``rankrun.launch``: the job ended well, so every node's values are in the store; the others', before leaving."""
-    from rankrun.api.values import collect  # noqa: PLC0415 - the API's jobs only
+async def _collect_for_the_api(
+    spec: LaunchSpec, deps: AgentDeps, member: Member, placed: Assignment, results: Path, *, ok: bool
+) -> None:
+    """``rankrun.launch``: the job ended, and every node's values (it succeeded) or the failed nodes' failures are in
+    the store: the other nodes', before leaving. Values that cannot be read fail the launch; failures that cannot be
+    read are said (the job failed either way, and the report has its first failure)."""
+    from rankrun.api import failures, values  # noqa: PLC0415 - the API's jobs only
 
-    first = placed.ranks.base_rank
+    mine = range(placed.ranks.base_rank, placed.ranks.base_rank + spec.worker.nproc)
     rdzv = spec.rendezvous
     try:
         async with asyncio.timeout(rdzv.conf.close_timeout):
-            await collect(member.store, member.keys, placed.round, placed.ranks.world_size,
-                          range(first, first + spec.worker.nproc), results=results)
+            if ok:
+                await values.collect(member.store, member.keys, placed.round, placed.ranks.world_size, mine, results=results)
+            else:
+                await failures.collect(member.store, member.keys, placed.round, placed.group_world_size, mine,
+                                       results=results)
     except (TimeoutError, StoreUnavailable) as exc:
         why = f"no answer within {rdzv.conf.close_timeout:g} s (close_timeout)" if isinstance(exc, TimeoutError) else str(exc)
+        if not ok:
+            deps.console.say(f"rendezvous {rdzv.run_id}: the other nodes' failures could not be read: {why}")
+            return
         raise LauncherError(f"rendezvous {rdzv.run_id}: the job succeeded, but the other nodes' values could not be "
                             f"read: {why}") from None
 

@@ -11,7 +11,8 @@ threads). It dies with the caller (``PR_SET_PDEATHSIG``), and its watchdog takes
 Each worker is a fresh interpreter that loads ``(fn, args)`` (``rankrun.api.ship``: what ``__main__`` defines goes
 by value) and writes its value to the run's private directory (``rankrun.api.worker``); on this node values are
 files, so their size is bounded only by the disk. The other nodes' values come through the rendezvous store
-(``rankrun.api.values``: up to ``VALUE_LIMIT`` bytes each, larger ones spilled to files under ``log_dir``).
+(``rankrun.api.values``: up to ``VALUE_LIMIT`` bytes each, larger ones spilled to files under ``log_dir``), and so
+do their failures when the job fails (``rankrun.api.failures``).
 The launcher's output is relayed, line by line, to the caller's ``sys.stdout`` and ``sys.stderr`` (a notebook's
 cell output), with the CLI's rank prefixes. A failure raises ``WorkerError``.
 ``KeyboardInterrupt`` in the caller stops the job: SIGINT to the launcher (forwarded to the workers), then, after
@@ -35,7 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from rankrun.api.results import cause, failures, read_report
+from rankrun.api.results import cause, failures, read_report, root_rank
 from rankrun.api.ship import dumps, loads
 from rankrun.api.values import read_spilled
 from rankrun.cli import build_parser, spec_from_args
@@ -107,7 +108,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
             found = read_report(report)
             failed = failures(found, results)
             error = WorkerError(str(found.get("report", "")).rstrip("\n") or "the workers failed", dict(failed))
-            raise error from cause(results, found.get("root"))
+            raise error from cause(results, root_rank(found, results))
         last = next((line.strip() for line in reversed(err) if line.strip()), f"exit code {code}")
         raise LauncherError(f"rankrun.launch: the launcher failed: {last}")
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from rankrun.record import record
 
+ROOT = "root"  # in the results directory, from the other nodes' records: the job's first failure, {"rank": N}
+
 
 def write_whole(path: Path, data: bytes) -> None:
     """``data`` at ``path``, never seen half written (a rename)."""
@@ -57,18 +59,30 @@ def _signal_name(signum: int) -> str:
 
 
 def failures(report: dict[str, Any], results: Path) -> dict[int, Failure]:
-    """Every rank that failed (ranks that were stopped are not failures), with what its worker recorded."""
+    """Every rank that failed (ranks that were stopped are not failures), with what its worker recorded: this node's
+    from the launcher's report, the other nodes' from ``<rank>.failed`` (``rankrun.api.failures``)."""
+    failed = {int(w["rank"]): (int(w["status"]), str(report.get("host", "")))
+              for w in report.get("workers", []) if w.get("ending") == "failed"}
+    for path in results.glob("*.failed"):
+        other = json.loads(path.read_text())
+        failed.setdefault(int(path.name.split(".")[0]), (int(other["status"]), str(other.get("host") or "")))
     out: dict[int, Failure] = {}
-    for worker in report.get("workers", []):
-        if worker.get("ending") != "failed":
-            continue
-        rank, status = int(worker["rank"]), int(worker["status"])
+    for rank, (status, host) in sorted(failed.items()):
         error_file = results / f"{rank}.error"
         error = ErrorRecord.parse(error_file.read_bytes()) if error_file.exists() else None
         out[rank] = Failure(error.exc_type if error else "", error.message if error else "", error.traceback if error else "",
-                            status if status >= 0 else None, _signal_name(-status) if status < 0 else None,
-                            str(report.get("host", "")))
-    return dict(sorted(out.items()))
+                            status if status >= 0 else None, _signal_name(-status) if status < 0 else None, host)
+    return out
+
+
+def root_rank(report: dict[str, Any], results: Path) -> int | None:
+    """The job's first failure: on several nodes, the one the other nodes' records name (``rankrun.api.failures``),
+    else this node's."""
+    try:
+        return int(json.loads((results / ROOT).read_text())["rank"])
+    except (OSError, ValueError, KeyError, TypeError):
+        root = report.get("root")
+        return int(root) if root is not None else None
 
 
 def cause(results: Path, rank: int | None) -> BaseException | None:

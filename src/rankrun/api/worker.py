@@ -24,7 +24,8 @@ def main(payload: str, results: str) -> None:
     sys.path[:0] = [p for p in path if p not in sys.path]  # what the caller imports from, the workers import from
     fn, args = loads(shipped)
     rank = os.environ["RANK"]
-    for stale in (f"{rank}.value", f"{rank}.error", f"{rank}.at"):  # an earlier attempt's (a restart runs every rank again)
+    # an earlier attempt's (a restart runs every rank again)
+    for stale in (f"{rank}.value", f"{rank}.error", f"{rank}.at", f"{rank}.failed"):
         (Path(results) / stale).unlink(missing_ok=True)
     try:
         value = fn(*args)

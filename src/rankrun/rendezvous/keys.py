@@ -98,6 +98,10 @@ class Keys:
         """A ``rankrun.launch`` job's value of one rank in one round (``rankrun.api.values``)."""
         return f"{self.root}values/{round_}/{rank}"
 
+    def failures(self, round_: int, group_rank: int) -> str:
+        """A failed ``rankrun.launch`` job's failures on one node in one round (``rankrun.api.failures``)."""
+        return f"{self.root}failures/{round_}/{group_rank}"
+
 
 def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
