@@ -98,6 +98,24 @@ def test_a_failure_a_restart_cured_raises_nothing(capsys):
     capsys.readouterr()
 
 
+def _raises_then_killed() -> int:
+    if os.environ["RANK"] == "1":
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            raise ValueError("first try")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+
+
+def test_a_restarted_ranks_failure_is_its_own_not_the_earlier_attempts(capsys):
+    """Attempt 0's rank 1 raised and left its record; attempt 1's rank 1 was killed: the record is gone with it."""
+    with pytest.raises(rankrun.WorkerError) as caught:
+        rankrun.launch(_raises_then_killed, nproc_per_node=2, max_restarts=1)
+    failure = caught.value.failures[1]
+    assert (failure.exc_type, failure.message, failure.exit_code, failure.signal) == ("", "", None, "SIGKILL")
+    assert caught.value.__cause__ is None
+    capsys.readouterr()
+
+
 def test_bad_options_are_value_errors_naming_them():
     with pytest.raises(ValueError, match=r"--nproc-per-node 'zero': expected a positive integer"):
         rankrun.launch(print, nproc_per_node="zero")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
@@ -31,10 +31,13 @@ from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.rendezvous.keys import Assignment, Spare
 from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.session import Session, open_session
-from rankrun.report.failure import Ending, describe_status, exception_text, root_cause, signal_name
+from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
 from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
+
+if TYPE_CHECKING:
+    from rankrun.api.node import ApiNode
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
@@ -65,6 +68,7 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
     previous, attempt, restarts = 0, -1, 0
     last: AttemptResult | None = None
     placed: Assignment | None = None  # this node's place in the last round it ran
+    api = _api_node(spec, deps, logs, member)
     spare_said = False
     while True:
         word = await _wait_for_word(spec, deps, stops, session, previous)
@@ -72,8 +76,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Ended):
-            if placed is not None and spec.worker.entry.api_results is not None and not word.word.stranded:
-                await _collect_for_the_api(spec, deps, member, placed, spec.worker.entry.api_results, ok=word.word.ok)
+            if api is not None:  # rankrun.launch: the other nodes' values, or failures, before leaving
+                await api.job_ended(word.word, placed, deps.console.say)
             return _ended(spec, deps, word, last, spare=attempt < 0)
         if isinstance(word, Spare):
             if not spare_said:
@@ -99,8 +103,8 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         if outcome.regrouped is not None:
             deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
         else:  # the workers ended by themselves: say how
-            if spec.worker.entry.api_results is not None:
-                await _publish_for_the_api(spec, deps, logs, member, word, last, spec.worker.entry.api_results)
+            if api is not None:  # rankrun.launch: this node's values, or failures, for the others
+                await api.report(word, last)
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
 
@@ -118,50 +122,16 @@ def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult |
     return Outcome.failed(end.restarts, last, end.cause or end.reason)
 
 
-async def _publish_for_the_api(  # noqa: PLR0917 - private; the pieces _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member, word: Assignment, ended: AttemptResult, results: Path
-) -> None:
-    """``rankrun.launch``: this node's values, or its failures, for the other nodes (before it reports how it ended)."""
-    from rankrun.api import failures, values  # noqa: PLC0415 - the API's jobs only
+def _api_node(spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member) -> ApiNode | None:
+    """A ``rankrun.launch`` job's exchange of values and failures between nodes; None for any other job."""
+    results = spec.worker.entry.api_results
+    if results is None:
+        return None
+    from rankrun.api.node import ApiNode  # noqa: PLC0415 - the API's jobs only
 
-    first = word.ranks.base_rank
-    lease = member.job.id if member.job is not None else 0
-    if not ended.outcome.failed:
-        spill_dir = logs.base / "values" if logs.base is not None and not logs.temporary else None
-        await values.publish(member.store, member.keys, word.round, range(first, first + spec.worker.nproc),
-                             results=results, spill_dir=spill_dir, host=_host(deps, member), lease=lease)
-        return
-    root = root_cause(ended.results)
-    failed = [(r.rank, r.status) for r in ended.results if r.ending is Ending.FAILED]
-    value = failures.node_failures(member.info.id, deps.host, root.rank if root else None, failed, results)  # as the
-    # failing node's own WorkerError names it
-    await failures.publish(member.store, member.keys, word.round, word.group_rank, value, lease=lease)
-
-
-async def _collect_for_the_api(
-    spec: LaunchSpec, deps: AgentDeps, member: Member, placed: Assignment, results: Path, *, ok: bool
-) -> None:
-    """``rankrun.launch``: the job ended, and every node's values (it succeeded) or the failed nodes' failures are in
-    the store: the other nodes', before leaving. Values that cannot be read fail the launch; failures that cannot be
-    read are said (the job failed either way, and the report has its first failure)."""
-    from rankrun.api import failures, values  # noqa: PLC0415 - the API's jobs only
-
-    mine = range(placed.ranks.base_rank, placed.ranks.base_rank + spec.worker.nproc)
-    rdzv = spec.rendezvous
-    try:
-        async with asyncio.timeout(rdzv.conf.close_timeout):
-            if ok:
-                await values.collect(member.store, member.keys, placed.round, placed.ranks.world_size, mine, results=results)
-            else:
-                await failures.collect(member.store, member.keys, placed.round, placed.group_world_size, mine,
-                                       results=results)
-    except (TimeoutError, StoreUnavailable) as exc:
-        why = f"no answer within {rdzv.conf.close_timeout:g} s (close_timeout)" if isinstance(exc, TimeoutError) else str(exc)
-        if not ok:
-            deps.console.say(f"rendezvous {rdzv.run_id}: the other nodes' failures could not be read: {why}")
-            return
-        raise LauncherError(f"rendezvous {rdzv.run_id}: the job succeeded, but the other nodes' values could not be "
-                            f"read: {why}") from None
+    spill_dir = logs.base / "values" if logs.base is not None and not logs.temporary else None
+    return ApiNode(member, results, nproc=spec.worker.nproc, host=deps.host, address=_host(deps, member),
+                   spill_dir=spill_dir, run_id=spec.rendezvous.run_id, close_timeout=spec.rendezvous.conf.close_timeout)
 
 
 def _host(deps: AgentDeps, member: Member) -> str:

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from rankrun.api.results import ROOT, ErrorRecord, write_whole
-from rankrun.api.values import READS_AT_ONCE, VALUE_LIMIT
+from rankrun.api.values import READS_AT_ONCE, VALUE_LIMIT, forget_the_others
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import Store
 
@@ -59,13 +59,17 @@ def _the_first_failures_text_only(record: dict[str, object], *, first: bool) -> 
     record["traceback"] = str(record["traceback"])[-TAIL:] if first else ""
 
 
-async def publish(store: Store, keys: Keys, round_: int, group_rank: int, value: bytes, *, lease: int) -> None:
+async def publish(store: Store, keys: Keys, round_: int, group_rank: int, value: bytes, *, lease: int) -> list[str]:
+    """This node's failures of round ``round_`` into the store; the key written."""
     await store.put(keys.failures(round_, group_rank), value, lease=lease)
+    return [keys.failures(round_, group_rank)]
 
 
 async def collect(store: Store, keys: Keys, round_: int, group_world_size: int, mine: range, *, results: Path) -> None:
     """Every node's failures of round ``round_`` into ``results`` (this node's own ranks are there already), and the
     job's first failure."""
+    forget_the_others(results, mine)
+    (results / ROOT).unlink(missing_ok=True)
     nodes = []
     for start in range(0, group_world_size, READS_AT_ONCE):
         batch = range(start, min(start + READS_AT_ONCE, group_world_size))

@@ -11,6 +11,7 @@ from typing import Any
 
 from rankrun.record import record
 
+KINDS = ("value", "at", "error", "failed")  # what a results directory holds per rank (``<rank>.<kind>``)
 ROOT = "root"  # in the results directory, from the other nodes' records: the job's first failure, {"rank": N}
 
 

@@ -22,6 +22,7 @@ A function's state is set after it is created, so a function that refers to itse
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dis
 import importlib
 import io
@@ -90,7 +91,8 @@ def _skeleton(code: bytes, name: str, cells: int, tag: str, space: int) -> types
 def _fill(fn: types.FunctionType, state: tuple[Any, ...]) -> None:
     namespace, defaults, kwdefaults, cells, qualname, module, attributes, doc, submodules = state
     for name in submodules:
-        importlib.import_module(name)
+        with contextlib.suppress(ImportError):  # one the caller made up (a lazy or virtual module) fails when used
+            importlib.import_module(name)
     fn.__globals__.update(namespace)
     fn.__defaults__, fn.__kwdefaults__, fn.__qualname__, fn.__module__, fn.__doc__ = defaults, kwdefaults, qualname, module, doc
     fn.__dict__.update(attributes)

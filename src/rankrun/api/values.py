@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rankrun.api.results import write_whole
+from rankrun.api.results import KINDS, write_whole
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import Store
 
@@ -27,9 +27,12 @@ VALUE_LIMIT = 1 << 20  # bytes of one pickled value that travel through the stor
 READS_AT_ONCE = 16  # gets in flight while a node reads the other nodes' values
 
 
-def encode(rank: int, host: str, data: bytes | None, *, size: int = 0, path: str = "") -> bytes:
-    """One rank's key: a JSON header line, then the pickled value (``data``), or nothing when it was spilled."""
-    header = {"rank": rank, "host": host} if data is not None else {"rank": rank, "host": host, "size": size, "path": path}
+def encode(rank: int, host: str, data: bytes | None, *, size: int = 0, path: str = "", why: str = "") -> bytes:
+    """One rank's key: a JSON header line, then the pickled value (``data``), or nothing when it was spilled (to
+    ``path``; ``why`` not, when it could not be)."""
+    header: dict[str, object] = {"rank": rank, "host": host}
+    if data is None:
+        header |= {"size": size, "path": path, "why": why}
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + (data or b"")
 
 
@@ -45,7 +48,7 @@ def spilled(header: dict[str, object]) -> bool:
 
 def pointer_text(header: dict[str, object]) -> bytes:
     """What ``<rank>.at`` holds: where a spilled value lies, its size and its node (``read_spilled`` reads it)."""
-    return json.dumps({k: header.get(k) for k in ("rank", "host", "size", "path")}).encode()
+    return json.dumps({k: header.get(k) for k in ("rank", "host", "size", "path", "why")}).encode()
 
 
 def read_spilled(at: Path) -> bytes:
@@ -55,8 +58,9 @@ def read_spilled(at: Path) -> bytes:
     too_big = (f"rank {rank}'s value ({size:,} bytes, on {host}) is larger than the {VALUE_LIMIT:,} bytes a value "
                "may take through the rendezvous store")
     if not path:
-        raise OSError(f"{too_big}, and its node had no log_dir to spill it to: give log_dir= a directory every node "
-                      "shares, or return less (a path to what the worker saved)")
+        why = where.get("why") or "its node had no log_dir to spill it to"
+        raise OSError(f"{too_big}, and {why}: give log_dir= a directory every node shares, or return less (a path to "
+                      "what the worker saved)")
     try:
         return Path(path).read_bytes()
     except OSError as exc:
@@ -65,8 +69,10 @@ def read_spilled(at: Path) -> bytes:
 
 
 async def publish(store: Store, keys: Keys, round_: int, ranks: range, *, results: Path, spill_dir: Path | None,
-                  host: str, lease: int) -> None:
-    """This node's values of round ``round_`` into the store (those over ``VALUE_LIMIT`` spilled, when it can)."""
+                  host: str, lease: int) -> list[str]:
+    """This node's values of round ``round_`` into the store (those over ``VALUE_LIMIT`` spilled, when it can); the
+    keys written."""
+    written = []
     for rank in ranks:
         source = results / f"{rank}.value"
         try:
@@ -75,10 +81,16 @@ async def publish(store: Store, keys: Keys, round_: int, ranks: range, *, result
             continue
         if size <= VALUE_LIMIT:
             value = encode(rank, host, source.read_bytes())
+        elif spill_dir is None:
+            value = encode(rank, host, None, size=size)
         else:
-            path = "" if spill_dir is None else str(await asyncio.to_thread(_spill, source, spill_dir, rank))
-            value = encode(rank, host, None, size=size, path=path)
+            try:
+                value = encode(rank, host, None, size=size, path=str(await asyncio.to_thread(_spill, source, spill_dir, rank)))
+            except OSError as exc:  # a full or read-only log_dir: the job still succeeded, the other nodes say why
+                value = encode(rank, host, None, size=size, why=f"its node could not spill it to {spill_dir}: {exc}")
         await store.put(keys.value(round_, rank), value, lease=lease)
+        written.append(keys.value(round_, rank))
+    return written
 
 
 def _spill(source: Path, spill_dir: Path, rank: int) -> Path:
@@ -92,9 +104,18 @@ def _spill(source: Path, spill_dir: Path, rank: int) -> Path:
     return target
 
 
+def forget_the_others(results: Path, mine: range) -> None:
+    """Remove what ``results`` holds of ranks not on this node now: an earlier round's, before ranks moved (a node
+    joined or left), or the other nodes' of an earlier end."""
+    for path in results.iterdir():
+        rank, dot, kind = path.name.partition(".")
+        if dot and kind in KINDS and rank.isdigit() and int(rank) not in mine:
+            path.unlink(missing_ok=True)
+
+
 async def collect(store: Store, keys: Keys, round_: int, world_size: int, mine: range, *, results: Path) -> None:
-    """The other nodes' values of round ``round_`` into ``results``; values of ranks beyond the world (a job that
-    shrank since a worker here wrote one) removed."""
+    """The other nodes' values of round ``round_`` into ``results``, in place of anything it held of their ranks."""
+    forget_the_others(results, mine)
     others = [rank for rank in range(world_size) if rank not in mine]
     for start in range(0, len(others), READS_AT_ONCE):
         batch = others[start:start + READS_AT_ONCE]
@@ -107,6 +128,3 @@ async def collect(store: Store, keys: Keys, round_: int, world_size: int, mine: 
                 write_whole(results / f"{rank}.at", pointer_text(header))
             else:
                 write_whole(results / f"{rank}.value", data)
-    for stale in results.glob("*.value"):
-        if int(stale.name.split(".")[0]) >= world_size:
-            stale.unlink(missing_ok=True)

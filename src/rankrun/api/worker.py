@@ -15,18 +15,17 @@ import sys
 import traceback
 from pathlib import Path
 
-from rankrun.api.results import ErrorRecord, write_whole
+from rankrun.api.results import KINDS, ErrorRecord, write_whole
 from rankrun.api.ship import dumps, loads
 
 
 def main(payload: str, results: str) -> None:
     path, shipped = pickle.loads(Path(payload).read_bytes())  # noqa: S301 - written by this job's caller
     sys.path[:0] = [p for p in path if p not in sys.path]  # what the caller imports from, the workers import from
-    fn, args = loads(shipped)
     rank = os.environ["RANK"]
-    # an earlier attempt's (a restart runs every rank again)
-    for stale in (f"{rank}.value", f"{rank}.error", f"{rank}.at", f"{rank}.failed"):
-        (Path(results) / stale).unlink(missing_ok=True)
+    for kind in KINDS:  # an earlier attempt's (a restart runs every rank again), gone before anything can fail
+        (Path(results) / f"{rank}.{kind}").unlink(missing_ok=True)
+    fn, args = loads(shipped)
     try:
         value = fn(*args)
     except BaseException as exc:

@@ -1,6 +1,6 @@
 """The rendezvous's keys and records: where each fact lives under ``/rankrun/<run id>/`` and how it is spelled.
 
-Keys (all small; none is rewritten by more than one writer)::
+Keys (small, but for a ``rankrun.launch`` job's values; none is rewritten by more than one writer)::
 
     nodes/<node>            a node's description, written once when it joins, bound to its lease
     round                   the coordinator's word on the current round: number, phase, restarts, why
@@ -12,11 +12,14 @@ Keys (all small; none is rewritten by more than one writer)::
     stacks/ask              somebody wants every node's stacks (a stall, or ``rankrun --stacks``)
     stacks/answer/<node>    a node's grouped samples for the latest ask, bound to its lease
     stacks/report           the asker's report of the whole job, which every node prints (a stall)
+    values/<round>/<rank>   ``rankrun.launch``: a rank's value (up to 1 MiB) or where it was spilled
+    failures/<round>/<g>    ``rankrun.launch``: the failures of the node of group rank g (up to 1 MiB)
 
 Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
 ``Assignment`` and ``Spare`` (``place_from``), ``result_value``/``result_from``, ``Status``,
 ``closed_value``/``closed_ok``. They travel as compact JSON objects, never pickle. The ``stacks/`` records
-are the stacks exchange's (``rankrun.stacks.wire``).
+are the stacks exchange's (``rankrun.stacks.wire``); the ``values/`` and ``failures/`` ones the Python API's
+(``rankrun.api.values``, ``rankrun.api.failures``).
 """
 
 from __future__ import annotations
