@@ -229,3 +229,12 @@ def fresh_loopback() -> str:
 
 def payload(name: str) -> str:
     return str(PAYLOADS / name)
+
+
+def two_api_nodes(tmp_path: Path, reaper: Reaper, *args: str) -> list[list[str]]:
+    """Two callers of ``rankrun.launch`` (``payloads/api_driver.py ARGS``), each one node of the same job; their
+    stdout lines, once both have exited 0."""
+    nodes = [Launcher([sys.executable, payload("api_driver.py"), *args], clean_environ(), tmp_path, reaper) for _ in range(2)]
+    for node in nodes:
+        assert node.finish(timeout=120) == 0, node.err
+    return [node.out for node in nodes]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, payload
+from conftest import clean_environ, payload, two_api_nodes
 from etcdserver import Cluster, etcd_cluster, fresh_address
+from rankrun.api.values import VALUE_LIMIT
 
 pytestmark = [pytest.mark.usefixtures("private_tmpdir"),
               pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed (apt-get install etcd-server)")]
@@ -310,3 +311,13 @@ def test_a_stall_is_reported_by_every_agent_with_the_ranks_of_both_nodes(launch,
         run.proc.send_signal(signal.SIGTERM)
     for run in runs:
         run.finish()
+
+
+def test_two_python_callers_on_etcd_both_get_every_value_and_the_values_go_with_the_job(etcd, reaper, tmp_path):
+    """``rankrun.launch`` on the etcd backend: the values travel on the job's lease (rank 3's, over the limit,
+    spilled into the shared log_dir), and nothing of them stays in etcd once the job is over."""
+    outs = two_api_nodes(tmp_path, reaper, "node", "etcd", etcd.endpoints, str(tmp_path / "logs"))
+    for out in outs:
+        assert "values [(0, 100), (1, 101), (2, 102), (3, 103)]" in out, out
+        assert f"big {{3: {VALUE_LIMIT + 1}}}" in out, out
+    assert [k["key"] for k in etcd.keys("/rankrun/api-nodes/")] == ["/rankrun/api-nodes/closed"]

@@ -13,7 +13,7 @@ import pytest
 
 import rankrun
 import rankrun.api.values
-from conftest import Launcher, clean_environ, fresh_loopback, payload
+from conftest import Launcher, clean_environ, fresh_loopback, payload, two_api_nodes
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -165,20 +165,10 @@ def test_launches_from_two_threads_are_two_jobs_and_a_launch_inside_a_worker_is_
     capsys.readouterr()
 
 
-def _two_nodes(tmp_path, reaper, log_dir=None, mode="node"):
-    endpoint = f"{fresh_loopback()}:29400"
-    extra = [str(log_dir)] if log_dir is not None else []
-    nodes = [Launcher([sys.executable, payload("api_driver.py"), mode, endpoint, *extra], clean_environ(), tmp_path,
-                      reaper) for _ in range(2)]
-    for node in nodes:
-        assert node.finish(timeout=120) == 0, node.err
-    return [node.out for node in nodes]
-
-
 def test_two_callers_form_a_two_node_job_and_both_get_all_four_values(reaper, tmp_path):
     """Two callers on loopback, a c10d rendezvous: every rank's value on both nodes (rank 3's, over the store's
     limit, spilled into the log directory both share)."""
-    outs = _two_nodes(tmp_path, reaper, log_dir=tmp_path / "logs")
+    outs = two_api_nodes(tmp_path, reaper, "node", "c10d", f"{fresh_loopback()}:29400", str(tmp_path / "logs"))
     for out in outs:
         assert "values [(0, 100), (1, 101), (2, 102), (3, 103)]" in out, out
         assert f"big {{3: {rankrun.api.values.VALUE_LIMIT + 1}}}" in out, out
@@ -188,7 +178,7 @@ def test_two_callers_form_a_two_node_job_and_both_get_all_four_values(reaper, tm
 
 
 def test_a_value_over_the_limit_without_a_shared_log_dir_is_a_clear_error_on_the_other_node(reaper, tmp_path):
-    outs = _two_nodes(tmp_path, reaper)
+    outs = two_api_nodes(tmp_path, reaper, "node", "c10d", f"{fresh_loopback()}:29400")
     got = sorted(next(line for line in out if line.startswith(("values ", "error "))) for out in outs)
     assert got[1] == "values [(0, 100), (1, 101), (2, 102), (3, 103)]"  # rank 3's node has its value on disk
     assert re.match(r"error rankrun.launch: rank 3's value \(1,048,6\d\d bytes, on \S+\) is larger than the 1,048,576 "
@@ -199,7 +189,7 @@ def test_a_value_over_the_limit_without_a_shared_log_dir_is_a_clear_error_on_the
 def test_on_two_nodes_both_callers_get_the_failed_rank_and_its_exception_wherever_it_ran(reaper, tmp_path):
     """Rank 2 raises on one node; the other node's ranks were only stopped. Both callers get rank 2 in
     ``failures`` (with its node's host), its ``ValueError`` as ``__cause__``, and the report."""
-    outs = _two_nodes(tmp_path, reaper, mode="node-fails")
+    outs = two_api_nodes(tmp_path, reaper, "node-fails", f"{fresh_loopback()}:29400")
     hosts = set()
     for out in outs:
         failures = [line.split(" ", 5) for line in out if line.startswith("failure ")]

@@ -1,8 +1,8 @@
 """A script whose ``__main__`` defines the functions it launches (``python api_driver.py MODE``), as users write them.
 
 MODE ``values``: four ranks return (rank, pid); ``interrupt``: two ranks sleep until the driver gets SIGINT, then the
-driver waits for their pids to vanish, says how long it took, and launches again; ``node ENDPOINT [LOG_DIR]``: one of
-two nodes of a c10d job, two ranks each, which return (rank, pid) and, from rank 3, a value larger than the store
+driver waits for their pids to vanish, says how long it took, and launches again; ``node BACKEND ENDPOINT [LOG_DIR]``:
+one of two nodes of a job on that rendezvous backend (c10d, etcd), two ranks each, which return (rank, pid) and, from rank 3, a value larger than the store
 carries (``rankrun.api.values.VALUE_LIMIT``); the driver prints what it got, or the error; ``node-fails ENDPOINT``:
 the same job, where rank 2 raises and the other ranks wait to be stopped; the driver prints the ``WorkerError``.
 """
@@ -43,9 +43,9 @@ def node_value():
     return rank + OFFSET, os.getpid(), big
 
 
-def one_of_two_nodes(endpoint, log_dir):
+def one_of_two_nodes(backend, endpoint, log_dir):
     try:
-        values = rankrun.launch(node_value, nproc_per_node=2, nnodes=2, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        values = rankrun.launch(node_value, nproc_per_node=2, nnodes=2, rdzv_backend=backend, rdzv_endpoint=endpoint,
                                 rdzv_id="api-nodes", log_dir=log_dir)
     except rankrun.LauncherError as exc:
         print("error", exc, flush=True)
@@ -77,7 +77,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "node-fails":
         one_of_two_failing_nodes(sys.argv[2])
     elif sys.argv[1] == "node":
-        one_of_two_nodes(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+        one_of_two_nodes(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
     elif sys.argv[1] == "values":
         values = rankrun.launch(identify, 1, nproc_per_node=4)
         print("values", sorted((rank, value) for rank, (value, _) in values.items()), flush=True)
