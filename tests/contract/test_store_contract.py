@@ -20,7 +20,7 @@ from etcdserver import etcd_cluster
 from fakes import FakeTimers
 from rankrun.api.values import VALUE_LIMIT, encode
 from rankrun.spec import parse_etcd_endpoints
-from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable
+from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable, get_many
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.server import StoreServer
 from rankrun.store.etcd.gateway import Connection, EtcdError, Gateway
@@ -193,6 +193,17 @@ def test_a_value_as_large_as_rankrun_launch_sends_through_the_store_passes(run):
         await h.store.put("/big", value)
         entry = await h.store.get("/big")
         assert entry is not None and entry.value == value
+
+    run(body)
+
+
+def test_get_many_reads_each_key_in_order_a_batch_at_a_time(run):
+    async def body(h: Harness) -> None:
+        for i in range(0, 40, 3):
+            await h.store.put(f"/many/{i}", str(i).encode())
+        found = await get_many(h.store, [f"/many/{i}" for i in range(40)], at_once=16)
+        assert [e.value.decode() if e is not None else None for e in found] == \
+            [str(i) if i % 3 == 0 else None for i in range(40)]
 
     run(body)
 

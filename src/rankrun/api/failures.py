@@ -4,23 +4,23 @@ whole job, and ``__cause__`` is the job's root cause, wherever it ran.
 A node whose workers failed publishes, before it reports the failure, one key for itself,
 ``failures/<round>/<group rank>``: its node id, its host, its own first failure, and each failed rank's exit
 status and ``ErrorRecord`` (type, message, traceback, the exception pickled), at most ``VALUE_LIMIT`` bytes in all
-(the pickled exceptions go first, then all tracebacks but the first failure's). When the job ends failed, every
-node reads those keys of the last round into its caller's results directory: ``<rank>.error`` as the worker
-itself writes it, ``<rank>.failed`` with the status and host, and ``root`` naming the job's first failure: the
-first failure of the node whose report the coordinator read first (the one the failure report names).
+(the pickled exceptions go first, then the messages and tracebacks of every rank but the node's first failure).
+When the job ends failed, every node reads those keys of the last round into its caller's results directory:
+``<rank>.error`` as the worker itself writes it, ``<rank>.failed`` with the status and host, and ``root`` naming
+the job's first failure: the first failure of the node whose report the coordinator read first (the one the
+failure report names).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from pathlib import Path
 
 from rankrun.api.results import ROOT, ErrorRecord, write_whole
-from rankrun.api.values import READS_AT_ONCE, VALUE_LIMIT, forget_the_others
+from rankrun.api.values import VALUE_LIMIT, forget_the_others
 from rankrun.rendezvous.keys import Keys
-from rankrun.store.api import Store
+from rankrun.store.api import Store, get_many
 
 TAIL = 64 << 10  # characters of a message or traceback kept when a node's failures do not fit whole
 
@@ -70,12 +70,9 @@ async def collect(store: Store, keys: Keys, round_: int, group_world_size: int, 
     job's first failure."""
     forget_the_others(results, mine)
     (results / ROOT).unlink(missing_ok=True)
-    nodes = []
-    for start in range(0, group_world_size, READS_AT_ONCE):
-        batch = range(start, min(start + READS_AT_ONCE, group_world_size))
-        entries = await asyncio.gather(*(store.get(keys.failures(round_, g)) for g in batch))
-        nodes += [json.loads(e.value) for e in entries if e is not None]
-    reports = await asyncio.gather(*(store.get(keys.result(round_, str(node.get("node")))) for node in nodes))
+    entries = await get_many(store, [keys.failures(round_, g) for g in range(group_world_size)])
+    nodes = [json.loads(e.value) for e in entries if e is not None]
+    reports = await get_many(store, [keys.result(round_, str(node.get("node"))) for node in nodes])
     first = min(((r.mod_revision, n) for r, n in zip(reports, nodes, strict=True) if r is not None),
                 key=lambda pair: pair[0], default=None)
     if first is not None and first[1].get("root") is not None:

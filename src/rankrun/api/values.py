@@ -21,10 +21,9 @@ from pathlib import Path
 
 from rankrun.api.results import KINDS, write_whole
 from rankrun.rendezvous.keys import Keys
-from rankrun.store.api import Store
+from rankrun.store.api import Store, get_many
 
 VALUE_LIMIT = 1 << 20  # bytes of one pickled value that travel through the store; a larger one is spilled to a file
-READS_AT_ONCE = 16  # gets in flight while a node reads the other nodes' values
 
 
 def encode(rank: int, host: str, data: bytes | None, *, size: int = 0, path: str = "", why: str = "") -> bytes:
@@ -117,14 +116,12 @@ async def collect(store: Store, keys: Keys, round_: int, world_size: int, mine: 
     """The other nodes' values of round ``round_`` into ``results``, in place of anything it held of their ranks."""
     forget_the_others(results, mine)
     others = [rank for rank in range(world_size) if rank not in mine]
-    for start in range(0, len(others), READS_AT_ONCE):
-        batch = others[start:start + READS_AT_ONCE]
-        entries = await asyncio.gather(*(store.get(keys.value(round_, rank)) for rank in batch))
-        for rank, entry in zip(batch, entries, strict=True):
-            if entry is None:  # that worker returned no value
-                continue
-            header, data = decode(entry.value)
-            if spilled(header):
-                write_whole(results / f"{rank}.at", pointer_text(header))
-            else:
-                write_whole(results / f"{rank}.value", data)
+    entries = await get_many(store, [keys.value(round_, rank) for rank in others])
+    for rank, entry in zip(others, entries, strict=True):
+        if entry is None:  # that worker returned no value
+            continue
+        header, data = decode(entry.value)
+        if spilled(header):
+            write_whole(results / f"{rank}.at", pointer_text(header))
+        else:
+            write_whole(results / f"{rank}.value", data)

@@ -171,6 +171,15 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+async def get_many(store: Store, keys: Sequence[str], at_once: int = 16) -> list[Entry | None]:
+    """``get`` of each key, in order, ``at_once`` of them in flight (a big job's reader must not open one request per
+    node at once)."""
+    found: list[Entry | None] = []
+    for start in range(0, len(keys), at_once):
+        found += await asyncio.gather(*(store.get(key) for key in keys[start:start + at_once]))
+    return found
+
+
 Events = asyncio.Queue[Event | StoreUnavailable]  # several watches' events in one queue, their ends included
 
 
