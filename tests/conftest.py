@@ -176,7 +176,11 @@ class Launcher:
         return seen
 
     def finish(self, timeout: float = 120.0) -> int:
-        rc = self.proc.wait(timeout=timeout)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # what it said so far is the clue to why it still runs
+            raise AssertionError(f"{self.proc.args} still running after {timeout:g} s\nstdout={self.out}\n"
+                                 f"stderr={self.err}") from None
         self._close()
         return rc
 
