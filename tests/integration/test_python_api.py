@@ -3,6 +3,7 @@ failures as ``WorkerError``, output through the caller's ``sys.stdout``, Ctrl-C,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ import pytest
 
 import rankrun
 import rankrun.api.values
-from conftest import Launcher, clean_environ, fresh_loopback, payload, two_api_nodes
+from conftest import Launcher, clean_environ, fresh_loopback, payload, run_cli, two_api_nodes
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -68,14 +69,79 @@ def test_a_failure_is_a_worker_error_with_the_failed_rank_its_record_and_its_exc
     assert list(error.failures) == [2]  # ranks that were only stopped are not failures
     failure = error.failures[2]
     assert (failure.exc_type, failure.message, failure.exit_code, failure.signal) == (
-        "builtins.ValueError", "rank two refuses", 1, None)
+        "ValueError", "rank two refuses", 1, None)
     assert 'raise ValueError("rank two refuses")' in failure.traceback and failure.host
+    first_frame = f'  File "{__file__}", line {_fails_on_rank_2.__code__.co_firstlineno + 2}, in _fails_on_rank_2'
+    assert failure.traceback.splitlines()[:2] == ["Traceback (most recent call last):", first_frame]  # no rankrun frame
     assert isinstance(error.__cause__, ValueError) and str(error.__cause__) == "rank two refuses"
     report = str(error)  # the CLI's failure report
     assert report.startswith("=" * 72 + "\nrankrun: rankrun.launch(_fails_on_rank_2) FAILED (attempt 0)\n")
     assert "Root cause (first failure" in report
     assert "rank       : 2 (local_rank: 2)" in report
+    assert "    Traceback (most recent call last):\n    " + first_frame + "\n" in report
+    err = capsys.readouterr().err  # caught: the report is not printed, the worker's own traceback is (its output)
+    assert "FAILED" not in err and "Root cause" not in err, err
+    assert f"[default2]:Traceback (most recent call last):\n[default2]:{first_frame}\n" in err, err
+
+
+class Quota:
+    class Exceeded(Exception):
+        pass
+
+
+def _exceeds_the_quota() -> int:
+    raise Quota.Exceeded("over by 3")
+
+
+def test_exc_type_is_as_python_prints_it_module_and_qualified_name_for_a_class_of_ones_own(capsys):
+    with pytest.raises(rankrun.WorkerError) as caught:
+        rankrun.launch(_exceeds_the_quota)
+    assert caught.value.failures[0].exc_type == f"{__name__}.Quota.Exceeded"
+    assert caught.value.failures[0].traceback.rstrip("\n").endswith(f"\n{__name__}.Quota.Exceeded: over by 3")
+    assert isinstance(caught.value.__cause__, Quota.Exceeded)
     capsys.readouterr()
+
+
+def test_a_caller_that_catches_the_worker_error_prints_no_report_but_the_workers_output(tmp_path):
+    driver = payload("api_driver.py")
+    done = subprocess.run([sys.executable, driver, "caught"], cwd=tmp_path, env=clean_environ(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    first_frame = f'File "{driver}", line {_line_of(driver, "rank one refuses")}, in refuse'
+    assert done.stdout.splitlines()[:2] == ["caught ValueError", f"first frame {first_frame}"], done.stdout
+    assert "FAILED" not in done.stderr and "Root cause" not in done.stderr, done.stderr
+    lines = done.stderr.splitlines()  # the worker's own stderr still comes through, its traceback from the user's code
+    assert lines[lines.index("[default1]:Traceback (most recent call last):") + 1] == f"[default1]:  {first_frame}", lines
+    assert "[default1]:ValueError: rank one refuses" in lines
+
+
+def test_a_worker_error_nobody_catches_shows_the_report_once_and_the_caller_exits_1(tmp_path):
+    done = subprocess.run([sys.executable, payload("api_driver.py"), "uncaught"], cwd=tmp_path, env=clean_environ(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    err = done.stderr
+    assert err.count("rankrun: rankrun.launch(refuse) FAILED (attempt 0)") == 1, err
+    assert "\nrankrun.errors.WorkerError: " + "=" * 72 + "\nrankrun: rankrun.launch(refuse) FAILED" in err, err  # Python's
+    assert err.rstrip("\n").endswith("=" * 72), err  # the report is the last thing, as Python printed the exception
+    assert "\nValueError: rank one refuses\n\nThe above exception was the direct cause" in err, err
+
+
+def _line_of(path: str, text: str) -> int:
+    with open(path) as fh:
+        return next(n for n, line in enumerate(fh, 1) if text in line)
+
+
+def test_the_launcher_leaves_the_report_to_the_api_caller_and_prints_it_when_it_cannot(tmp_path):
+    """``RANKRUN_REPORT_JSON`` (what ``rankrun.launch`` sets) takes the report off the launcher's stderr; when that
+    file cannot be written, stderr gets it after all, with the reason."""
+    given = tmp_path / "report.json"
+    done = run_cli("--nproc-per-node", "1", "--no-python", "false", env={**clean_environ(), "RANKRUN_REPORT_JSON": str(given)})
+    assert done.returncode == 1 and "FAILED" not in done.stderr, done.stderr
+    assert "rankrun: false FAILED (attempt 0)" in json.loads(given.read_text())["report"]
+    missing = tmp_path / "missing" / "report.json"
+    done = run_cli("--nproc-per-node", "1", "--no-python", "false", env={**clean_environ(), "RANKRUN_REPORT_JSON": str(missing)})
+    assert done.returncode == 1 and f"cannot write RANKRUN_REPORT_JSON {missing}" in done.stderr, done.stderr
+    assert done.stderr.count("rankrun: false FAILED (attempt 0)") == 1, done.stderr
 
 
 def test_a_worker_killed_by_a_signal_is_a_failure_without_an_exception(capsys):
@@ -160,7 +226,7 @@ def test_launches_from_two_threads_are_two_jobs_and_a_launch_inside_a_worker_is_
         assert [job.result(timeout=120) for job in jobs] == [{0: 3, 1: 3}, {0: 4, 1: 4}]
     with pytest.raises(rankrun.WorkerError) as caught:
         rankrun.launch(_launch_again)
-    assert caught.value.failures[0].exc_type == "builtins.RuntimeError"
+    assert caught.value.failures[0].exc_type == "RuntimeError"
     assert "called inside a worker of rankrun.launch" in caught.value.failures[0].message
     capsys.readouterr()
 
@@ -193,7 +259,7 @@ def test_on_two_nodes_both_callers_get_the_failed_rank_and_its_exception_whereve
     hosts = set()
     for out in outs:
         failures = [line.split(" ", 5) for line in out if line.startswith("failure ")]
-        assert [f[1:5] for f in failures] == [["2", "builtins.ValueError", "rank", "two"]], out
+        assert [f[1:5] for f in failures] == [["2", "ValueError", "rank", "two"]], out
         assert failures[0][5].startswith("refuses 1 "), out  # the message, then exit code 1, then the host
         hosts.add(failures[0][5].split()[-1])
         assert "traceback 2 ValueError: rank two refuses" in out, out

@@ -4,7 +4,9 @@ MODE ``values``: four ranks return (rank, pid); ``interrupt``: two ranks sleep u
 driver waits for their pids to vanish, says how long it took, and launches again; ``node BACKEND ENDPOINT [LOG_DIR]``:
 one of two nodes of a job on that rendezvous backend (c10d, etcd), two ranks each, which return (rank, pid) and, from rank 3, a value larger than the store
 carries (``rankrun.api.values.VALUE_LIMIT``); the driver prints what it got, or the error; ``node-fails ENDPOINT``:
-the same job, where rank 2 raises and the other ranks wait to be stopped; the driver prints the ``WorkerError``.
+the same job, where rank 2 raises and the other ranks wait to be stopped; the driver prints the ``WorkerError``;
+``caught``: rank 1 of two raises, the driver catches the ``WorkerError`` and prints its rank 1's type and the first
+line of its traceback after the header; ``uncaught``: the same job, the ``WorkerError`` left to Python.
 """
 
 import os
@@ -73,8 +75,26 @@ def one_of_two_failing_nodes(endpoint):
         print("report", str(exc).splitlines()[1], flush=True)
 
 
+def refuse():
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one refuses")
+    return 0
+
+
+def caught():
+    try:
+        rankrun.launch(refuse, nproc_per_node=2)
+    except rankrun.WorkerError as exc:
+        print("caught", exc.failures[1].exc_type, flush=True)
+        print("first frame", exc.failures[1].traceback.splitlines()[1].strip(), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "node-fails":
+    if sys.argv[1] == "caught":
+        caught()
+    elif sys.argv[1] == "uncaught":
+        rankrun.launch(refuse, nproc_per_node=2)
+    elif sys.argv[1] == "node-fails":
         one_of_two_failing_nodes(sys.argv[2])
     elif sys.argv[1] == "node":
         one_of_two_nodes(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)

@@ -39,7 +39,7 @@ def test_a_node_reads_the_other_ranks_values_and_forgets_what_an_earlier_round_l
 
 
 def _node(node_id: str, host: str, rank: int, message: str) -> bytes:
-    record = {"rank": rank, "status": 1, "exc_type": "builtins.ValueError", "message": message,
+    record = {"rank": rank, "status": 1, "exc_type": "ValueError", "message": message,
               "traceback": f"ValueError: {message}\n", "pickled": ""}
     return json.dumps({"node": node_id, "host": host, "root": rank, "failures": [record]}).encode()
 

@@ -12,7 +12,7 @@ from rankrun.api.values import VALUE_LIMIT
 
 
 def _write(tmp_path, rank: int, traceback: str, exception: BaseException) -> None:
-    record = ErrorRecord("builtins.ValueError", f"rank {rank} broke", traceback, pickle.dumps(exception))
+    record = ErrorRecord("ValueError", f"rank {rank} broke", traceback, pickle.dumps(exception))
     (tmp_path / f"{rank}.error").write_bytes(record.value())
 
 
@@ -21,7 +21,7 @@ def test_a_nodes_failures_travel_whole_when_they_fit(tmp_path):
     node = json.loads(node_failures("n1", "gpu7", 4, [(4, 1), (5, -9)], tmp_path))
     assert (node["node"], node["host"], node["root"]) == ("n1", "gpu7", 4)
     four, five = node["failures"]
-    assert (four["rank"], four["status"], four["exc_type"], four["message"]) == (4, 1, "builtins.ValueError", "rank 4 broke")
+    assert (four["rank"], four["status"], four["exc_type"], four["message"]) == (4, 1, "ValueError", "rank 4 broke")
     assert four["traceback"].endswith("ValueError: rank 4 broke\n") and four["pickled"]
     assert (five["rank"], five["status"], five["exc_type"], five["traceback"]) == (5, -9, "", "")  # killed: no record
 
@@ -38,4 +38,4 @@ def test_too_much_drops_the_exceptions_then_every_text_but_the_first_failures_ta
     first = records[3]
     assert len(first["traceback"]) == TAIL and first["traceback"].endswith("ValueError: rank 3 broke\n")
     assert [r["traceback"] for r in records if r["rank"] != 3] == [""] * 7
-    assert {r["exc_type"] for r in records} == {"builtins.ValueError"}
+    assert {r["exc_type"] for r in records} == {"ValueError"}

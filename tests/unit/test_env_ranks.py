@@ -34,6 +34,8 @@ def test_env_rules():
     assert all(e["HOME"] == "/home/u" for e in envs.values())  # inherited
     assert all(e["TORCHELASTIC_ERROR_FILE"].startswith("/logs/") for e in envs.values())  # never the outer one
     assert envs["0"]["OMP_NUM_THREADS"] == "1"
+    assert "RANKRUN_REPORT_JSON" not in worker_env({"RANKRUN_REPORT_JSON": "/caller/report.json"},
+                                                   worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")  # never the outer one
     assert "OMP_NUM_THREADS" not in worker_env({}, worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")
     assert worker_env({"OMP_NUM_THREADS": "8"}, worker_identities([NodeSlots("d", 2)], 0)[0], CTX, "")["OMP_NUM_THREADS"] == "8"
     assert worker_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")[

@@ -45,8 +45,10 @@ class AttemptContext:
 def worker_env(base: Mapping[str, str], who: WorkerIdentity, ctx: AttemptContext, error_file: str) -> dict[str, str]:
     """The complete environment of one worker process."""
     env = dict(base)
-    # A launcher started by another launcher must not hand its own error file down.
+    # A launcher started by another launcher must not hand its own error file down, nor the file where it hands its
+    # report to rankrun.launch's caller (a launcher a worker starts would write its report there, not on its stderr).
     env.pop("TORCHELASTIC_ERROR_FILE", None)
+    env.pop("RANKRUN_REPORT_JSON", None)
     env.update(
         {
             "LOCAL_RANK": "0" if ctx.virtual_local_rank else str(who.local_rank),

@@ -149,8 +149,8 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_ke
     slurm = job_words(spec.base_env)
     text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
                          job_cause=final.job_cause, stalled=stalled, slurm=slurm)
-    deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
-    _report_json(spec, deps, text, results)
+    if not _report_json(spec, deps, text, results):  # rankrun.launch's caller raises it (WorkerError's text) instead
+        deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
     root = root_cause(results)
     own_error_file = spec.base_env.get("TORCHELASTIC_ERROR_FILE")
     if root is not None and own_error_file:
@@ -160,17 +160,23 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_ke
             deps.console.say(f"cannot write TORCHELASTIC_ERROR_FILE {own_error_file}: {exc}")
 
 
-def _report_json(spec: LaunchSpec, deps: AgentDeps, text: str, results: list[WorkerResult]) -> None:
-    """For the Python API (``RANKRUN_REPORT_JSON`` in the launcher's environment): the report and how each rank ended."""
+def _report_json(spec: LaunchSpec, deps: AgentDeps, text: str, results: list[WorkerResult]) -> bool:
+    """For the Python API (``RANKRUN_REPORT_JSON`` in the launcher's environment): the report and how each rank ended.
+    Whether it was written (then the caller has the report, and stderr does not get it)."""
     path = spec.base_env.get("RANKRUN_REPORT_JSON")
     if not path:
-        return
+        return False
     import json  # noqa: PLC0415 - the API's launches only
 
     workers = [{"rank": r.rank, "status": r.status, "ending": r.ending.value} for r in results]
     root = root_cause(results)
-    write_error_file(path, json.dumps({"report": text, "host": deps.host, "workers": workers,
-                                       "root": root.rank if root is not None else None}))
+    try:
+        write_error_file(path, json.dumps({"report": text, "host": deps.host, "workers": workers,
+                                           "root": root.rank if root is not None else None}))
+    except OSError as exc:
+        deps.console.say(f"cannot write RANKRUN_REPORT_JSON {path}: {exc}")
+        return False
+    return True
 
 
 __all__ = ["AgentDeps", "group_ended", "run_agent"]

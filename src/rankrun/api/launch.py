@@ -14,7 +14,9 @@ files, so their size is bounded only by the disk. The other nodes' values come t
 (``rankrun.api.values``: up to ``VALUE_LIMIT`` bytes each, larger ones spilled to files under ``log_dir``), and so
 do their failures when the job fails (``rankrun.api.failures``).
 The launcher's output is relayed, line by line, to the caller's ``sys.stdout`` and ``sys.stderr`` (a notebook's
-cell output), with the CLI's rank prefixes. A failure raises ``WorkerError``.
+cell output), with the CLI's rank prefixes. A failure raises ``WorkerError``, whose message is the failure report:
+the launcher hands the report to the caller (``RANKRUN_REPORT_JSON``) instead of printing it, so it is shown where an
+uncaught exception is (Python's ``sys.excepthook``, a notebook's cell), and a caller that catches it prints nothing.
 ``KeyboardInterrupt`` in the caller stops the job: SIGINT to the launcher (forwarded to the workers), then, after
 ``INTERRUPT_GRACE`` seconds, SIGKILL (its watchdog kills every worker).
 

@@ -24,7 +24,8 @@ def write_whole(path: Path, data: bytes) -> None:
 
 @record
 class ErrorRecord:
-    """A worker's exception: its type's full name, its message, its traceback, and itself pickled if it would."""
+    """A worker's exception: its type's name as Python prints it (``ValueError``, ``mymodule.MyError``), its message, its
+    traceback (from the user's code on), and itself pickled if it would."""
 
     exc_type: str
     message: str
