@@ -57,7 +57,7 @@ def stuck_elsewhere():
 READY_TIMEOUT = 300.0
 PYSPY_TIMEOUT = 10.0  # seconds for one `py-spy dump` (a healthy one takes ~20 ms)
 TARGET_MS = 1000.0  # request → report, any N
-TARGET_LINES = 100  # README: under 100 lines at any world size with 4 distinct stacks or fewer
+TARGET_LINES = 100  # docs/hangs-and-stacks.md: under 100 lines at any world size with 4 distinct stacks or fewer
 
 
 # --------------------------------------------------------------------------- the workers
@@ -374,7 +374,7 @@ def details(results: Sequence[NodeResult], reps: int) -> list[str]:
         "the last exit, every printed line counted; one unrecorded dump of rank 0 first. torchrun has no stack report "
         f"(its column is empty). {reps} repetition{'s' if reps != 1 else ''} each; medians. Targets: the report within "
         f"{TARGET_MS / 1000:g} s, and under {TARGET_LINES} lines at any world size with 4 distinct stacks or fewer "
-        "(README).",
+        "(docs/hangs-and-stacks.md).",
         "",
         *TABLE_HEADER,
         *(table_row(r) for r in results),
