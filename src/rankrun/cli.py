@@ -126,7 +126,8 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None, "help": "this node's address (default 127.0.0.1)"}),
     (("--logs-specs", "--logs_specs"), None, {"default": None, "help": "only 'default' (torchrun's own layout)"}),
     (("--numa-binding", "--numa_binding"), None,
-     {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"], "help": "not supported yet"}),
+     {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"],
+      "help": "bind each local rank to CPUs near its GPU: node, socket, exclusive or core-complex"}),
     (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE",
      {"default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
     (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT",
@@ -429,6 +430,30 @@ def _restart(ns: argparse.Namespace, env: Mapping[str, str]) -> RestartPolicy:
     return RestartPolicy(max_restarts=ns.max_restarts, shutdown_timeout=float(timeout))
 
 
+# Test seam: the folder holding the sys/ (and proc/driver/nvidia/gpus) that --numa-binding reads instead of /.
+SYSFS_ROOT_VARIABLE = "RANKRUN_SYSFS_ROOT"
+
+
+def _numa(mode: str | None, env: Mapping[str, str], nproc: int) -> tuple[frozenset[int], ...]:
+    """``--numa-binding``: the CPUs of each local rank, decided here so that a layout it cannot serve (no GPU, fewer
+    GPUs than ranks, a node without CPUs) is one line before anything starts."""
+    if mode is None:
+        return ()
+    from rankrun.numa.binding import BindingError, plan  # noqa: PLC0415 - only a binding run reads the layout
+    from rankrun.numa.topology import read_topology  # noqa: PLC0415
+
+    root = Path(env.get(SYSFS_ROOT_VARIABLE) or "/")
+    allowed = frozenset(os.sched_getaffinity(0))  # torch's too: the launcher's own CPUs, not the machine's
+    try:
+        gpus = devices.visible_gpus(devices.driver_gpus(root), env.get("CUDA_VISIBLE_DEVICES"))
+        if not gpus:
+            where = "CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi"
+            raise BindingError(f"no NVIDIA GPU found ({where}): binding puts each local rank near its GPU")
+        return plan(mode, read_topology(root, mode, gpus, allowed), nproc, allowed)
+    except (BindingError, ValueError) as exc:
+        raise UsageError("--numa-binding", mode, str(exc)) from None
+
+
 def _hang(ns: argparse.Namespace) -> HangSpec:
     try:
         timeout = float(ns.hang_timeout)
@@ -445,8 +470,6 @@ def _unsupported(ns: argparse.Namespace) -> None:
     if ns.logs_specs is not None and ns.logs_specs != "default":  # torchrun's default: the layout rankrun writes
         raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins other than torchrun's default are not "
                                    "supported; use --log-dir/-r/-t")
-    if ns.numa_binding is not None:
-        raise NotSupportedYetError("--numa-binding", ns.numa_binding, "NUMA binding is not supported yet")
     if ns.start_method not in ("spawn", "fork", "forkserver"):  # argparse checks choices for flags, not PET_ defaults
         raise UsageError("--start-method", ns.start_method, "expected spawn, fork or forkserver")
     if ns.event_log_handler not in ("null", "console", "dynamic_rendezvous"):
@@ -466,7 +489,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
     signals_text = ns.signals_to_handle
     return LaunchSpec(
         worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank,
-                          entry=_entry(ns, env, legacy=legacy)),
+                          entry=_entry(ns, env, legacy=legacy), cpus=_numa(ns.numa_binding, env, nproc)),
         rendezvous=rdzv,
         store=store,
         restart=_restart(ns, env),

@@ -220,6 +220,7 @@ class WorkerSpec:
     role: str
     virtual_local_rank: bool
     entry: EntrySpec
+    cpus: tuple[frozenset[int], ...] = ()  # --numa-binding: the CPUs of each local rank; (): no binding
 
 
 @record

@@ -54,6 +54,26 @@ def test_a_program_that_is_not_there_is_a_spawn_error(tmp_path: Path, wrapper: t
         asyncio.run(_run_worker(OsSpawner(wrapper=wrapper), command))
 
 
+@pytest.mark.parametrize("wrapper", MODES)
+def test_a_bound_worker_has_its_cpus_and_still_its_death_signal(tmp_path: Path, wrapper: tuple[str, ...]) -> None:
+    """``Command.cpus`` goes through the pre-exec hook even where setpriv is there: the hook gives both."""
+    out = tmp_path / "report"
+    cpus = frozenset([min(os.sched_getaffinity(0))])
+    report = _REPORT.replace("{sig.value}'", "{sig.value} ' + ','.join(map(str, sorted(os.sched_getaffinity(0))))")
+    command = Command((sys.executable, "-c", report, str(out)), dict(os.environ), cpus=cpus)
+    pid, status = asyncio.run(_run_worker(OsSpawner(wrapper=wrapper), command))
+    assert status == 0
+    seen_pid, pdeathsig, bound = out.read_text().split()
+    assert (int(seen_pid), int(pdeathsig), bound) == (pid, 9, str(min(cpus)))
+
+
+def test_cpus_that_cannot_be_bound_to_are_a_spawn_error(tmp_path: Path) -> None:
+    """A CPU the kernel does not have (the hook's ``sched_setaffinity`` fails in the child): one line, no worker."""
+    command = Command(("true",), dict(os.environ), cpus=frozenset([1 << 20]))
+    with pytest.raises(SpawnError, match=r"^cannot start worker true: cannot bind it to CPUs 1048576 \(--numa-binding\)$"):
+        asyncio.run(_run_worker(OsSpawner(), command))
+
+
 def test_setpriv_is_used_only_when_it_knows_pdeathsig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert pdeathsig_exec() == ()  # none on PATH

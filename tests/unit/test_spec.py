@@ -146,7 +146,7 @@ def test_unique_prefixes_like_torchrun(tmp_path):
 
 def test_not_supported_yet(tmp_path):
     with pytest.raises(NotSupportedYetError):
-        _spec(tmp_path, "--numa-binding", "node")
+        _spec(tmp_path, "--logs-specs", "my_plugin")
 
 
 def _as_store(spec):

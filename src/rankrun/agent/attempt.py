@@ -166,7 +166,8 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                                                           who), attempt_dir)
                     stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
                     argv = worker_argv(spec.worker.entry, who.local_rank)
-                    commands.append(Command(argv, env, stdio, stdin_null, attempt=plan.attempt))
+                    commands.append(Command(argv, env, stdio, stdin_null, attempt=plan.attempt,
+                                            cpus=spec.worker.cpus[who.local_rank] if spec.worker.cpus else None))
                 handles = await _spawn_all(deps, commands)
                 for who, error_file, handle in zip(identities, error_files, handles, strict=True):
                     if handle.terminal_fd is not None:

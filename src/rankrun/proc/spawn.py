@@ -22,6 +22,12 @@ registration, which follows the spawn. Its output reaches the agent one of three
 stdin is inherited, as under torchrun, unless ``Command.stdin_null`` (the other ranks of an
 interactive run, so that no two processes read the user's keystrokes).
 
+``Command.cpus`` (``--numa-binding``) binds the worker to those CPUs in the pre-exec hook: after the fork the
+child is one thread, so ``sched_setaffinity`` there covers the whole process, the exec keeps it, and every thread
+the program starts inherits it; nothing of the program runs unbound. (Setting it on the pid after the spawn
+returns races the program's first threads; setting the launcher's own thread's mask around the spawn races the
+other spawns the event loop runs at the same time.) Such a worker is always started through the hook.
+
 ``Spawner`` is the seam: ``OsSpawner`` is the real one, tests drive the agent with a fake.
 """
 
@@ -100,31 +106,38 @@ class Command:
     stdio: Stdio = Stdio.PIPES
     stdin_null: bool = False
     attempt: int = 0  # which of this node's worker groups it belongs to (a tag, for logs and fakes)
+    cpus: frozenset[int] | None = None  # bind the worker to these CPUs before it runs (--numa-binding); None: don't
 
 
 class Spawner(Protocol):
     async def spawn(self, command: Command) -> WorkerHandle: ...
 
 
-def _preexec_hook(*, controlling_tty: bool) -> Callable[[], None] | None:
+def _preexec_hook(*, controlling_tty: bool, cpus: frozenset[int] | None = None) -> Callable[[], None] | None:
     """A pre-exec hook with libc's prctl resolved now, in the parent (nothing to look up after fork).
 
     It runs after ``setsid()``; with ``controlling_tty`` it makes the terminal on fd 0 the
-    new session's controlling terminal.
+    new session's controlling terminal; with ``cpus`` it binds the child to them (see the module docstring).
     """
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
+        prctl = None
+    if prctl is None and cpus is None:
         return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if prctl is not None:
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     parent = os.getpid()
 
     def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died between fork and prctl: follow it now
-            os.kill(os.getpid(), signal.SIGKILL)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the launcher died between fork and prctl: follow it now
+                os.kill(os.getpid(), signal.SIGKILL)
         if controlling_tty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
 
     return hook
 
@@ -236,7 +249,9 @@ class OsSpawner:
 
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()
-        hooked = command.stdio is Stdio.TERMINAL or not self._wrapper
+        hooked = command.stdio is Stdio.TERMINAL or not self._wrapper or command.cpus is not None
+        hook = self._hooks[command.stdio is Stdio.TERMINAL] if command.cpus is None else \
+            _preexec_hook(controlling_tty=command.stdio is Stdio.TERMINAL, cpus=command.cpus)
         if not hooked and (why := _exec_error(command.argv[0], command.env)):
             raise SpawnError(f"cannot start worker {_show(command.argv)}: {why}")
         fds = _open_stdio(command.stdio)
@@ -253,11 +268,16 @@ class OsSpawner:
                 stdout=fds.child[1],
                 stderr=fds.child[2],
                 start_new_session=True,
-                preexec_fn=self._hooks[command.stdio is Stdio.TERMINAL] if hooked else None,
+                preexec_fn=hook if hooked else None,
             )
         except OSError as exc:
             fds.close_ours()
             raise SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}") from exc
+        except subprocess.SubprocessError as exc:  # the hook failed: the CPUs it was to bind to are not ours now
+            fds.close_ours()
+            cpus = ",".join(str(cpu) for cpu in sorted(command.cpus or ()))
+            raise SpawnError(f"cannot start worker {_show(command.argv)}: cannot bind it to CPUs {cpus} "
+                             "(--numa-binding)") from exc
         finally:
             fds.close_child()  # the child has its copies; ours would keep the streams from ending
             self.spawning -= 1
