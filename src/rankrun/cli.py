@@ -1,10 +1,12 @@
-"""argv + environment → ``LaunchSpec``; outcome → exit code.
+"""argv + environment → ``LaunchSpec``, handed to ``rankrun.main.launch``, whose exit code is the process's.
 
 Of the launch, this is the module that reads ``sys.argv`` and ``os.environ`` (the few others, which must act before
 a spec exists, are listed in ``tests/unit/test_claims.py``). It accepts every
 torchrun 2.13 option in both spellings with torchrun's defaults and ``PET_*``
 environment defaults, validates everything up front, and turns every user mistake into
-one line on stderr (``rankrun: error: <flag> <value>: <reason>``) with exit code 2.
+one line on stderr (``rankrun: error: <flag> <value>: <reason>``) with the error's exit code (2). Errors raised once the
+job runs are ``rankrun.main``'s to map. Before the console exists, this module prints its own few lines to stderr (the
+Slurm shape, ``--rdzv-conf`` notes, the legacy note, usage errors) and ``rankrun --stacks``'s answer to stdout.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """rankrun's one exception tree.
 
-Every error the launcher raises on purpose derives from ``RankrunError``; the CLI maps
-each branch to a documented exit code and prints ``str(exc)`` as one line, never a
-traceback::
+The errors rankrun raises for the user to read derive from ``RankrunError``. Each carries its documented exit code,
+and the launcher prints ``str(exc)`` as one line, never a traceback: ``rankrun.cli`` for those raised while the
+command line is read, ``rankrun.main`` for those raised once the job runs. The Python API (``rankrun.api.launch``)
+also raises Python's own ``ValueError`` (a bad option) and ``RuntimeError`` (a launch from inside a worker) in the
+caller, as Python APIs do::
 
     RankrunError                      exit_code
     ├── WorkerError                   1   rankrun.launch(fn): workers failed (``failures``: each failed rank's record)
@@ -10,7 +12,7 @@ traceback::
     │   ├── ArgumentError             2   argparse's own message (unknown option, bad type)
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
     └── LauncherError                 3   the launcher's own machinery failed
-        ├── StoreError                3   the worker store could not bind / serve
+        ├── StoreError                3   a listening socket could not be bound (``rankrun.listen``)
         ├── SpawnError                3   a worker process could not be started
         └── StoreUnavailable          3   the rendezvous store cannot be reached, or the connection was lost
             ├── AuthenticationFailed  3   the two sides do not share this job's secret (or etcd refused the user)
@@ -88,7 +90,7 @@ class LauncherError(RankrunError):
 
 
 class StoreError(LauncherError):
-    """The embedded worker store could not be started or served."""
+    """A listening socket could not be bound (``rankrun.listen``: the workers' TCPStore, the rendezvous endpoint)."""
 
 
 class SpawnError(LauncherError):

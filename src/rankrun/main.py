@@ -18,6 +18,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from rankrun import procfs
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.loop import run_agent
 from rankrun.errors import EXIT_LAUNCHER, RankrunError, exit_code
@@ -25,7 +26,7 @@ from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.spawn import OsSpawner
-from rankrun.proc.watchdog import Watchdog, become_subreaper, child_pids, reap_on_sigchld, reap_orphans
+from rankrun.proc.watchdog import Watchdog, become_subreaper, reap_on_sigchld, reap_orphans
 from rankrun.spec import LaunchSpec
 from rankrun.stacks.control import serve
 
@@ -33,7 +34,7 @@ from rankrun.stacks.control import serve
 def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     """Run the job to completion in this process; returns the exit code."""
     # Started by `exec` from a shell that already had children? Those are not ours to reap.
-    keep = frozenset(child_pids(os.getpid()))
+    keep = frozenset(procfs.children("self"))
     watchdog = Watchdog.start()
     become_subreaper()
     _use_pidfd_child_watcher()

@@ -2,8 +2,8 @@
 
 Everything here is a pure function of its arguments: no ``os.environ``, no argv, no I/O
 except where a parser is explicitly handed a probe (GPU counting lives in ``devices``).
-``rankrun.cli`` is the only caller that turns user input into these objects; every
-component below the CLI receives only the sub-spec it needs.
+``rankrun.cli`` is the only caller that turns user input into these objects; the agent and what it calls take
+the whole ``LaunchSpec`` or a part of it, and never change it.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ class EntrySpec:
 @record
 class RendezvousConf:
     """``--rdzv-conf``, typed: torchrun's keys and defaults (c10d / static / etcd, the etcd ones spelled as
-    torchrun's etcd backends spell them), plus rankrun's ``secret_file`` (the embedded store's per-job secret)."""
+    torchrun's etcd backends spell them), plus rankrun's ``secret_file`` (the embedded store's per-job secret).
+    Three are accepted, so that torchrun's command lines work, and used for nothing: ``heartbeat_timeout`` (liveness
+    follows ``keep_alive_interval`` and ``keep_alive_max_attempt``), ``store_type`` and ``timeout``."""
 
     join_timeout: float = 600.0
     last_call_timeout: float = 30.0

@@ -1,7 +1,10 @@
 """One attempt: spawn the local workers, pump their output, supervise, collect results.
 
-Sequencing only; every decision it relies on (identities, environment, routes, the
-ending of each worker) is made by a pure function elsewhere.
+Sequencing, mostly: the identities, the environment and the routes are pure functions elsewhere. Three small
+decisions live here: a worker's command line (``worker_argv``), how its exit is read (``ending_of``), and
+``Outcome``, whose constructors choose the job's exit codes. The observers of an attempt plug in here as well: the
+stack dump channel and the Flight Recorder (their worker variables), ``rankrun --stacks``'s targets, and the
+``--hang-timeout`` watch (``agent.stall``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What the agent acts through: the seams a scenario test replaces (spawner, console, the worker store, watchdog)."""
+"""What the agent acts through: the seams a scenario test replaces (spawner, console, the worker store, the clock,
+the watchdog, and, for several nodes, the rendezvous backend), and the running workers ``rankrun --stacks`` asks."""
 
 from __future__ import annotations
 

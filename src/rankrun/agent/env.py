@@ -1,8 +1,10 @@
-"""The worker environment: where the variables a worker is given (RANK, MASTER_ADDR, TORCHELASTIC_*, ...) are set.
+"""The worker environment torchrun gives: the variables a worker is given (RANK, MASTER_ADDR, TORCHELASTIC_*, ...).
 
 ``worker_env`` is a pure function: the same inputs give the same mapping, pinned by a
 golden test. The rules follow torchrun 2.13 exactly (the launcher's environment, then the
-identity variables); see ``docs/design.md``.
+identity variables); see ``docs/design.md``. rankrun's own features add a few variables of theirs on top (the
+stack dump channel's, ``stacks.channel.channel_env``; the Flight Recorder's, ``stacks.flight.flight_env``),
+composed by ``agent.attempt``.
 """
 
 from __future__ import annotations

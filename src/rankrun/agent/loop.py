@@ -1,4 +1,4 @@
-"""The restart loop: store → plan → attempt → decide → restart / regroup / finish / give up / shut down → report.
+"""One node's restart loop: store → plan → attempt → decide → restart / finish / give up / shut down → report.
 
 ``run_agent`` is one screen of sequencing over injected dependencies (``AgentDeps``: spawner,
 console, stores, clock) so scenarios can run on fakes; every decision (``plan``, ``decide``,

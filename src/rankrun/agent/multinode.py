@@ -104,7 +104,7 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
         else:  # the workers ended by themselves: say how
             if api is not None:  # rankrun.launch: this node's values, or failures, for the others
-                await api.report(word, last)
+                await api.report(word, outcome.failed, last.results)
             await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
         previous = word.round
 

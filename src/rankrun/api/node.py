@@ -16,12 +16,11 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
-from rankrun.agent.attempt import AttemptResult
 from rankrun.api import failures, values
 from rankrun.errors import LauncherError
 from rankrun.rendezvous.keys import Assignment, RoundWord
 from rankrun.rendezvous.member import Member
-from rankrun.report.failure import Ending, root_cause
+from rankrun.report.failure import Ending, WorkerResult, root_cause
 from rankrun.store.api import StoreUnavailable
 
 
@@ -43,20 +42,21 @@ class ApiNode:
     def _mine(self, placed: Assignment) -> range:
         return range(placed.ranks.base_rank, placed.ranks.base_rank + self.nproc)
 
-    async def report(self, placed: Assignment, ended: AttemptResult) -> None:
-        """This node's values, or its failures, for the other nodes (before it reports how its workers ended)."""
+    async def report(self, placed: Assignment, failed: bool, results: list[WorkerResult]) -> None:
+        """This node's values, or (``failed``) its failures, for the other nodes (before it reports how its workers
+        ended): ``results`` are how each of its workers ended."""
         store, keys = self.member.store, self.member.keys
         for key in self._published:
             with contextlib.suppress(StoreUnavailable):
                 await store.delete(key)
         lease = self.member.job.id if self.member.job is not None else 0
-        if not ended.outcome.failed:
+        if not failed:
             self._published = await values.publish(store, keys, placed.round, self._mine(placed), results=self.results,
                                                    spill_dir=self.spill_dir, host=self.address, lease=lease)
             return
-        root = root_cause(ended.results)
-        failed = [(r.rank, r.status) for r in ended.results if r.ending is Ending.FAILED]
-        value = failures.node_failures(self.member.info.id, self.host, root.rank if root else None, failed, self.results)
+        root = root_cause(results)
+        ended = [(r.rank, r.status) for r in results if r.ending is Ending.FAILED]
+        value = failures.node_failures(self.member.info.id, self.host, root.rank if root else None, ended, self.results)
         self._published = await failures.publish(store, keys, placed.round, placed.group_rank, value, lease=lease)
 
     async def job_ended(self, end: RoundWord, placed: Assignment | None, say: Callable[[str], None]) -> None:

@@ -1,4 +1,8 @@
-"""The only writers of the launcher's stdout and stderr.
+"""The only writers of the launcher's stdout and stderr once the job runs (``rankrun.main``).
+
+Before that, ``rankrun.cli`` prints its own few lines (usage errors and notes on stderr, ``rankrun --stacks``'s answer
+on stdout); nothing else in rankrun prints (``tests/unit/test_claims.py``), and Python's logging goes through the
+console too (``rankrun.main``). ``rankrun.api.launch`` writes to its caller's streams, not the launcher's.
 
 A *destination* is one place the console writes to: fd 1 and fd 2, or a single one when both
 are the same file (a terminal, ``2>&1``), because then the order between the two streams is

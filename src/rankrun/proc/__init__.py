@@ -1,1 +1,6 @@
-"""Processes: the only package that starts workers, signals or reaps OS processes (``tests/unit/test_claims.py``)."""
+"""Processes: the only package that starts workers, and the only one that signals or reaps the launcher's processes.
+
+Two modules outside it run a process of their own: ``rankrun.api.launch`` starts the launcher from the caller's
+process, and interrupts, kills and waits for it there; ``rankrun.devices`` runs ``nvidia-smi -L``. Each use is
+allowed by name in ``tests/unit/test_claims.py``.
+"""

@@ -182,15 +182,6 @@ def become_subreaper() -> bool:
         return False
 
 
-def child_pids(parent: int) -> list[int]:
-    """Direct children of ``parent``, from a walk of /proc (by parent pid: any process's, not only this one's)."""
-    found: list[int] = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (fields := procfs.stat(entry.name)) is not None and int(fields[1]) == parent:
-            found.append(int(entry.name))
-    return found
-
-
 def reap_strays(exclude: set[int], *, spawning: bool) -> tuple[list[int], bool]:
     """Reap the children that have exited and are not ``exclude`` (the watchdog, the workers the event loop
     reaps itself, children the launcher had before): orphans re-parented to the launcher. Returns those reaped,
@@ -252,7 +243,7 @@ def reap_orphans(exclude: set[int], max_rounds: int = 64, patience: float = 2.0)
     stuck: set[int] = set()
     deadline = time.monotonic() + patience
     for _ in range(max_rounds):
-        victims = [pid for pid in child_pids(os.getpid()) if pid not in exclude and pid not in stuck]
+        victims = [pid for pid in procfs.children("self") if pid not in exclude and pid not in stuck]
         if not victims:
             break
         for pid in victims:

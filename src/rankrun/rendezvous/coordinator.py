@@ -50,7 +50,8 @@ PUTS_IN_FLIGHT = 64  # a round's assignments written this many at a time
 
 
 class Coordinator:
-    """Runs on the agent that hosts the store; decides every round of the job."""
+    """Decides every round of the job. Runs on the agent that hosts the embedded store (node rank 0 in static mode), or
+    on the agent elected on a shared store (``rendezvous.election``)."""
 
     def __init__(
         self,

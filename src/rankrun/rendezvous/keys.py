@@ -1,6 +1,10 @@
 """The rendezvous's keys and records: where each fact lives under ``/rankrun/<run id>/`` and how it is spelled.
 
-Keys (small, but for a ``rankrun.launch`` job's values; none is rewritten by more than one writer)::
+Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
+``stacks/answer/``, ``values/``, ``failures/``); the coordinator ``round``, ``assign/``, ``status`` and ``closed``
+(on etcd, each elected coordinator in turn); whichever node wins a compare-and-set, ``coordinator`` (the election)
+and ``job`` (the first to join); any node ``stacks/ask`` (a stall's ask by compare-and-set, ``rankrun --stacks``'s
+by a plain write); the asker ``stacks/report``::
 
     nodes/<node>            a node's description, written once when it joins, bound to its lease
     round                   the coordinator's word on the current round: number, phase, restarts, why

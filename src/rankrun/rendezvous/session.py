@@ -1,8 +1,9 @@
 """One node's place in a multi-node job, from joining to leaving: ``open_session(spec, worker_store, say)``.
 
-Everything that depends on the backend lives here, so the agent's rounds (``agent.multinode``) see
-only a ``Session``: this node's ``Member`` and its address. Opening picks the backend and this
-node's part in it:
+How the backend is opened and closed lives here; the agent's rounds (``agent.multinode``) get a ``Session``: this
+node's ``Member`` and its address. They still know two facts of the backend: whether it is etcd (which security notice
+to print) and, on etcd, the job lease (``Member.job``) that the job's keys are bound to. Opening picks the backend
+and this node's part in it:
 
 - the embedded store, hosting: the first agent able to bind the endpoint (dynamic, unless
   ``is_host`` says otherwise) or ``--node-rank 0`` (static) serves the in-memory store and the

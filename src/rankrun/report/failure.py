@@ -1,8 +1,10 @@
 """Worker results → root cause → the report printed last on stderr. Pure and golden-tested.
 
-Root cause = the earliest *failure*: the worker whose non-zero exit the agent noticed
+This node's root cause = the earliest *failure*: the worker whose non-zero exit the agent noticed
 first (millisecond wall-clock resolution; exit events, not a polling tick); exits noticed
-together are ordered by rank. Workers that
+together are ordered by rank. Across nodes, the job's first failure (``job_cause``) is the one the
+rendezvous store recorded first (``rendezvous.coordinator``: by store revision, never by clocks); the report
+shows it first, then this node's own. Workers that
 ended because rankrun stopped them are listed as stopped, never as failures. The
 exception shown comes from the worker's error file when it used ``@record``, otherwise from
 its last output (``rankrun.report.cause``: the traceback that ended it, never one Python
@@ -87,15 +89,16 @@ def _indent(text: str, pad: str = "    ") -> str:
 
 
 def render_report(
-    title: str, host: str, attempt: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = "",
+    title: str, host: str, restarts: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = "",
     stalled: str | None = None, slurm: Mapping[str, str] | None = None,
 ) -> str:
-    """The failure report (multi-line, ends with a newline); ``job_cause``: the job's first failure on any node;
+    """The failure report (multi-line, ends with a newline); ``restarts``: the restarts the job used, shown as
+    ``FAILED (attempt N)`` (the first attempt is 0); ``job_cause``: the job's first failure on any node;
     ``stalled``: the stall that stopped this node's workers (``--hang-action fail``), its root cause; ``slurm``: the
     Slurm job it ran in (``rankrun.slurm.job_words``)."""
     root = root_cause(results)
     bar, thin = "=" * WIDTH, "-" * WIDTH
-    out = [bar, f"rankrun: {title} FAILED (attempt {attempt})"]
+    out = [bar, f"rankrun: {title} FAILED (attempt {restarts})"]
     if slurm:
         out.append("Slurm job " + ", ".join(f"{k} {v}" if k != "job" else v for k, v in slurm.items()))
     out.append(thin)

@@ -7,9 +7,10 @@ attached to it is deleted, as one event each. A *watch* delivers, in revision or
 change under a prefix after a given revision: nothing is missed between a ``range`` and a
 ``watch`` started from the revision the range returned.
 
-Implementations: ``store.memory.MemoryStore`` (the reference and the test double) and
-``store.embedded.client.StoreClient`` (the embedded store, over the wire to ``store.embedded.server``);
-one contract suite (``tests/contract/test_store_contract.py``) runs against each.
+Implementations: ``store.memory.MemoryStore`` (the reference and the test double),
+``store.embedded.client.StoreClient`` (the embedded store, over the wire to ``store.embedded.server``) and
+``store.etcd.store.EtcdStore`` (a real etcd); one contract suite (``tests/contract/test_store_contract.py``) runs
+against each.
 
 Errors (all ``StoreUnavailable``, a ``rankrun.errors.LauncherError``, or below): the store cannot
 be reached or the connection was lost; ``AuthenticationFailed`` when the secrets do not match;

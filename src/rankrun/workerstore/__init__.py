@@ -2,5 +2,6 @@
 
 ``tcpstore`` speaks torch's wire protocol (one asyncio protocol per connection, an incremental
 parser); ``keyspace`` holds the keys, queues and blocked waiters (pure state, no I/O). Nothing here
-knows the rendezvous or its store (``rankrun.store``); only ``rendezvous.listener`` knows both.
+knows the rendezvous or its store (``rankrun.store``); only ``rendezvous.listener`` and ``rendezvous.session`` know
+both (``tests/unit/test_import_directions.py``).
 """

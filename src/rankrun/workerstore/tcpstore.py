@@ -4,7 +4,8 @@ Owns: the listening socket, which stays bound from ``start()`` to ``close()`` so
 client connections; and the current :class:`~rankrun.workerstore.keyspace.Keyspace` (keys, queues, blocked callers),
 which ``reset()`` swaps for a fresh one after dropping the previous attempt's connections (the stale-key restart bug of
 torchrun). Must not depend on: torch, threads, blocking calls on the event loop, or anything in rankrun except
-``rankrun.errors`` and ``workerstore.keyspace``. Byte layouts follow ``reference/tcpstore-protocol.md`` (written from
+``rankrun.listen`` (how every listening socket is bound) and ``workerstore.keyspace`` (its imports are checked by
+``tests/unit/test_import_directions.py``). Byte layouts follow ``reference/tcpstore-protocol.md`` (written from
 observation, not from torch's code).
 
 Design: one ``asyncio.BufferedProtocol`` per connection (no streams, no task per client). The transport reads straight

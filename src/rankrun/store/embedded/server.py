@@ -9,8 +9,9 @@ Watches push their events as they happen.
 
 With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
 any operation; a peer that fails is told so in one frame, closed, and logged once per address.
-Bound once by ``start()`` on the given address only (never all interfaces unless asked) and held
-until ``close()``.
+A launch serves only connections that ``rendezvous.listener.SharedListener`` accepted on the shared port and handed
+over (``adopt``); ``start()`` binds a listening socket of the server's own (``rankrun.listen``), which only tests use.
+``close()`` ends every connection, and the socket if there is one.
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ _OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
 
 
 class StoreServer:
-    """Serves ``store`` on one listening socket, bound once and held until ``close()``."""
+    """Serves ``store`` to the connections it is handed (``adopt``) or accepts itself (``start``), until ``close()``."""
 
     def __init__(self, store: MemoryStore, secret: bytes | None = None) -> None:
         self.store = store
