@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rankrun import __version__, devices, slurm
-from rankrun.errors import ArgumentError, NotSupportedYetError, RankrunError, UsageError
+from rankrun.errors import EXIT_SUCCESS, ArgumentError, NotSupportedYetError, RankrunError, UsageError
 from rankrun.fsutil import which
 from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
@@ -538,7 +538,7 @@ def _stacks(rest: list[str]) -> int:
     except RankrunError as exc:
         print(f"rankrun: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    return 0
+    return EXIT_SUCCESS
 
 
 __all__ = ["main", "spec_from_args"]

@@ -1,5 +1,9 @@
 """What module docstrings say only certain modules do, checked on the source: each process-wide power is used only
-where its list below allows. A new user of one must be added here, on purpose, and its docstring kept true."""
+where its list below allows. A new user of one must be added here, on purpose, and its docstring kept true.
+
+The detector reads the syntax tree, so a power is found however it is spelled: ``os.environ`` or ``os.getenv`` or
+``from os import environ``, a module imported under another name, ``print(..., file=sys.stderr)`` or
+``sys.stderr.write``. Its self-tests below show it finding each form in a snippet."""
 
 from __future__ import annotations
 
@@ -28,8 +32,22 @@ ALLOWED = {
     "signal.signal": {"proc/early.py", "proc/watchdog.py"},
     # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT, SIGCHLD's orphan reaping
     "add_signal_handler": {"proc/signals.py", "proc/terminal.py", "proc/watchdog.py"},
-    # worker processes: started only by the spawner
+    # worker processes: started only by the spawner (asyncio's subprocess_exec, create_subprocess_exec/_shell)
     "subprocess_exec": {"proc/spawn.py"},
+    # any other process (subprocess.Popen/run/call/check_*, os.system/popen/posix_spawn): the caller's launcher, started
+    # from the Python API in the caller's process, and nvidia-smi -L when the driver has no /proc entry
+    "subprocess": {"api/launch.py", "devices.py"},
+    # a process object signalled by its method (.send_signal, .kill, .terminate): the Python API's launcher; rankrun.proc
+    # signals with os.kill/os.killpg above
+    ".send_signal": {"api/launch.py"},
+    # the launcher's stdout and stderr: logs/console.py writes them with os.write once the job runs; before it only the
+    # CLI prints (usage errors, notes, rankrun --stacks's answer). __main__.py flushes Python's own streams at exit, and
+    # the Python API relays the launcher's output to its caller's streams. (The CLI also asks stdout's terminal width.)
+    "print": {"cli.py"},
+    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py"},
+    "sys.stdout": {"cli.py", "__main__.py", "api/launch.py"},
+    # an exit code given as a number: none; exit codes are named (errors.py). The watchdog's forked child exits 0.
+    "exit(<int>)": {"proc/watchdog.py"},
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
     "create_server": {"listen.py"},
     "start_server": set(),
@@ -37,15 +55,71 @@ ALLOWED = {
 }
 
 
+# other spellings of the same power: the name each counts as
+SAME = {
+    "os.getenv": "os.environ", "os.environb": "os.environ", "os.putenv": "os.environ", "os.unsetenv": "os.environ",
+    "create_subprocess_exec": "subprocess_exec", "create_subprocess_shell": "subprocess_exec",
+    "subprocess_shell": "subprocess_exec",
+    **{f"subprocess.{f}": "subprocess" for f in ("Popen", "run", "call", "check_call", "check_output", "getoutput",
+                                                 "getstatusoutput")},
+    **{f"os.{f}": "subprocess" for f in ("system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnve",
+                                         "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe")},
+    "signal.pidfd_send_signal": "os.kill", "os.pidfd_send_signal": "os.kill",
+    "sys.__stderr__": "sys.stderr", "sys.__stdout__": "sys.stdout",
+}
+# methods that are the power on whatever object they are called (an event loop's, a server's)
+_BARE = {"add_signal_handler", "subprocess_exec", "subprocess_shell", "create_subprocess_exec", "create_subprocess_shell",
+         "create_server", "start_server", "start_unix_server"}
+_METHODS = {"send_signal", "kill", "terminate"}  # on a process object: anything but the os module itself
+_EXITS = {"sys.exit", "os._exit", "SystemExit", "exit", "quit"}
+
+
 def _uses(path: Path) -> set[str]:
+    """The powers of ``ALLOWED`` that the module at ``path`` uses, each under its name there."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = _imported_names(tree)  # a local name → the dotted name it stands for
+
+    def dotted(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return names.get(node.id, node.id)
+        if isinstance(node, ast.Attribute) and (base := dotted(node.value)) is not None:
+            return f"{base}.{node.attr}"
+        return None
+
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+
+    def note(name: str | None) -> None:
+        name = SAME.get(name, name) if name is not None else None
+        if name in ALLOWED:
+            found.add(name)
+
+    for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and f"{node.value.id}.{node.attr}" in ALLOWED:
-                found.add(f"{node.value.id}.{node.attr}")
-            elif node.attr in ALLOWED:
-                found.add(node.attr)
+            note(dotted(node))
+            if node.attr in _BARE:
+                note(node.attr)
+        elif isinstance(node, ast.Name) and node.id in names:  # from os import environ; environ["X"]
+            note(names[node.id])
+        if not isinstance(node, ast.Call):
+            continue
+        func = dotted(node.func)
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS and dotted(node.func.value) != "os":
+            found.add(".send_signal")
+        if func == "print":
+            found.add("print")
+        if func in _EXITS and any(isinstance(a, ast.Constant) and type(a.value) is int for a in node.args):
+            found.add("exit(<int>)")
     return found
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((alias.asname, alias.name) for alias in node.names if alias.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update((alias.asname or alias.name, f"{node.module}.{alias.name}") for alias in node.names)
+    return names
 
 
 def _users() -> dict[str, set[str]]:
@@ -65,6 +139,51 @@ def test_the_check_sees_a_use(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n\ndef f():\n    return os.environ.get('X'), os.killpg(1, 9)\n")
     assert _uses(bad) == {"os.environ", "os.killpg"}
+
+
+@pytest.mark.parametrize(("source", "power"), [
+    ("import os\nos.getenv('X')", "os.environ"),
+    ("from os import environ\nenviron['X']", "os.environ"),
+    ("from os import getenv as g\ng('X')", "os.environ"),
+    ("from sys import argv\nargv[1:]", "sys.argv"),
+    ("import os as o\no.kill(1, 9)", "os.kill"),
+    ("from os import killpg\nkillpg(1, 9)", "os.killpg"),
+    ("import subprocess\nsubprocess.Popen(['true'])", "subprocess"),
+    ("import subprocess\nsubprocess.run(['true'])", "subprocess"),
+    ("from subprocess import check_output\ncheck_output(['true'])", "subprocess"),
+    ("import subprocess as sp\nsp.call(['true'])", "subprocess"),
+    ("import os\nos.system('true')", "subprocess"),
+    ("import asyncio\nasyncio.create_subprocess_exec('true')", "subprocess_exec"),
+    ("async def f(loop):\n    await loop.subprocess_exec(object, 'true')", "subprocess_exec"),
+    ("def f(proc):\n    proc.send_signal(2)", ".send_signal"),
+    ("def f(proc):\n    proc.kill()", ".send_signal"),
+    ("def f(p):\n    p.terminate()", ".send_signal"),
+    ("print('hello')", "print"),
+    ("import sys\nprint('x', file=sys.stderr)", "sys.stderr"),
+    ("import sys\nsys.stderr.write('x')", "sys.stderr"),
+    ("from sys import stderr\nstderr.write('x')", "sys.stderr"),
+    ("import sys\nsys.stdout.write('x')", "sys.stdout"),
+    ("import sys\nsys.exit(3)", "exit(<int>)"),
+    ("import os\nos._exit(0)", "exit(<int>)"),
+    ("raise SystemExit(2)", "exit(<int>)"),
+])
+def test_the_check_sees_each_form(tmp_path, source, power):
+    path = tmp_path / "snippet.py"
+    path.write_text(source + "\n")
+    assert power in _uses(path)
+
+
+@pytest.mark.parametrize("source", [
+    "import os\nos.kill(1, 9)",  # os.kill is its own power, not a process object's method
+    "import sys\nsys.exit(EXIT_USAGE)",  # a named code
+    "import sys\nsys.exit('message')",
+    "def f(x):\n    return x.environ, x.run()",  # not os's, not subprocess's
+    "import asyncio\nasyncio.subprocess.PIPE",
+])
+def test_the_check_does_not_see_what_is_not_there(tmp_path, source):
+    path = tmp_path / "snippet.py"
+    path.write_text(source + "\n")
+    assert _uses(path) <= {"os.kill"}
 
 
 def test_the_exception_tree_in_errors_is_the_whole_tree():
@@ -91,18 +210,62 @@ def _derives_from_the_tree(node: ast.ClassDef) -> bool:
 
 def test_exit_codes_are_chosen_in_one_place():
     """The job's codes by ``Outcome``'s constructors (agent/attempt.py), a launcher error's and a signal's by errors.py,
-    the fallback of the process by main.py: "where are exit codes chosen" has one answer per kind."""
-    allowed = {"errors.py", "agent/attempt.py", "main.py"}
+    the fallback of the process by main.py, ``rankrun --stacks``'s success by cli.py: "where are exit codes chosen" has
+    one answer per kind. No exit code is a bare number (``exit(<int>)`` above; and here the returns of the functions
+    whose value is the process's exit code)."""
+    allowed = {"errors.py", "agent/attempt.py", "main.py", "cli.py"}
     users = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Name) and node.id.startswith("EXIT_"):
                 users.add(path.relative_to(SRC).as_posix())
     assert users <= allowed, sorted(users - allowed)
+    cli = {n.id for n in ast.walk(ast.parse((SRC / "cli.py").read_text())) if isinstance(n, ast.Name)}
+    assert {n for n in cli if n.startswith("EXIT_")} == {"EXIT_SUCCESS"}
+    literal = [f"{module}:{function}" for module, function in EXIT_CODE_FUNCTIONS
+               if _returns_a_number(SRC / module, function)]
+    assert literal == []
+
+
+EXIT_CODE_FUNCTIONS = [("cli.py", "main"), ("cli.py", "_stacks"), ("main.py", "launch")]
+
+
+def _returns_a_number(path: Path, function: str) -> bool:
+    tree = ast.parse(path.read_text())
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
+    assert found, f"{path.name} has no function {function}: update EXIT_CODE_FUNCTIONS"
+    return any(isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and type(n.value.value) is int
+               for n in ast.walk(found[0]))
+
+
+def test_the_exit_code_check_sees_a_number(tmp_path):
+    path = tmp_path / "cli.py"
+    path.write_text("def main():\n    if x:\n        return 0\n    return EXIT_USAGE\n")
+    assert _returns_a_number(path, "main")
+    path.write_text("def main():\n    return EXIT_SUCCESS\n")
+    assert not _returns_a_number(path, "main")
+
+
+_PROC_READS = re.compile(r"""/stat"|/children"|(scandir|listdir|iterdir|glob)\(\s*["']/proc["']|Path\(\s*["']/proc["']\)""")
 
 
 def test_proc_stat_and_children_are_read_only_by_procfs():
-    """procfs.py's docstring: /proc/<pid>/stat and the task children lists are read there and nowhere else."""
-    readers = {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
-               if re.search(r'/stat"|/children"', path.read_text())}
+    """procfs.py's docstring: /proc/<pid>/stat and the task children lists are read there and nowhere else, and
+    nothing else walks /proc (a second way to find a process's children)."""
+    readers = {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py") if _PROC_READS.search(path.read_text())}
     assert readers == {"procfs.py"}
+
+
+@pytest.mark.parametrize("source", ['Path(f"/proc/{pid}/stat")', 'os.scandir("/proc")', "os.listdir('/proc')",
+                                    'Path("/proc").iterdir()', 'open(f"/proc/{pid}/task/{t}/children")'])
+def test_the_proc_check_sees_a_read(source):
+    assert _PROC_READS.search(source)
+
+
+def test_the_rdzv_conf_keys_said_unused_are_unused():
+    """spec.RendezvousConf's docstring: three of torchrun's keys are accepted and used for nothing."""
+    unused = {"heartbeat_timeout", "store_type", "timeout"}
+    readers = {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py") if path.name != "spec.py"
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Attribute) and node.attr in unused and "conf" in ast.unparse(node.value)}
+    assert readers == set()

@@ -9,6 +9,11 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 
+PACKAGES = ("agent", "api", "logs", "proc", "rendezvous", "report", "stacks", "store", "workerstore")
+ENTRY_POINTS = ("__main__", "cli", "main", "launch", "run_path")
+TOP = tuple(sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__"))
+LEAVES = set(TOP) - set(ENTRY_POINTS)  # errors, spec, listen, procfs, ...: below every package
+
 
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
@@ -22,8 +27,9 @@ def _imports(path: Path) -> set[str]:
 
 
 def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()) -> list[str]:
+    """Imports of ``forbidden`` in ``folder`` (a package, or one top-level module) but for the ``allowed`` files."""
     found = []
-    for path in sorted((SRC / folder).rglob("*.py")):
+    for path in [SRC / folder] if folder.endswith(".py") else sorted((SRC / folder).rglob("*.py")):
         if path.relative_to(SRC).as_posix() in allowed:
             continue
         for name in sorted(_imports(path)):
@@ -46,9 +52,30 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     # the whole job's report goes through the store's seam, laid out as the rendezvous's keys say; no backend
     ("stacks", ("agent", "workerstore", "proc", "logs", "report", "store.embedded", "store.etcd", "store.memory",
                 "rendezvous.session", "rendezvous.coordinator", "rendezvous.member"), ()),
+    # the workers' TCPStore: nothing of rankrun but its keyspace and how sockets are bound
+    ("workerstore/tcpstore.py", tuple(p for p in PACKAGES + TOP if p not in ("listen", "workerstore")), ()),
+    # the Python API. In the agent (node, values, failures) and in the workers (worker, ship, results): below the agent,
+    # through the store's seam and the rendezvous's keys, never a backend. In the caller's process, api/launch.py: above
+    # the CLI, whose parser and validation it uses, with nothing of the agent in that process.
+    ("api", ("agent", "main", "logs", "workerstore", "stacks", "store.embedded", "store.etcd", "store.memory",
+             "rendezvous.session", "rendezvous.coordinator", "rendezvous.election", "rendezvous.listener"), ()),
+    ("api", ("cli", "proc", "spec"), ("api/launch.py",)),
+    ("agent", ("cli", "main"), ()),
+    ("agent", ("api",), ("agent/multinode.py",)),  # a rankrun.launch job's exchange (api/node.py), loaded lazily
+    # the top-level modules: the entry points above everything, the rest below every package
+    ("cli.py", ("agent", "rendezvous", "store", "workerstore", "logs", "report", "api"), ()),  # main, lazily, hands it on
+    ("main.py", ("cli", "api", "rendezvous", "store", "workerstore", "report"), ()),
+    ("run_path.py", tuple(p for p in PACKAGES + TOP if p != "report"), ()),  # a worker's shim: its error file only
+    *[(f"{leaf}.py", PACKAGES + ENTRY_POINTS, ()) for leaf in sorted(LEAVES)],
 ])
 def test_dependencies_point_one_way(folder, forbidden, allowed):
     assert _offenders(folder, forbidden, allowed) == []
+
+
+def test_every_package_and_module_has_a_rule():
+    """A new package or top-level module gets a place in the order on purpose."""
+    assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(PACKAGES)
+    assert {"errors", "spec", "listen", "procfs", "policy", "slurm"} <= LEAVES
 
 
 def test_the_check_sees_an_offending_import(tmp_path):
