@@ -266,7 +266,7 @@ def _given(argv: Sequence[str], env: Mapping[str, str]) -> set[str]:
     return given | by_env
 
 
-def _slurm(ns: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) -> slurm.Step | None:
+def _slurm(ns: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Inside an ``srun`` step with none of the options that shape a job given: Slurm's shape (``rankrun.slurm``)
     becomes the defaults of the options left unset, and one line says so. Several tasks of the step on this node
     are refused: each would start every worker."""
@@ -276,10 +276,10 @@ def _slurm(ns: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) 
         raise UsageError("SLURM_STEP_NODELIST", env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
                          str(exc)) from None
     if step is None:
-        return None
+        return
     given = _given(argv, env)
     if given & set(SLURM_SHAPE):
-        return None
+        return
     if step.tasks_here > 1:
         raise UsageError("srun", f"{step.tasks_here} tasks on this node",
                          "rankrun starts every worker of a node itself: run one task per node (srun --ntasks-per-node=1), "
@@ -295,7 +295,6 @@ def _slurm(ns: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) 
     print(f"rankrun: Slurm step {step.run_id}: node {step.node_id} of {step.nnodes}, master {step.master}:{ns.master_port} "
           f"(the first host of {step.nodelist}; port from {step.port_from if 'master_port' not in given else '--master-port'}), "
           f"{ns.nproc_per_node} worker(s) a node ({nproc_from})", file=sys.stderr)
-    return step
 
 
 def _nproc(value: str, env: Mapping[str, str]) -> int:

@@ -29,20 +29,12 @@ class Signalled:
     signum: int
 
 
-@record
-class MembershipChanged:
-    """Nodes joined or left: the workers were stopped to re-form the group."""
-
-    reason: str
-
-
-GroupEnded = Succeeded | Failed | Signalled | MembershipChanged
+GroupEnded = Succeeded | Failed | Signalled
 
 
 class Action(Enum):
     FINISH = "finish"  # the job is done (exit 0)
     RESTART = "restart"  # run the workers again, one restart of the budget used
-    REGROUP = "regroup"  # re-form the group with the new membership; the budget is untouched
     GIVE_UP = "give_up"  # failed and the budget is spent (report, exit 1)
     SHUT_DOWN = "shut_down"  # a signal: stop everything (exit 128+N)
 
@@ -51,8 +43,6 @@ def decide(event: GroupEnded, restarts_done: int, max_restarts: int) -> Action:
     """What to do after a group ended. A signal wins over everything; only failures use the restart budget."""
     if isinstance(event, Signalled):
         return Action.SHUT_DOWN
-    if isinstance(event, MembershipChanged):
-        return Action.REGROUP
     if isinstance(event, Succeeded):
         return Action.FINISH
     return Action.RESTART if restarts_done < max_restarts else Action.GIVE_UP

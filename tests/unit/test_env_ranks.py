@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import GOLDEN_DIR
-from rankrun.agent.env import AttemptContext, worker_env
+from rankrun.agent.env import AttemptContext, WorkerIdentity, worker_env
 from rankrun.agent.plan import AttemptPlan, Membership
-from rankrun.agent.ranks import NodeSlots, assign_node_ranks, worker_identities
+from rankrun.agent.ranks import NodeSlots, assign_node_ranks
 
 GOLDEN = GOLDEN_DIR / "env_pure_nproc4.json"
 BASE = {"HOME": "/home/u", "TORCHELASTIC_ERROR_FILE": "/outer/error.json", "CUDA_VISIBLE_DEVICES": "3,5,6,7"}
@@ -18,10 +18,22 @@ CTX = AttemptContext(role="default", master_addr="127.0.0.1", master_port=29555,
                      run_id="job", signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
 
 
+def _plan(nodes: list[NodeSlots], group_rank: int) -> AttemptPlan:
+    """As production gets there: the coordinator's sums over the round (``assign_node_ranks``), a node's own share of
+    them in its Membership (one node: ``plan.single_node``; several: ``multinode._membership``), its identities from
+    the plan."""
+    ranks = assign_node_ranks(nodes)[group_rank]
+    return AttemptPlan(0, 1, Membership(3, group_rank, len(nodes), nodes[group_rank].local_world_size, ranks, "10.0.0.7", 29400))
+
+
+def _identities(nodes: list[NodeSlots], group_rank: int) -> list[WorkerIdentity]:
+    return _plan(nodes, group_rank).identities
+
+
 def _envs(ctx: AttemptContext = CTX, base: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
     return {
         str(who.local_rank): worker_env(base or BASE, who, ctx, f"/logs/attempt_1/{who.local_rank}/error.json")
-        for who in worker_identities([NodeSlots("default", 4)], 0)
+        for who in _identities([NodeSlots("default", 4)], 0)
     }
 
 
@@ -35,10 +47,10 @@ def test_env_rules():
     assert all(e["TORCHELASTIC_ERROR_FILE"].startswith("/logs/") for e in envs.values())  # never the outer one
     assert envs["0"]["OMP_NUM_THREADS"] == "1"
     assert "RANKRUN_REPORT_JSON" not in worker_env({"RANKRUN_REPORT_JSON": "/caller/report.json"},
-                                                   worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")  # never the outer one
-    assert "OMP_NUM_THREADS" not in worker_env({}, worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")
-    assert worker_env({"OMP_NUM_THREADS": "8"}, worker_identities([NodeSlots("d", 2)], 0)[0], CTX, "")["OMP_NUM_THREADS"] == "8"
-    assert worker_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, worker_identities([NodeSlots("d", 1)], 0)[0], CTX, "")[
+                                                   _identities([NodeSlots("d", 1)], 0)[0], CTX, "")  # never the outer one
+    assert "OMP_NUM_THREADS" not in worker_env({}, _identities([NodeSlots("d", 1)], 0)[0], CTX, "")
+    assert worker_env({"OMP_NUM_THREADS": "8"}, _identities([NodeSlots("d", 2)], 0)[0], CTX, "")["OMP_NUM_THREADS"] == "8"
+    assert worker_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, _identities([NodeSlots("d", 1)], 0)[0], CTX, "")[
         "TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
 
 
@@ -56,7 +68,7 @@ nodes_strategy = st.lists(st.builds(NodeSlots, st.sampled_from(["a", "b"]), st.i
 
 @given(nodes_strategy)
 def test_ranks_are_dense_unique_and_consistent(nodes):
-    everyone = [who for g in range(len(nodes)) for who in worker_identities(nodes, g)]
+    everyone = [who for g in range(len(nodes)) for who in _identities(nodes, g)]
     assert sorted(w.rank for w in everyone) == list(range(sum(n.local_world_size for n in nodes)))
     assert {w.world_size for w in everyone} == {len(everyone)}
     for role in {n.role for n in nodes}:
@@ -72,8 +84,7 @@ def test_heterogeneous_running_sums():
 
 def _node_envs(nodes: list[NodeSlots], group_rank: int) -> dict[str, dict[str, str]]:
     """Through the path multi-node takes: the rendezvous hands a node only its own ranks (a Membership)."""
-    ranks = assign_node_ranks(nodes)[group_rank]
-    plan = AttemptPlan(0, 1, Membership(3, group_rank, len(nodes), nodes[group_rank].local_world_size, ranks, "10.0.0.7", 29400))
+    plan = _plan(nodes, group_rank)
     m = plan.membership
     ctx = AttemptContext(**{**CTX.__dict__, "master_addr": m.master_addr, "master_port": m.master_port, "restart_count": plan.restarts})
     return {str(w.local_rank): worker_env({"HOME": "/home/u"}, w, ctx, f"/l/{w.local_rank}") for w in plan.identities}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import GOLDEN_DIR
 from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, prefix_lines, render, render_prefix, split_complete
-from rankrun.policy import Action, Failed, MembershipChanged, Signalled, Succeeded, decide
+from rankrun.policy import Action, Failed, Signalled, Succeeded, decide
 from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
 from rankrun.report.failure import Ending, WorkerResult, render_report, root_cause, root_cause_json
@@ -183,7 +183,7 @@ def test_report_golden(utc):
         (Failed(), 0, 1, Action.RESTART),
         (Failed(), 1, 1, Action.GIVE_UP),
         (Signalled(15), 0, 5, Action.SHUT_DOWN),
-        (MembershipChanged("node 3 joined"), 5, 5, Action.REGROUP),  # never counted: a spent budget does not matter
+        (Signalled(15), 5, 5, Action.SHUT_DOWN),  # a spent budget does not matter
     ],
 )
 def test_policy(event, done, budget, action):

@@ -31,7 +31,7 @@ from rankrun.logs.lines import Tail, render_prefix
 from rankrun.logs.pump import Activity, Route, pump
 from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupEnd, GroupOutcome, MovedOn, Stalled, supervise
-from rankrun.proc.signals import Interrupted, Stop, StopStream
+from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.proc.spawn import Command, WorkerHandle
 from rankrun.record import record
 from rankrun.report.errorfile import read_error_file
@@ -290,7 +290,7 @@ async def _drain(workers: list[_Worker], stops: StopStream, console: Console) ->
     up on a console that does not read: the console is abandoned and the signal re-queued
     for the restart loop. Transports are always closed at the end.
     """
-    sig_task: asyncio.Task[Stop] | None = None
+    sig_task: asyncio.Task[Interrupted] | None = None
     while pending := [t for w in workers for t in w.pumps if not t.done()]:
         sig_task = sig_task or asyncio.ensure_future(stops.next())
         done, _ = await asyncio.wait([*pending, sig_task], timeout=DRAIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)

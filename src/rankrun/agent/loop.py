@@ -18,7 +18,7 @@ from rankrun.errors import exit_code
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
-from rankrun.policy import Action, Failed, GroupEnded, MembershipChanged, Signalled, Succeeded, decide
+from rankrun.policy import Action, Failed, GroupEnded, Signalled, Succeeded, decide
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.group import GroupOutcome
 from rankrun.proc.signals import Interrupted, StopStream, attach, detach
@@ -83,11 +83,10 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Ou
 
 
 def group_ended(outcome: GroupOutcome) -> GroupEnded:
-    """How a group ended, for ``decide`` (pure)."""
+    """How a group ended, for ``decide`` (pure). One node's group never ends for a new membership (``regrouped``): that
+    is ``agent.multinode``'s, whose coordinator decides the next round."""
     if outcome.interrupted_by is not None:
         return Signalled(outcome.interrupted_by)
-    if outcome.regrouped is not None:
-        return MembershipChanged(outcome.regrouped)
     return Failed() if outcome.failed else Succeeded()
 
 
@@ -110,8 +109,6 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
             _say_restart(deps.console, result, restarts, spec.restart.max_restarts)
             restarts += 1
             continue
-        if action is Action.REGROUP:
-            continue  # a new membership (multi-node): not counted against --max-restarts
         if isinstance(event, Signalled):
             _say_interrupted(deps.console, result)
             return Outcome.signalled(event.signum, restarts)

@@ -7,17 +7,10 @@ computed once for a round (``rankrun.ranks.assign_node_ranks``, by the coordinat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rankrun.agent.env import WorkerIdentity
 from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
 
-__all__ = ["NodeRanks", "NodeSlots", "assign_node_ranks", "identities", "worker_identities"]
-
-
-def worker_identities(nodes: Sequence[NodeSlots], group_rank: int) -> list[WorkerIdentity]:
-    """The identities of the workers of node ``group_rank``."""
-    return identities(assign_node_ranks(nodes)[group_rank], group_rank, len(nodes), nodes[group_rank].local_world_size)
+__all__ = ["NodeRanks", "NodeSlots", "assign_node_ranks", "identities"]
 
 
 def identities(mine: NodeRanks, group_rank: int, group_world_size: int, local_world_size: int) -> list[WorkerIdentity]:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankrun.proc.signals import Stop
+from rankrun.proc.signals import Interrupted
 from rankrun.proc.spawn import WorkerHandle
 from rankrun.record import record
 
@@ -76,7 +76,7 @@ class _Stop:
 
 async def supervise(
     handles: Sequence[WorkerHandle],
-    next_stop: Callable[[], Awaitable[Stop]],
+    next_stop: Callable[[], Awaitable[Interrupted]],
     shutdown_timeout: float,
     wall: Callable[[], float] = time.time,
     ended: Awaitable[GroupEnd] | None = None,
@@ -84,7 +84,7 @@ async def supervise(
     """Until every worker has exited; ``ended``, when it completes, stops the group (SIGTERM, then the deadline)."""
     outcome = GroupOutcome()
     waits = {asyncio.ensure_future(_wait(h)): i for i, h in enumerate(handles)}
-    sig_task: asyncio.Future[Stop] = asyncio.ensure_future(next_stop())
+    sig_task: asyncio.Future[Interrupted] = asyncio.ensure_future(next_stop())
     round_task: asyncio.Future[GroupEnd] | None = asyncio.ensure_future(ended) if ended is not None else None
     stop = _Stop()
     try:
@@ -141,7 +141,7 @@ def _on_ended(  # noqa: PLR0917 - private helper of supervise()
 
 
 def _on_stop(  # noqa: PLR0917 - private helper of supervise()
-    request: Stop,
+    request: Interrupted,
     handles: Sequence[WorkerHandle],
     waits: dict[asyncio.Task[int], int],
     outcome: GroupOutcome,

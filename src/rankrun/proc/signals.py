@@ -32,25 +32,23 @@ class Interrupted:
     signum: int
 
 
-Stop = Interrupted
-
 
 class StopStream:
     """The handled signals, in arrival order, one consumer at a time."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Stop] = asyncio.Queue()
+        self._queue: asyncio.Queue[Interrupted] = asyncio.Queue()
         self._waiting = asyncio.Event()  # set while a stop is queued
 
     def deliver(self, signum: int) -> None:
         self.put_back(Interrupted(signum))
 
-    def put_back(self, stop: Stop) -> None:
+    def put_back(self, stop: Interrupted) -> None:
         """Queue a stop (also: re-queue one a consumer took but cannot act on, for the next consumer)."""
         self._queue.put_nowait(stop)
         self._waiting.set()
 
-    def take_pending(self) -> Stop | None:
+    def take_pending(self) -> Interrupted | None:
         """A stop that arrived and nobody consumed yet, if any."""
         try:
             stop = self._queue.get_nowait()
@@ -64,7 +62,7 @@ class StopStream:
         """Until a stop is queued, without taking it (safe to race: a loser consumes nothing)."""
         await self._waiting.wait()
 
-    async def next(self) -> Stop:
+    async def next(self) -> Interrupted:
         stop = await self._queue.get()
         if self._queue.empty():
             self._waiting.clear()
