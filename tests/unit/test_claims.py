@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,48 @@ def test_the_rdzv_conf_keys_said_unused_are_unused():
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Attribute) and node.attr in unused and "conf" in ast.unparse(node.value)}
     assert readers == set()
+
+
+def _modules_where(found: Callable[[ast.AST], bool]) -> set[str]:
+    return {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
+            if any(found(node) for node in ast.walk(ast.parse(path.read_text())))}
+
+
+def _imports_module(module: str) -> Callable[[ast.AST], bool]:
+    parent, _, name = module.rpartition(".")
+
+    def found(node: ast.AST) -> bool:
+        if isinstance(node, ast.Import):
+            return any(alias.name == module for alias in node.names)
+        if isinstance(node, ast.ImportFrom):
+            return node.module == module or (node.module == parent and any(a.name == name for a in node.names))
+        return False
+    return found
+
+
+def _calls(name: str) -> Callable[[ast.AST], bool]:
+    return lambda node: isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+
+
+@pytest.mark.parametrize(("claim", "found", "within", "allowed"), [
+    # spec.py: rankrun.cli is the only caller that turns user input into a LaunchSpec
+    ("a LaunchSpec is built", _calls("LaunchSpec"), "", {"cli.py"}),
+    # devices.py: the only caller is rankrun.cli
+    ("rankrun.devices is imported", _imports_module("rankrun.devices"), "", {"cli.py"}),
+    # rendezvous/keys.py: each rendezvous record is written and read there, and only there (as compact JSON)
+    ("JSON is read or written", _imports_module("json"), "rendezvous/", {"rendezvous/keys.py"}),
+])
+def test_the_only_ones_named_in_docstrings(claim, found, within, allowed):
+    users = {u for u in _modules_where(found) if u.startswith(within)}
+    assert users == allowed, f"{claim} in {sorted(users)}"
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ("from rankrun import devices", _imports_module("rankrun.devices")),
+    ("import rankrun.devices", _imports_module("rankrun.devices")),
+    ("from rankrun.devices import gpu_count", _imports_module("rankrun.devices")),
+    ("def f():\n    import json", _imports_module("json")),
+    ("x = LaunchSpec(worker=w)", _calls("LaunchSpec")),
+])
+def test_the_only_ones_check_sees_each_form(source, found):
+    assert any(found(node) for node in ast.walk(ast.parse(source)))
