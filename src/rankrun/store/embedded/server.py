@@ -10,7 +10,8 @@ Watches push their events as they happen.
 With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
 any operation; a peer that fails is told so in one frame, closed, and logged once per address.
 A launch serves only connections that ``rendezvous.listener.SharedListener`` accepted on the shared port and handed
-over (``adopt``); ``start()`` binds a listening socket of the server's own (``rankrun.listen``), which only tests use.
+over (``adopt``); ``start()`` binds a listening socket of the server's own (``rankrun.listen``), as the contract tests
+serve it.
 ``close()`` ends every connection, and the socket if there is one.
 """
 
