@@ -3,8 +3,8 @@
 The NVIDIA driver says which GPUs exist (``/proc/driver/nvidia/gpus``, one folder per GPU named by its PCI
 address, else ``nvidia-smi``); ``CUDA_VISIBLE_DEVICES`` can only narrow that down and reorder it. No driver means
 no GPU, whatever the variable says (torch answers "Cuda is not available" there too). Reads only; the only
-caller is ``rankrun.cli``: the count when ``--nproc-per-node`` is ``gpu`` or ``auto``, the visible GPUs' PCI
-addresses for ``--numa-binding``.
+caller is ``rankrun.cli`` (``numa.topology`` takes only the ``Gpu`` record): the count when
+``--nproc-per-node`` is ``gpu`` or ``auto``, the visible GPUs' PCI addresses for ``--numa-binding``.
 """
 
 from __future__ import annotations

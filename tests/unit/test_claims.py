@@ -47,8 +47,9 @@ ALLOWED = {
     "print": {"cli.py"},
     "sys.stderr": {"cli.py", "__main__.py", "api/launch.py"},
     "sys.stdout": {"cli.py", "__main__.py", "api/launch.py"},
-    # an exit code given as a number: none; exit codes are named (errors.py). The watchdog's forked child exits 0.
-    "exit(<int>)": {"proc/watchdog.py"},
+    # an exit code given as a number: none of the launcher's; its exit codes are named (errors.py). The watchdog's
+    # forked child exits 0, and an API worker whose fn raised exits 1, as Python does for an uncaught exception.
+    "exit(<int>)": {"proc/watchdog.py", "api/worker.py"},
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
     "create_server": {"listen.py"},
     "start_server": set(),
@@ -296,8 +297,8 @@ def _calls(name: str) -> Callable[[ast.AST], bool]:
 @pytest.mark.parametrize(("claim", "found", "within", "allowed"), [
     # spec.py: rankrun.cli is the only caller that turns user input into a LaunchSpec
     ("a LaunchSpec is built", _calls("LaunchSpec"), "", {"cli.py"}),
-    # devices.py: the only caller is rankrun.cli
-    ("rankrun.devices is imported", _imports_module("rankrun.devices"), "", {"cli.py"}),
+    # devices.py: the only caller is rankrun.cli (numa/topology.py takes the Gpu record)
+    ("rankrun.devices is imported", _imports_module("rankrun.devices"), "", {"cli.py", "numa/topology.py"}),
     # rendezvous/keys.py: each rendezvous record is written and read there, and only there (as compact JSON)
     ("JSON is read or written", _imports_module("json"), "rendezvous/", {"rendezvous/keys.py"}),
 ])
