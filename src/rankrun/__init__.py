@@ -13,7 +13,7 @@ __all__ = ["LauncherError", "RankrunError", "WorkerError", "__version__", "launc
 def launch(fn: Any, *args: Any, nproc_per_node: int | str = 1, **options: Any) -> dict[int, Any]:
     """Run ``fn(*args)`` in every worker of the job the CLI's options describe; each rank's value, by rank.
 
-    See ``rankrun.api.launch`` (and the README's "From Python"). The workers' failure raises ``WorkerError``; the
+    See ``rankrun.api.launch`` (and docs/python-api.md). The workers' failure raises ``WorkerError``; the
     launcher's own (a rendezvous that timed out, a value that could not be read) ``LauncherError``; both are
     ``RankrunError``s.
     """
