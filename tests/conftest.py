@@ -7,6 +7,10 @@ processes, ``e2e`` the CLI with real torch); each folder is also a marker: ``pyt
 Nothing here sleeps to synchronise: tests wait for READY lines (bounded) or for process
 exit (bounded). Every PID a test learns about is killed at teardown if it still lives;
 nothing is ever killed by name.
+
+The whole run has a temp directory of its own (``TMPDIR``, and ``tempfile``'s in this process), made
+empty under pytest's base temp: at the end it must be empty again, or the run fails naming what was
+left. Other work on the machine cannot be blamed for an entry there, nor hide one.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -114,6 +119,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.parent.name
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+
+
+LEFTOVER_WAIT = 10.0  # seconds a launcher's own clean-up (or its watchdog's, after kill -9) may still take
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The run's own temp directory: every process the tests start, and this one, put their temp files here."""
+    tmp = tmp_path_factory.getbasetemp() / "TMPDIR"  # pytest's base first: it stays where pytest keeps it
+    tmp.mkdir()
+    saved = tempfile.tempdir
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp))
+        tempfile.tempdir = None  # computed again from TMPDIR on next use
+        try:
+            yield tmp
+        finally:
+            tempfile.tempdir = saved
+    left = wait_empty(tmp, LEFTOVER_WAIT)
+    assert not left, f"the test run left {len(left)} entries in its temp directory: {sorted(p.name for p in left)}"
+    tmp.rmdir()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import platform
 import re
 import select
 import struct
@@ -22,6 +23,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyte
+
+_READ = {"x86_64": 0, "aarch64": 63}  # the read(2) syscall's number, as /proc/<pid>/syscall shows it
+
+
+def reading(pid: int, fd: int = 0) -> bool:
+    """Whether ``pid`` is blocked in ``read(fd, ...)`` now (``/proc/<pid>/syscall``: the number, then the arguments).
+
+    A prompt on the screen is not yet a process reading: CPython's ``input()`` writes its prompt, then calls
+    ``read``, and checks for signals only when that read is interrupted. A SIGINT that lands between the two
+    (the writer preempted by whoever its prompt woke, on a loaded machine) sets Python's flag and interrupts
+    nothing: the worker then waits for a line forever. Only a signal sent once the read has begun stops it.
+    """
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return fields[:2] == [str(_READ[platform.machine()]), hex(fd)]
 
 
 class PtyLauncher:

@@ -69,10 +69,13 @@ class Agent:
         self.running.set()
 
     async def run(self, spec: LaunchSpec) -> Outcome | LauncherError:
+        logs = RunLogs(spec.logs, spec.rendezvous.run_id)  # a private temp dir, as run_agent makes and removes
         try:
-            return await run_multinode(spec, self.deps, StopStream(), RunLogs(spec.logs, spec.rendezvous.run_id))
+            return await run_multinode(spec, self.deps, StopStream(), logs)
         except LauncherError as exc:
             return exc
+        finally:
+            logs.finish()
 
     def close(self) -> str:
         self.console.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RANKRUN, Reaper, clean_environ, payload, wait_gone
-from ptyterm import PtyLauncher
+from ptyterm import PtyLauncher, reading
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -133,6 +133,9 @@ def test_a_single_worker_gets_a_terminal_with_input_resize_and_pdb(pty_launch):
 def test_ctrl_c_on_an_interactive_worker_goes_through_the_launcher(pty_launch):
     term = pty_launch("--nproc-per-node", "1", payload("interactive.py"))
     term.wait_screen(r"^name\?$")
+    (worker,) = _children_named(term.proc.pid, "interactive.py")
+    # the prompt comes before input()'s read: a Ctrl-C in between is lost by Python itself (see ptyterm.reading)
+    term.wait_until("the worker to read its terminal", lambda: reading(worker), 10.0)
     term.send(b"\x03")
     assert term.finish() == 128 + signal.SIGINT
     term.wait_screen(r"rankrun: received SIGINT: forwarded to 1 worker\(s\) and stopped them")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import clean_environ, payload, run_cli
+from conftest import RANKRUN, clean_environ, payload, run_cli
 from rankrun.stacks.control import name
 
 
@@ -31,7 +31,7 @@ def test_a_healthy_job_lists_every_rank_and_its_output_is_untouched(launch):
     assert listed == {0, 1, 2}
     assert any("stall.py" in line for line in lines)
     assert re.search(r"s CPU since the last sample\):$", lines[1]), lines[1]  # CPU over a window, even at the first ask
-    again = run_cli("--stacks")  # the only launcher of this user here: no PID needed
+    again = run_cli("--stacks", str(run.proc.pid))  # other launchers of this user may run here: name ours
     assert again.returncode == 0 and again.stdout.startswith("rankrun: job ")
     run.wait_for(r"tick \d 20", count=3)  # still ticking after two requests
     run.proc.send_signal(signal.SIGTERM)
@@ -39,6 +39,82 @@ def test_a_healthy_job_lists_every_rank_and_its_output_is_untouched(launch):
     worker_lines = [line for line in run.out if line.startswith("[default")]
     assert worker_lines and all(re.fullmatch(r"\[default\d\]:(READY rank \d|tick \d \d+)", line) for line in worker_lines)
     assert not any("most recent call first" in line or "rankrun-stacks" in line for line in run.out + run.err)
+
+
+def _in_own_network_namespace() -> tuple[str, ...]:
+    """A command prefix that runs it in a network namespace of its own (its abstract sockets are its own), with
+    loopback up; skips where user namespaces cannot be made."""
+    ip = shutil.which("ip")
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None or ip is None:
+        pytest.skip("needs unshare, nsenter and iproute2")
+    made = subprocess.run(["unshare", "-rn", ip, "link", "set", "lo", "up"], capture_output=True, timeout=30, check=False)
+    if made.returncode != 0:
+        pytest.skip("user and network namespaces cannot be made here")
+    return ("unshare", "-rn", "sh", "-c", f'{ip} link set lo up && exec "$@"', "sh")
+
+
+def test_without_a_pid_the_only_launcher_answers(launch):
+    """No PID: this user's one launcher is asked. Alone means alone in its network namespace (where abstract
+    socket names live), so other jobs on the machine cannot make it ambiguous."""
+    run = launch("--nproc-per-node", "2", payload("stall.py"), env=clean_environ() | {"PAYLOAD_STALL": "tick"},
+                 cmd=(*_in_own_network_namespace(), *RANKRUN))
+    run.wait_for(r"tick \d 1", count=2)
+    asked = subprocess.run(["nsenter", "--target", str(run.proc.pid), "--user", "--net", *RANKRUN, "--stacks"],
+                           env=clean_environ(), capture_output=True, text=True, timeout=60, check=False)
+    assert asked.returncode == 0, asked.stderr
+    assert re.match(r"rankrun: job \S+ stacks on request: \d+ distinct stacks? across 2 ranks\n", asked.stdout)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 128 + signal.SIGTERM
+
+
+def test_without_a_pid_several_launchers_are_named_on_one_line_and_exit_2(launch):
+    runs = [launch("--nproc-per-node", "1", payload("stall.py"), env=clean_environ() | {"PAYLOAD_STALL": "tick"})
+            for _ in range(2)]
+    for run in runs:
+        run.wait_for(r"tick 0 1")
+    asked = run_cli("--stacks")
+    assert asked.returncode == 2 and asked.stdout == ""
+    assert asked.stderr.startswith("rankrun: error: --stacks: which launcher? ") and asked.stderr.count("\n") == 1
+    named = {int(p) for p in re.findall(r"\d+", asked.stderr.split(": ")[-1])}
+    assert {run.proc.pid for run in runs} <= named  # ours among them, whatever else runs on this machine
+    for run in runs:
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.finish() == 128 + signal.SIGTERM
+
+
+_SILENT_LAUNCHER = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(chr(0) + sys.argv[1] + str(os.getpid()))
+s.listen(1)
+print("READY", flush=True)
+conn, _ = s.accept()
+conn.recv(100)
+if sys.argv[2] == "exit":
+    os._exit(0)  # the job ended as it was asked: the connection closes with the process
+conn.close()  # the job is ending: the answer is never written
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "close"])
+def test_a_launcher_that_closes_without_answering_is_one_line_and_exit_2(how, reaper):
+    """Once, ``rankrun --stacks`` printed nothing and exited 0: the launcher had taken the connection as its job
+    ended. A report is never empty, so no answer at all says why instead."""
+    prefix = name(0)[: -len("0")]  # @rankrun-<uid>- without the pid
+    fake = subprocess.Popen([sys.executable, "-c", _SILENT_LAUNCHER, prefix, how], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    reaper.pids.add(fake.pid)
+    try:
+        assert fake.stdout is not None and fake.stdout.readline() == "READY\n"
+        asked = run_cli("--stacks", str(fake.pid))
+        assert asked.returncode == 2 and asked.stdout == ""
+        why = "exited before it answered" if how == "exit" else "closed the connection without an answer"
+        assert asked.stderr == f"rankrun: error: --stacks '{fake.pid}': the launcher {why} " \
+                               f"({'its job ended' if how == 'exit' else 'its job is ending'})\n"
+    finally:
+        fake.kill()
+        fake.communicate(timeout=30)
 
 
 def test_workers_exiting_while_asked_do_not_break_the_launcher(launch):

@@ -8,7 +8,8 @@ A request is one line, ``stacks``; the answer is the report's lines, then the co
 sample never disturbs the job: the workers' faulthandler writes to its own file, not to their output.
 
 Without a PID the launchers are found in ``/proc/net/unix`` by that name (this user's only); none or several
-is an error naming them.
+is an error naming them, on one line. A launcher that closes the connection without a word (its job ended as
+it was asked) is an error too: the command always prints a report or says why there is none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,7 @@ from rankrun.errors import ArgumentError, UsageError
 PREFIX = "rankrun-"
 REQUEST = b"stacks\n"
 ANSWER_TIMEOUT = 30.0  # seconds the caller waits for a report (sampling takes about a second at most)
+ENDING_WAIT = 1.0  # seconds a launcher that closed without an answer is given to be seen gone
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -88,6 +91,18 @@ def _holds(pid: int, inode: str) -> bool:
     return False
 
 
+def _ends(pid: int, within: float = ENDING_WAIT) -> bool:
+    """Whether process ``pid`` has exited, or does within ``within`` s (its sockets close before it is gone)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], within)[0])  # a pidfd is readable once its process has exited
+    finally:
+        os.close(fd)
+
+
 def request(pid: int | None) -> str:
     """The report of the launcher ``pid`` (or of the only one); ``UsageError`` when there is none to ask."""
     if pid is None:
@@ -113,4 +128,7 @@ def request(pid: int | None) -> str:
         raise UsageError("--stacks", str(pid), f"the launcher did not answer within {ANSWER_TIMEOUT:g} s") from None
     finally:
         sock.close()
+    if not chunks:  # it took the connection and closed it: its job ended as we asked (a report is never empty)
+        raise UsageError("--stacks", str(pid), "the launcher exited before it answered (its job ended)" if _ends(pid) else
+                         "the launcher closed the connection without an answer (its job is ending)")
     return b"".join(chunks).decode(errors="replace")
