@@ -22,6 +22,9 @@ class Behaviour:
     stderr: bytes = b""
     stdout: bytes = b""
     ignore_term: bool = False  # survive SIGTERM (only SIGKILL ends it)
+    # exit by itself with this status, but be heard of only once signalled (an exit under way as rankrun stops the
+    # group: its event comes in a later turn of the loop, after the signal, which changes nothing)
+    exiting_status: int | None = None
 
 
 class FakeHandle:
@@ -71,6 +74,9 @@ class FakeHandle:
         if self._err is not None:
             self._err.feed_eof()
 
+    def ended(self) -> bool:
+        return self._exit.done() or self.behaviour.exiting_status is not None
+
     def signal(self, signum: int) -> bool:
         if self._exit.done():
             return False
@@ -81,6 +87,9 @@ class FakeHandle:
     def signal_group(self, signum: int) -> None:
         self.signals.append(signum)
         if self._exit.done():
+            return
+        if self.behaviour.exiting_status is not None:  # gone already: heard of in a later turn, with its own status
+            asyncio.get_running_loop().call_soon(self._finish, self.behaviour.exiting_status)
             return
         if signum == signal.SIGKILL or not (self.behaviour.ignore_term and signum == signal.SIGTERM):
             self._finish(-signum)

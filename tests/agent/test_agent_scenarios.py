@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 import time
@@ -74,7 +75,20 @@ def test_failure_restarts_with_incremented_count_and_same_store(tmp_path):
     assert len(first) == len(second) == 2
     assert first[0].signals[0] == signal.SIGTERM  # the healthy sibling was stopped politely
     assert {h.env["MASTER_PORT"] for h in first} == {h.env["MASTER_PORT"] for h in second}
-    assert "attempt 0 failed: rank 1 (pid 10001) ended with exit code 2; restarting workers (1/3 restarts used)" in err
+    assert "attempt 0 failed: rank 1 (pid 10001) exited 2; restarting workers (1/3 restarts used)" in err
+
+
+def test_the_restart_line_names_the_root_cause_and_its_exception(tmp_path):
+    raised = b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nValueError: bad lr 0.5\n"
+
+    def plan(attempt: int, rank: int) -> Behaviour:
+        return Behaviour(exit_status=1, stderr=raised) if (attempt, rank) == (0, 1) else Behaviour(exit_status=0 if attempt else None)
+
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "2", "--max-restarts", "1"), FakeSpawner(plan))
+    assert rc == 0
+    (line,) = [line for line in err.splitlines() if line.startswith("rankrun: attempt 0")]
+    assert line == "rankrun: attempt 0 failed: rank 1 (pid 10001) exited 1: ValueError: bad lr 0.5; restarting workers " \
+                   "(1/1 restarts used)"
 
 
 def test_restarts_exhausted_reports_root_cause_and_stopped_siblings(tmp_path):
@@ -242,6 +256,25 @@ def test_failures_noticed_together_are_all_failures_and_root_is_lowest_rank(tmp_
     assert "  rank       : 0 (local_rank: 0)" in err
     assert "stopped by rankrun" not in err
     assert err.count("also failed at") == 2
+
+
+def test_a_rank_whose_own_exit_was_under_way_as_the_group_stopped_is_a_failure_not_stopped_by_rankrun(tmp_path):
+    """Every rank refuses the same bad argument (exit 2). Rank 0's exit is heard first and stops the group; rank
+    1 had exited too, its event still on the way, heard only after rankrun's SIGTERM: it was once listed as
+    "stopped by rankrun (exit code 2)". A rank ends by rankrun's doing only if it still ran when signalled."""
+    usage = b"usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --lr\n"
+
+    def plan(attempt: int, rank: int) -> Behaviour:
+        return [Behaviour(exit_status=2, stderr=usage), Behaviour(exiting_status=2, stderr=usage), Behaviour()][rank]
+
+    spawner = FakeSpawner(plan)
+    rc, _, err = _run(tmp_path, _spec(tmp_path, "--nproc-per-node", "3"), spawner)
+    assert rc == 1
+    assert spawner.spawned[1].signals[0] == signal.SIGTERM  # the interleaving happened: signalled, then heard of
+    assert "  rank       : 0 (local_rank: 0)" in err
+    assert re.search(r"^  rank 1 \(local_rank 1, pid 10001\): also failed at .*: exit code 2$", err, re.M), err
+    assert "rank 2 (local_rank 2, pid 10002): stopped by rankrun (signal 15 (SIGTERM))" in err
+    assert "stopped by rankrun (exit code" not in err
 
 
 def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypatch):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,36 @@ def test_a_worker_is_signalled_only_until_it_is_reaped() -> None:
             handle.close()
 
     assert asyncio.run(scenario()) == (True, False, False)
+
+
+def test_ended_tells_a_worker_that_exited_by_itself_from_one_that_runs(tmp_path: Path) -> None:
+    """What the group asks each worker as it begins a stop: an exit already made (not yet heard of, or reaped) is the
+    worker's own; a running worker is not ended."""
+
+    async def main() -> tuple[bool, bool, bool]:
+        spawner = OsSpawner()
+        done = await spawner.spawn(Command(("sh", "-c", "exit 2"), dict(os.environ)))
+        running = await spawner.spawn(Command(("sleep", "60"), dict(os.environ)))
+        try:
+            deadline = time.monotonic() + 30
+            # no await: the loop cannot hear of it (a zombie, or reaped by 3.11's watcher thread, its news not read yet)
+            while _state(done.pid) not in ("Z", "gone") and time.monotonic() < deadline:
+                time.sleep(0.005)
+            unheard = done.ended()
+            assert await asyncio.wait_for(done.wait(), 30) == 2
+            return unheard, done.ended(), running.ended()
+        finally:
+            running.signal_group(signal.SIGKILL)
+            await asyncio.wait_for(running.wait(), 30)
+            done.close()
+            running.close()
+
+    assert asyncio.run(main()) == (True, True, False)
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat[stat.rfind(")") + 2]

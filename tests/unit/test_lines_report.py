@@ -14,7 +14,7 @@ from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, pr
 from rankrun.policy import Action, Failed, Signalled, Succeeded, decide
 from rankrun.report.cause import explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
-from rankrun.report.failure import Ending, WorkerResult, render_report, root_cause, root_cause_json
+from rankrun.report.failure import Ending, WorkerResult, one_line, render_report, root_cause, root_cause_json
 
 GOLDEN = GOLDEN_DIR
 
@@ -157,6 +157,19 @@ def utc(monkeypatch):
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+@pytest.mark.parametrize(("status", "error", "tail", "expected"), [
+    (1, None, "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\nValueError: bad lr\n",
+     "rank 1 (pid 101) exited 1: ValueError: bad lr"),
+    (1, WorkerError("ValueError: bad lr\nmore", "Traceback ...", 0), "noise\n", "rank 1 (pid 101) exited 1: ValueError: bad lr"),
+    (2, None, "usage: t.py [-h]\nt.py: error: unrecognized arguments: --lr\n\n",
+     "rank 1 (pid 101) exited 2: t.py: error: unrecognized arguments: --lr"),
+    (3, None, "", "rank 1 (pid 101) exited 3"),
+    (-9, None, "loading\n", "rank 1 (pid 101) was killed by signal 9 (SIGKILL)"),
+])
+def test_one_line_names_the_root_cause_with_its_exception(status, error, tail, expected):
+    assert one_line(_result(1, Ending.FAILED, status, 0.0, error, tail)) == expected
 
 
 def test_report_golden(utc):

@@ -26,7 +26,7 @@ from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import (
     Ending,
     WorkerResult,
-    describe_status,
+    one_line,
     render_report,
     root_cause,
     root_cause_json,
@@ -119,7 +119,7 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
 
 def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
     root = root_cause(attempt.results)
-    what = f"rank {root.rank} (pid {root.pid}) ended with {describe_status(root.status)}" if root else "workers failed"
+    what = one_line(root) if root else "workers failed"
     if attempt.outcome.stalled is not None:
         what = f"the workers stalled ({attempt.outcome.stalled})"
     console.say(f"attempt {restarts} failed: {what}; restarting workers ({restarts + 1}/{max_restarts} restarts used)")

@@ -6,8 +6,10 @@ rendezvous round this group belongs to is over (a node joined or left), or with 
 group stalled and ``--hang-action fail`` treats that as a failure. Stopping is
 one path: send the polite signal (SIGTERM after a failure or a regroup, the received signal
 after an interrupt) to every worker's process group, wait until all have exited or the single
-monotonic deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. Workers that end
-after the stop began count as stopped, not failed. A second interrupt skips the grace period.
+monotonic deadline (``--shutdown-timeout``) passes, then SIGKILL the rest. A worker still running
+when the stop began counts as stopped, not failed, however it then ends; one whose own exit was
+already under way (its event not yet heard) keeps that exit as its own. A second interrupt skips
+the grace period.
 Whatever happens, every process group gets a final SIGKILL so background children of workers
 that already exited are cleaned up too.
 """
@@ -34,7 +36,7 @@ class Exit:
     index: int
     status: int
     at: float  # wall clock when noticed
-    after_stop: bool  # noticed after rankrun began stopping the group
+    after_stop: bool  # rankrun had signalled it to stop while it still ran: how it ended is rankrun's doing
 
 
 @dataclass
@@ -72,6 +74,11 @@ GroupEnd = MovedOn | Stalled
 class _Stop:
     deadline: float | None = None  # on the event loop's clock
     killed: bool = False
+    ended_first: set[int] = field(default_factory=set)  # indexes already ending by themselves as the stop began
+
+    def caused(self, index: int) -> bool:
+        """Whether rankrun's stop is why worker ``index`` ended (asked only once the stop has begun)."""
+        return self.deadline is not None and index not in self.ended_first
 
 
 async def supervise(
@@ -97,7 +104,7 @@ async def supervise(
             stopping, now = stop.deadline is not None, wall()
             exited = sorted((waits.pop(t), int(t.result())) for t in done if t in waits)
             for index, status in exited:
-                outcome.exits[index] = Exit(index, status, now, after_stop=stopping)
+                outcome.exits[index] = Exit(index, status, now, after_stop=stop.caused(index))
             if not stopping and any(status != 0 for _, status in exited):
                 _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
             if round_task is not None and round_task in done:
@@ -110,7 +117,7 @@ async def supervise(
             if stop.deadline is not None and not stop.killed and asyncio.get_running_loop().time() >= stop.deadline:
                 _kill(handles, waits, stop)
             if stop.killed and waits:
-                outcome.unkillable = await _wait_killed(waits, outcome, wall)
+                outcome.unkillable = await _wait_killed(waits, outcome, stop, wall)
                 break
     finally:
         await _cancelled(round_task)
@@ -164,9 +171,18 @@ def _on_stop(  # noqa: PLR0917 - private helper of supervise()
 def _begin_stop(
     signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop, grace: float
 ) -> None:
+    """Signal every worker not yet heard of to stop. One that had ended by itself already (two ranks failing on
+    the same bad argument: the first exit heard starts the stop, the other's event is still on its way) is told
+    apart now, before the signal, and keeps its own exit: reported as failed, never as stopped by rankrun. Its
+    exit code says nothing either way: a Python worker that dies of a forwarded SIGINT re-raises it at exit
+    (status -2, not exit code 2), but a handler may exit with any code, so how the worker ended counts only for
+    those rankrun signalled while they ran. An exit that begins between this look and the signal (one syscall)
+    is still taken as stopped."""
     stop.deadline = asyncio.get_running_loop().time() + grace
     for index in waits.values():
-        handles[index].signal_group(signum)
+        if handles[index].ended():
+            stop.ended_first.add(index)
+        handles[index].signal_group(signum)  # its own children may still run
 
 
 def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop) -> None:
@@ -176,12 +192,12 @@ def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], 
 
 
 async def _wait_killed(
-    waits: dict[asyncio.Task[int], int], outcome: GroupOutcome, wall: Callable[[], float]
+    waits: dict[asyncio.Task[int], int], outcome: GroupOutcome, stop: _Stop, wall: Callable[[], float]
 ) -> list[int]:
     done, pending = await asyncio.wait(set(waits), timeout=KILL_WAIT)
     for task in done:
         index = waits.pop(task)
-        outcome.exits[index] = Exit(index, task.result(), wall(), after_stop=True)
+        outcome.exits[index] = Exit(index, task.result(), wall(), after_stop=stop.caused(index))
     for task in pending:
         task.cancel()
     return sorted(waits[t] for t in pending)

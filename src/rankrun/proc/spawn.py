@@ -46,12 +46,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rankrun import procfs
 from rankrun.errors import SpawnError
 from rankrun.fsutil import which
 from rankrun.proc.output import OutputReader, StreamSource
 from rankrun.record import record
 
 _PR_SET_PDEATHSIG = 1
+_PF_EXITING = 0x4  # the kernel's task flag (``/proc/<pid>/stat`` field 9) for a process in exit(): signals are moot
 
 
 class Stdio(enum.Enum):
@@ -87,6 +89,11 @@ class WorkerHandle(Protocol):
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the worker's whole process group; no error if it is gone."""
+        ...
+
+    def ended(self) -> bool:
+        """Whether the worker has ended by itself already, or is ending (its exit under way), reaped or not: a signal
+        sent now cannot be why it ends."""
         ...
 
     def signal(self, signum: int) -> bool:
@@ -216,6 +223,12 @@ class _OsWorker:
     def signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._pid, signum)
+
+    def ended(self) -> bool:
+        if self._transport.get_returncode() is not None:
+            return True
+        fields = procfs.stat(self._pid)  # not reaped yet, so the pid is still the worker's
+        return fields is None or fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
 
     def signal(self, signum: int) -> bool:
         if self._transport.get_returncode() is not None:

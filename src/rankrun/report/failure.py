@@ -74,6 +74,24 @@ def exception_text(result: WorkerResult) -> tuple[str, str]:
     return (result.tail_label, quoted or f"<the worker wrote nothing to {result.tail_label}>")
 
 
+def one_line(result: WorkerResult) -> str:
+    """How a failed worker ended, in one line: ``rank 1 (pid 4242) exited 1: ValueError: bad lr`` (pure).
+
+    The exception is the first line of the error file's message, else the last line of what the worker's tail
+    explains (``rankrun.report.cause``: the traceback's own exception line, or the last thing it wrote); a death
+    by signal names the signal.
+    """
+    who = f"rank {result.rank} (pid {result.pid})"
+    if result.status < 0:
+        return f"{who} was killed by {describe_status(result.status)}"
+    if result.error is not None and result.error.message.strip():
+        cause = result.error.message.strip().split("\n")[0]  # "ValueError: ..." starts it; more lines may follow
+    else:
+        quoted = explain(result.stderr_tail)
+        cause = next((line.strip() for line in reversed(quoted.split("\n")) if line.strip()), "")
+    return f"{who} exited {result.status}: {cause}" if cause else f"{who} exited {result.status}"
+
+
 def _error_file_line(root: WorkerResult, kept: bool) -> str:
     if root.error is None:
         return "<not written>"
