@@ -277,6 +277,36 @@ def test_a_rank_whose_own_exit_was_under_way_as_the_group_stopped_is_a_failure_n
     assert "stopped by rankrun (exit code" not in err
 
 
+def test_stacks_on_request_say_the_job_and_what_the_launcher_does_when_no_worker_runs(tmp_path):
+    """``rankrun --stacks`` between attempts (the next attempt's workers are being started) and once the job is done."""
+    answers: list[asyncio.Task[list[str]]] = []
+
+    def plan(attempt: int, rank: int) -> Behaviour:
+        return Behaviour(exit_status=1 if attempt == 0 else 0)
+
+    def asked(handle: FakeHandle) -> None:
+        if handle.command.attempt == 1:
+            answers.append(asyncio.ensure_future(deps.on_demand.report()))
+
+    spec = _spec(tmp_path, "--nproc-per-node", "1", "--max-restarts", "1")
+    with (tmp_path / "out").open("wb") as o, (tmp_path / "err").open("wb") as e:
+        deps = AgentDeps(FakeSpawner(plan, after_spawn=asked), Console(o.fileno(), e.fileno()), "testhost")
+        catcher = EarlyCatcher(())
+
+        async def main() -> tuple[int, list[str]]:
+            rc = await _bounded(spec, deps, catcher)
+            return rc, [*(await asyncio.gather(*answers))[0], *await deps.on_demand.report()]
+
+        try:
+            rc, lines = asyncio.run(main())
+        finally:
+            deps.console.close()
+            catcher.restore()
+    assert rc == 0
+    said = f"rankrun: job {spec.rendezvous.run_id}: no workers are running right now: "
+    assert spec.rendezvous.run_id and lines == [said + "between attempts", said + "done (the launcher is finishing)"]
+
+
 def test_slow_console_longer_than_drain_timeout_loses_nothing(tmp_path, monkeypatch):
     """The console reads slower than the workers wrote; the drain must wait for it, not give up."""
     import threading  # noqa: PLC0415

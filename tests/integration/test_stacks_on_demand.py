@@ -9,10 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import RANKRUN, clean_environ, payload, run_cli
+from conftest import RANKRUN, clean_environ, fresh_loopback, payload, run_cli
 from rankrun.stacks.control import name
 
 
@@ -115,6 +116,20 @@ def test_a_launcher_that_closes_without_answering_is_one_line_and_exit_2(how, re
     finally:
         fake.kill()
         fake.communicate(timeout=30)
+
+
+def test_a_launcher_waiting_for_its_rendezvous_says_so_with_its_job_id(launch):
+    run = launch("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{fresh_loopback()}:29400", "--rdzv-id",
+                 "lonely", "--nproc-per-node", "1", payload("stall.py"), env=clean_environ() | {"RANKRUN_RDZV_SECRET": "s"})
+    said = "rankrun: job lonely: no workers are running right now: "
+    deadline = time.monotonic() + 60
+    while (asked := run_cli("--stacks", str(run.proc.pid))).stdout != said + "waiting for the rendezvous\n":
+        # before it waits: its control socket not up yet, or joining the store
+        assert asked.stdout in ("", said + "starting\n"), asked
+        assert time.monotonic() < deadline, asked
+    assert asked.returncode == 0
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 128 + signal.SIGTERM
 
 
 def test_workers_exiting_while_asked_do_not_break_the_launcher(launch):

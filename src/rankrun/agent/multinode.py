@@ -23,7 +23,7 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, Membership
-from rankrun.agent.stall import show
+from rankrun.agent.stall import WAITING, show
 from rankrun.errors import LauncherError
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
@@ -145,6 +145,7 @@ async def _wait_for_word(
     """The next word from the coordinator, or a signal; bounded by join_timeout, with a progress line every 5 s."""
     rdzv = spec.rendezvous
     member = session.member
+    deps.on_demand.idle(rdzv.run_id, WAITING)  # what rankrun --stacks says meanwhile
     progress = asyncio.create_task(_progress(spec, deps, member))
     try:
         async with asyncio.timeout(rdzv.conf.join_timeout):

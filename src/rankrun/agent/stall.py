@@ -93,12 +93,20 @@ def show(console: Console, lines: Sequence[str]) -> None:
     console.write_blocking(console.stderr_fd, ("\n".join(lines) + "\n").encode())
 
 
+STARTING = "starting"
+WAITING = "waiting for the rendezvous"
+BETWEEN = "between attempts"
+DONE = "done (the launcher is finishing)"
+
+
 class OnDemand:
-    """What a ``rankrun --stacks`` request samples: the running attempt's workers (none between attempts), and
-    with several nodes the round's exchange, through which the report is the whole job's."""
+    """What a ``rankrun --stacks`` request samples: the running attempt's workers, and with several nodes the
+    round's exchange, through which the report is the whole job's. With no workers running, the answer says
+    what the launcher is doing instead (``STARTING``, ``WAITING``, ``BETWEEN``, ``DONE``)."""
 
     def __init__(self) -> None:
         self.run_id = ""
+        self.state = STARTING  # what the launcher does while no workers run
         self.targets: list[Target] = []
         self.job: Exchange | None = None
         self.recorder: Recorder | None = None  # torch's Flight Recorder, where on: asked for dumps at a stall
@@ -106,8 +114,15 @@ class OnDemand:
         self._sampled = float("-inf")
 
     def running(self, run_id: str, targets: list[Target], recorder: Recorder | None) -> None:
-        """The attempt's workers as they start (and ``[]`` once they are gone), with their recorder if any."""
+        """The attempt's workers as they start (and ``[]`` once they are gone: between attempts), with their
+        recorder if any."""
         self.run_id, self.targets, self.recorder = run_id, targets, recorder
+        if not targets:
+            self.state = BETWEEN
+
+    def idle(self, run_id: str, state: str) -> None:
+        """No workers run: the launcher is ``state`` (``STARTING``, ``WAITING``, ``DONE``)."""
+        self.run_id, self.targets, self.recorder, self.state = run_id, [], None, state
 
     async def sample(self, why: str = "request") -> list[RankSample]:
         """The running workers' stacks now, with the CPU each used over the last ``CPU_WINDOW`` s at least;
@@ -135,6 +150,6 @@ class OnDemand:
 
     async def _local(self) -> list[str]:
         if not self.targets:
-            return [f"rankrun: job {self.run_id}: no workers are running right now (between attempts, or done)"]
+            return [f"rankrun: job {self.run_id}: no workers are running right now: {self.state}"]
         samples = await self.sample()
         return render(request_title(self.run_id, samples), samples)
