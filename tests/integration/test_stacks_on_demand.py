@@ -185,3 +185,22 @@ def test_a_caller_of_another_uid_gets_nothing_from_the_launcher(launch):
     assert "stacks on request" in as_me.stdout  # the same request from the launcher's own uid is answered
     run.proc.send_signal(signal.SIGTERM)
     run.finish()
+
+
+def test_stacks_txt_is_left_in_a_ranks_log_folder_only_when_its_stacks_were_taken(launch, tmp_path):
+    """The documented layout has no stacks.txt: one appears only where a dump was taken, holding it whole."""
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    quiet = run_cli("--nproc-per-node", "2", "--log-dir", str(tmp_path / "quiet"), str(script))
+    assert quiet.returncode == 0, quiet.stderr
+    assert len(list((tmp_path / "quiet").glob("*/attempt_0/[01]"))) == 2
+    assert list((tmp_path / "quiet").rglob("stacks.txt")) == []
+    run = launch("--nproc-per-node", "2", "--log-dir", str(tmp_path / "asked"), payload("stall.py"),
+                 env=clean_environ() | {"PAYLOAD_STALL": "tick"})
+    run.wait_for(r"tick \d 1", count=2)
+    assert run_cli("--stacks", str(run.proc.pid)).returncode == 0
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 128 + signal.SIGTERM
+    dumps = sorted((tmp_path / "asked").glob("*/attempt_0/*/stacks.txt"))
+    assert [d.parent.name for d in dumps] == ["0", "1"]
+    assert all("most recent call first" in d.read_text() for d in dumps)

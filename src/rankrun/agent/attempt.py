@@ -37,7 +37,7 @@ from rankrun.record import record
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
-from rankrun.stacks.channel import channel_env
+from rankrun.stacks.channel import channel_env, drop_if_unused
 from rankrun.stacks.flight import FOLDER, Recorder, enabled, flight_env
 from rankrun.stacks.sampler import Target
 
@@ -196,9 +196,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
             finally:
                 stall_watch.cancel()
                 deps.on_demand.running(spec.rendezvous.run_id, [], None)
-                for w in workers:
-                    w.handle.signal_group(signal.SIGKILL)
-                await deps.after_group([w.handle for w in workers])
+                await _bury(deps, attempt_dir, workers)
                 try:
                     await _drain(workers, stops, console)  # the terminal worker's last bytes, still relayed raw
                 finally:
@@ -219,6 +217,18 @@ def _with_stacks_channel(spec: LaunchSpec, env: dict[str, str], attempt_dir: Pat
     if dump_file is None or spec.worker.entry.kind is EntryKind.BINARY:
         return env
     return channel_env(env, str(dump_file))
+
+
+async def _bury(deps: AgentDeps, attempt_dir: Path | None, workers: list[_Worker]) -> None:
+    """Every worker's process group killed (children left behind too) and reaped; ``stacks.txt`` stays in a rank's
+    log folder only where stacks were taken (``stacks.channel``)."""
+    for w in workers:
+        w.handle.signal_group(signal.SIGKILL)
+    await deps.after_group([w.handle for w in workers])
+    for w in workers:
+        dump_file = RunLogs.stacks_file(attempt_dir, w.who.local_rank)
+        if dump_file is not None:
+            drop_if_unused(dump_file)
 
 
 async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -> GroupEnd:

@@ -1,7 +1,10 @@
 """The per-run log directory, in torchrun's layout::
 
-    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log, error.json, stacks.txt
+    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log, error.json
     <log_dir>/<run_id>_<random>/attempt_<n>/filtered_{stdout,stderr}.log
+
+and ``<local_rank>/stacks.txt`` only for a rank whose stacks were taken (a stall report, ``rankrun --stacks``):
+the dumps, whole (the stack channel's file, removed at the attempt's end when it holds none).
 
 Without ``--log-dir`` the same tree lives in a private temporary directory (it still holds
 the workers' error files) and is removed when the job ends, unless ``-r``/``-t`` asked for
