@@ -21,6 +21,7 @@ from rankrun.errors import SpawnError
 from rankrun.logs.console import Console
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.output import OutputReader
+from rankrun.proc.signals import attach, detach
 from rankrun.proc.spawn import Command, WorkerHandle
 from rankrun.spec import LaunchSpec
 
@@ -209,6 +210,27 @@ def test_a_signal_after_every_worker_exited_0_is_still_not_success(tmp_path, con
     if console_reads:
         assert (tmp_path / "out").stat().st_size == len(chunk) * chunks  # nothing was dropped
         assert "rankrun: received SIGINT as the job ended; exiting" in err.read_text()
+
+
+def test_a_signal_counts_even_if_the_loop_never_got_round_to_it():
+    """The loop runs a signal's callback only once it has read the signal from its wakeup fd, and the agent can
+    return before it does: on Python 3.12+, nothing on the path from the group's end to ``detach`` gives the loop a
+    turn (the case above exited 0 there). The signal must count from the moment it arrives."""
+
+    async def scenario() -> tuple[int | None, object]:
+        loop = asyncio.get_running_loop()
+        catcher = EarlyCatcher(())
+        try:
+            stops = attach(catcher, loop, (signal.SIGINT,))
+            os.kill(os.getpid(), signal.SIGINT)  # and no await before detach: the loop does not run meanwhile
+            detach(catcher, loop)
+            return catcher.first, stops.take_pending()
+        finally:
+            catcher.restore()
+
+    first, queued = asyncio.run(scenario())
+    assert queued is None  # the loop had indeed not got round to it
+    assert first == signal.SIGINT
 
 
 def test_handled_signals_stay_caught_after_the_agent_returns(tmp_path):

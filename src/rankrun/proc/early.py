@@ -90,6 +90,20 @@ class EarlyCatcher:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
         self.signums = wanted
 
+    def note_as_it_arrives(self, signum: int) -> None:
+        """Under the event loop's handler for ``signum`` (``loop.add_signal_handler``), note it the moment it arrives.
+
+        The loop runs its callback only on its next turn, once it has read the signal from its wakeup fd;
+        the agent may have returned and chosen its exit code by then (its way out gave the loop a turn only
+        by accident, and since Python 3.12, where ``asyncio.wait_for`` no longer runs its awaitable in a task
+        of its own, it does not). Python's handler runs in the main thread as soon as that runs Python code
+        again. The loop's own Python-level handler is a no-op, there only so that the interpreter writes
+        the signal to the loop's wakeup fd (``signal.set_wakeup_fd``), which it does whatever the
+        Python-level handler is: this one takes its place, and the loop still wakes and runs its callback.
+        """
+        signal.signal(signum, self._note)
+        signal.siginterrupt(signum, False)  # as the loop had it: a system call it interrupts is resumed
+
     def rearm(self, signum: int) -> None:
         """Catch ``signum`` here again (the event loop let go of it and left it at its default)."""
         while True:
@@ -115,6 +129,10 @@ class EarlyCatcher:
             signal.signal(signum, signal.SIG_DFL if inherited is None else inherited)
         self._inherited.clear()
         self.signums = ()
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.note(signum)
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         del frame

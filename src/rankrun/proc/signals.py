@@ -10,9 +10,10 @@ loop and replays what arrived before; every other signal keeps the disposition r
 The rest of rankrun sees signals only as ``Interrupted`` events on the ``StopStream``. (The other
 reason to stop a group, the rendezvous round moving on, is not a signal: it reaches
 ``proc.group.supervise`` as an awaitable of its own.) Every arrival is also noted in the catcher's
-``received`` as it happens, so that a stop a consumer takes off the stream and cannot act on (the
-group had already ended) still decides the exit code. ``detach`` gives the signals back to the
-catcher before the loop closes, so they stay caught until the process exits.
+``received`` by Python's handler as it happens, not by the loop's callback (which may run only after
+the agent has returned), so that a stop nobody takes off the stream, or one a consumer takes and
+cannot act on (the group had already ended), still decides the exit code. ``detach`` gives the
+signals back to the catcher before the loop closes, so they stay caught until the process exits.
 """
 
 from __future__ import annotations
@@ -73,13 +74,11 @@ def attach(catcher: EarlyCatcher, loop: asyncio.AbstractEventLoop, signums: Iter
     """Deliver exactly ``signums`` through a stream on ``loop``, replaying what came early."""
     catcher.adopt(signums)  # any other signal keeps the disposition rankrun inherited
     stream = StopStream()
-
-    def arrived(signum: int) -> None:
-        catcher.note(signum)  # on arrival, not when consumed: the exit code must not depend on who took it
-        stream.deliver(signum)
-
     for signum in catcher.signums:
-        loop.add_signal_handler(signum, arrived, signum)
+        loop.add_signal_handler(signum, stream.deliver, signum)  # the loop wakes and queues the stop ...
+        # ... and the catcher notes it on arrival, not when the loop gets round to it or a consumer takes it:
+        # the exit code must depend on neither
+        catcher.note_as_it_arrives(signum)
     for signum in catcher.pending:  # already noted by the catcher
         stream.deliver(signum)
     catcher.pending.clear()
