@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 from pathlib import Path
 
 import pytest
@@ -214,14 +215,19 @@ def test_an_impostor_host_without_the_secret_is_refused_by_the_client():
 def test_a_job_rerun_on_the_same_endpoint_binds_it_while_the_last_ones_sockets_sit_in_time_wait():
     """The endpoint is a fixed port every node knows: the next job must get it back at once (SO_REUSEADDR)."""
 
+    def client(port: int) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\n\r\n")  # a foreign protocol: the listener closes first, so its side waits
+            assert sock.recv(1) == b""
+            # a lingering close returns once our FIN is acknowledged, which the listener's side does as it enters
+            # TIME_WAIT (a plain close returns at once, and asyncio's only on a later turn of the loop)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, int(BOUND)))
+
     async def main() -> None:
         store = MemoryStore(FakeTimers())
         first = SharedListener(StoreServer(store), None)
         port = await first.start("127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET / HTTP/1.1\r\n\r\n")  # a foreign protocol: the listener closes first, so its side waits
-        assert await asyncio.wait_for(reader.read(), BOUND) == b""
-        writer.close()
+        await asyncio.to_thread(client, port)
         await first.close()
         rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
         time_wait = [r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "06"]
