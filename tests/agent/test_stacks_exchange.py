@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from rankrun.ranks import NodeRanks
 from rankrun.rendezvous.keys import Assignment, Keys, node_value
 from rankrun.rendezvous.round import NodeInfo
+from rankrun.stacks import exchange as exchange_module
 from rankrun.stacks.dump import Dump, Frame, ThreadStack
 from rankrun.stacks.exchange import Exchange
 from rankrun.stacks.report import ProcState, RankSample
@@ -133,5 +134,22 @@ def test_a_stall_whose_asker_never_reports_is_asked_again() -> None:
             await _printed_by_all(members)
         await _stop(members)
         assert "stalled" in report.lines[0] and [len(m.printed) for m in members] == [1, 1]
+
+    asyncio.run(scenario())
+
+
+def test_the_asker_stops_waiting_once_every_node_of_the_round_answered(monkeypatch) -> None:
+    """Every node answers: the report comes then, not when ``ANSWER_BOUND`` runs out (made longer than this test's
+    own bound here, so that waiting it out fails the test rather than slowing it)."""
+    monkeypatch.setattr(exchange_module, "ANSWER_BOUND", 2 * BOUND)
+
+    async def scenario() -> None:
+        _, members = await _job(3, odd=1)
+        async with asyncio.timeout(BOUND):
+            lines = await members[0].exchange.request()
+            report = await members[1].exchange.stall("4", asyncio.get_running_loop().time())
+        await _stop(members)
+        assert lines[0] == "rankrun: job job stacks on request: 2 distinct stacks across 6 ranks on 3 nodes"
+        assert report.lines[0] == "rankrun: job job stalled: no output for 4 s; 2 distinct stacks across 6 ranks on 3 nodes"
 
     asyncio.run(scenario())

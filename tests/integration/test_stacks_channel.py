@@ -17,7 +17,7 @@ import pytest
 from conftest import clean_environ
 from rankrun.stacks.channel import channel_env
 from rankrun.stacks.report import RankSample
-from rankrun.stacks.sampler import Sampler, Target
+from rankrun.stacks.sampler import Sampler, Target, proc_stat
 
 READY_TIMEOUT = 30.0
 
@@ -149,3 +149,16 @@ def test_a_worker_that_exec_d_another_program_is_not_signalled(tmp_path, workers
     (sample,) = _sample(_target(5, proc, dump), timeout=1.0)
     assert sample.dump is None and sample.proc is not None
     assert proc.poll() is None  # the signal's default action would have ended it
+
+
+def test_the_cpu_figure_is_seconds_as_the_process_itself_counts_them() -> None:
+    """/proc/<pid>/stat counts CPU time in clock ticks (``SC_CLK_TCK`` a second, not milliseconds): read wrongly,
+    a spinning rank would look idle. This process spins, then its figure must agree with its own CPU clock."""
+    spin_until = time.process_time() + 0.3
+    while time.process_time() < spin_until:
+        pass  # CPU time for the figure to show (this process's clock: nothing to wait for)
+    before = time.process_time()
+    stat = proc_stat(os.getpid())
+    after = time.process_time()
+    assert stat is not None
+    assert before - 0.05 <= stat[1] <= after + 0.05  # the kernel's figure is in whole ticks (10 ms at 100 a second)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from conftest import RANKRUN, clean_environ, fresh_loopback, payload, run_cli
-from rankrun.stacks.control import name
+from rankrun.stacks.control import answerer, name
 
 
 def test_a_healthy_job_lists_every_rank_and_its_output_is_untouched(launch):
@@ -166,6 +167,36 @@ def test_a_socket_posing_as_another_pids_launcher_is_refused():
         impostor.close()
         victim.kill()
         victim.wait(timeout=30)
+
+
+@pytest.mark.parametrize("launcher_uid", ["same", "other"])
+def test_only_a_caller_of_the_launchers_uid_is_answered(launcher_uid):
+    """The uid check on a real Unix socket pair (``SO_PEERCRED``), as any user: the caller is this process, and the
+    launcher's side is told either this uid or another one; another uid's caller is sent away unanswered."""
+    uid = os.getuid() if launcher_uid == "same" else os.getuid() + 1
+
+    async def report() -> list[str]:
+        return ["rankrun: job j stacks on request: ..."]
+
+    async def main() -> bytes:
+        launcher_side, caller_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reader, writer = await asyncio.open_unix_connection(sock=launcher_side)
+        serving = asyncio.create_task(answerer(report, uid)(reader, writer))
+        caller_reader, caller_writer = await asyncio.open_unix_connection(sock=caller_side)
+        try:
+            async with asyncio.timeout(30):
+                caller_writer.write(b"stacks\n")
+                await caller_writer.drain()
+                got = await caller_reader.read()
+                await serving
+        except (ConnectionResetError, BrokenPipeError):  # sent away before or after the request
+            got = b""
+        finally:
+            caller_writer.close()
+        return got
+
+    got = asyncio.run(main())
+    assert got == (b"rankrun: job j stacks on request: ...\n" if launcher_uid == "same" else b"")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become another user")

@@ -42,11 +42,21 @@ def _peer(sock: socket.socket) -> tuple[int, int]:
 
 async def serve(report: Callable[[], Awaitable[list[str]]]) -> asyncio.AbstractServer | None:
     """Listen for ``--stacks`` requests for this process; None if the name cannot be taken (then there is none)."""
+    try:
+        return await asyncio.start_unix_server(answerer(report, os.getuid()), path="\0" + name(os.getpid()))
+    except OSError:
+        return None
+
+
+def answerer(report: Callable[[], Awaitable[list[str]]], uid: int) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                                                                Awaitable[None]]:
+    """What serves one connection: the report for a caller whose ``SO_PEERCRED`` uid is ``uid`` (the launcher's
+    own), nothing for any other (it is sent away unanswered)."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             sock = writer.get_extra_info("socket")
-            if sock is None or _peer(sock)[1] != os.getuid():
+            if sock is None or _peer(sock)[1] != uid:
                 return
             if await asyncio.wait_for(reader.readline(), ANSWER_TIMEOUT) != REQUEST:
                 return
@@ -59,10 +69,7 @@ async def serve(report: Callable[[], Awaitable[list[str]]]) -> asyncio.AbstractS
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    try:
-        return await asyncio.start_unix_server(answer, path="\0" + name(os.getpid()))
-    except OSError:
-        return None
+    return answer
 
 
 def launchers() -> list[int]:

@@ -1,0 +1,103 @@
+"""The stall watch of one node (``agent.stall.watch``) on a real silent process: when a stall is reported, and when
+it is reported again.
+
+The worker is a real ``sleep`` (no Python, so its sample is its /proc state, the same at every look); its output is
+the ``Activity`` the pumps would update, set by the test. The console is a recorder of what the watch prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from rankrun.agent import stall
+from rankrun.logs.pump import Activity
+from rankrun.stacks.report import RankSample
+from rankrun.stacks.sampler import Sampler, Target
+
+BOUND = 30.0
+HANG_TIMEOUT = 0.2  # --hang-timeout, small: the watch itself is under test, not its timing
+
+
+class Printed:
+    """The console's one method the watch uses; each report is one call."""
+
+    stderr_fd = 2
+
+    def __init__(self) -> None:
+        self.reports: list[str] = []
+        self.news = asyncio.Event()
+
+    def write_blocking(self, fd: int, data: bytes) -> None:
+        assert fd == self.stderr_fd
+        self.reports.append(data.decode())
+        self.news.set()
+
+    async def count(self, n: int) -> None:
+        while len(self.reports) < n:
+            self.news.clear()
+            await self.news.wait()
+
+
+class CountingSampler(Sampler):
+    """The real sampler, counting its samples (every look of the watch takes ``stall.SAMPLES``)."""
+
+    taken = 0
+    more = asyncio.Event()
+
+    async def sample(self, targets: Sequence[Target], timeout: float = 1.0) -> list[RankSample]:
+        samples = await super().sample(targets, timeout)
+        CountingSampler.taken += 1
+        CountingSampler.more.set()
+        return samples
+
+
+@pytest.fixture
+def silent_worker() -> Iterator[Target]:
+    proc = subprocess.Popen(["sleep", "60"])
+
+    def send(signum: int) -> bool:
+        if proc.returncode is not None:
+            return False
+        os.kill(proc.pid, signum)
+        return True
+
+    try:
+        yield Target(0, "h0", proc.pid, None, send)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_stall_that_resumes_and_stalls_again_in_the_same_place_is_reported_again(monkeypatch, silent_worker):
+    monkeypatch.setattr(stall, "SAMPLE_GAP", 0.05)
+    monkeypatch.setattr(stall, "Sampler", CountingSampler)
+    printed = Printed()
+
+    async def until_taken(n: int) -> None:
+        while CountingSampler.taken < n:
+            CountingSampler.more.clear()
+            await CountingSampler.more.wait()
+
+    async def scenario() -> None:
+        CountingSampler.taken, CountingSampler.more = 0, asyncio.Event()
+        activity = Activity(asyncio.get_running_loop().time())
+        watch = asyncio.create_task(stall.watch(HANG_TIMEOUT, "job", [silent_worker], activity, printed))  # type: ignore[arg-type]
+        try:
+            async with asyncio.timeout(BOUND):
+                await printed.count(1)
+                await until_taken(CountingSampler.taken + 2 * stall.SAMPLES)  # two more looks at the same silence
+                assert len(printed.reports) == 1  # the same stall, still silent: not reported twice
+                activity.last = asyncio.get_running_loop().time()  # the worker wrote, then fell silent again
+                await printed.count(2)  # the same stacks as before: a new stall all the same
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        first, second = printed.reports
+        assert first.startswith("rankrun: job job stalled: no output for ") and second.splitlines()[1:] == first.splitlines()[1:]
+
+    asyncio.run(scenario())
