@@ -6,15 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import RANKRUN, clean_environ, payload
-from rankrun import procfs
-from rankrun.proc.watchdog import reap_strays
 from rankrun.stacks.control import launchers
 
 pytestmark = [pytest.mark.usefixtures("private_tmpdir"),
@@ -67,26 +64,3 @@ def test_as_pid_1_a_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout
     assert took < 1 + 2, f"{took:.1f} s"  # a bound the kubelet relies on, not a speed measurement
     assert run.err[-1] == ("rankrun: received SIGTERM: forwarded to 1 worker(s); 1 did not stop within --shutdown-timeout "
                            "and were killed")
-
-
-def _zombie(*, own_session: bool) -> subprocess.Popen[bytes]:
-    """A child that has exited and is not reaped yet (Popen reaps only when asked)."""
-    child = subprocess.Popen(["true"], start_new_session=own_session)
-    deadline = time.monotonic() + 30
-    while (procfs.stat(child.pid) or ["?"])[0] != "Z":
-        assert time.monotonic() < deadline, "the child did not exit"
-        time.sleep(0.005)  # no event says a child became a zombie without reaping it
-    return child
-
-
-def test_a_zombie_leading_its_own_session_waits_while_a_spawn_is_under_way():
-    """Every worker leads its own session: such a zombie may be a worker the spawner has not recorded yet, whose
-    reaping belongs to the event loop's child watcher; an orphan in a worker's session is reaped at once."""
-    leader, orphan = _zombie(own_session=True), _zombie(own_session=False)
-    others = set(procfs.children("self")) - {leader.pid, orphan.pid}  # this test process's other children
-    reaped, later = reap_strays(others, spawning=True)
-    assert (reaped, later) == ([orphan.pid], True)
-    reaped, later = reap_strays(others, spawning=False)
-    assert (reaped, later) == ([leader.pid], False)
-    for child in (leader, orphan):
-        child.wait(timeout=30)  # already reaped: Popen takes ECHILD as gone

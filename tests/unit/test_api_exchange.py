@@ -15,6 +15,7 @@ from rankrun.ranks import NodeRanks
 from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, result_value
 from rankrun.rendezvous.member import Member
 from rankrun.rendezvous.round import NodeInfo, Phase
+from rankrun.report.failure import Ending, WorkerResult
 from rankrun.store.memory import MemoryStore
 
 KEYS = Keys.for_run("job")
@@ -103,3 +104,28 @@ def test_a_node_left_out_of_the_last_round_returns_nothing_of_its_own_earlier_ro
 
     asyncio.run(main())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_node_deletes_its_previous_reports_keys_before_publishing_again(tmp_path):
+    """A job that restarts often must not pile up values and failures it will never read: each report replaces the
+    node's previous one (round 1 succeeded, round 2 failed, round 3 succeeded)."""
+    (tmp_path / "2.value").write_bytes(pickle.dumps("two"))
+    (tmp_path / "3.value").write_bytes(pickle.dumps("three"))
+
+    def ended(status: int) -> list[WorkerResult]:
+        ending = Ending.SUCCEEDED if status == 0 else Ending.FAILED
+        return [WorkerResult(i, 2 + i, 100 + i, status, ending, 0.0, "", None, "") for i in range(2)]
+
+    async def main():
+        store = MemoryStore(FakeTimers())
+        member = Member(store, KEYS, NodeInfo("n1", 1, 2, "default", "127.0.0.2", "gpu1"), await store.grant(30))
+        node = ApiNode(member, tmp_path, nproc=2, host="gpu1", address="gpu1/127.0.0.2", spill_dir=None, run_id="job",
+                       close_timeout=5)
+        held = []
+        for round_, status in ((1, 0), (2, 1), (3, 0)):
+            await node.report(Assignment(round_, 1, 2, NodeRanks(2, 4, 2, 4), "127.0.0.1", 29500, 0), status != 0, ended(status))
+            entries, _ = await store.range(KEYS.root)
+            held.append(sorted(e.key[len(KEYS.root):] for e in entries if not e.key.startswith(KEYS.node("n1"))))
+        return held
+
+    assert asyncio.run(main()) == [["values/1/2", "values/1/3"], ["failures/2/1"], ["values/3/2", "values/3/3"]]

@@ -287,6 +287,26 @@ def test_a_keep_alive_gives_each_member_a_third_of_the_ttl_and_retries_until_the
     _run(main)
 
 
+def test_a_keep_alive_with_less_than_a_third_of_the_ttl_left_gives_each_member_only_what_is_left():
+    """A member that does not answer must not hold the call past the lease's expiry while another, reachable one
+    could have refreshed it: 1 s left of a 6 s TTL, so at most 1 s per member (not 2)."""
+    async def main() -> None:
+        store = FakeStore()
+        store.gateway.answers["/v3/lease/timetolive"].append(asyncio.Event())  # the expiry check, should it come: held
+        loop = asyncio.get_running_loop()
+        lease = EtcdLease(store, 7, 6.0, confirmed=loop.time() - 5.0)  # type: ignore[arg-type]
+        expiry = lease.expiry
+        store.gateway.answers["/v3/lease/keepalive"].append({"result": {"TTL": "6"}})
+        await lease.keep_alive()
+        path, _, attempt, when = store.gateway.calls[-1]
+        assert path == "/v3/lease/keepalive"
+        assert attempt is not None and attempt <= 1.0
+        assert attempt == pytest.approx(max(MIN_ATTEMPT, expiry - when), abs=0.05)  # what was left when it was sent
+        lease.mark_lost("test over")
+
+    _run(main)
+
+
 def test_a_keep_alive_etcd_answers_without_a_ttl_loses_the_lease_and_says_so():
     async def main() -> None:
         store = FakeStore()
