@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import socket
 
 import pytest
 
+from rankrun.cli import spec_from_args
 from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.coordinator import Coordinator
 from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.round import NodeInfo, Phase, Settings
+from rankrun.rendezvous.session import CONNECT_RETRY, _resolvable
 from rankrun.store.api import StoreUnavailable
 from rankrun.store.memory import MemoryStore
 
@@ -237,3 +241,30 @@ def test_a_successor_finishes_a_job_whose_coordinator_died_between_closed_and_th
         assert isinstance(end, Ended) and end.word.ok and end.word.round == 3
 
     _run(body)
+
+
+def test_a_master_name_that_does_not_resolve_yet_is_looked_up_again_less_and_less_often():
+    """A name a scheduler has not published yet (a Kubernetes Service) is waited for with backoff, not a lookup every
+    50 ms for up to ``join_timeout``; the resolver is a fake here, the wait is real (0.75 s in all)."""
+    spec = spec_from_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "master-0", "--master-port", "29500",
+                           "--no-python", "true"], {"PATH": "/usr/bin:/bin", "RANKRUN_RDZV_SECRET": "s"})
+    said: list[str] = []
+
+    async def body():
+        loop = asyncio.get_running_loop()
+        looked: list[float] = []
+
+        async def getaddrinfo(host, port, **kwargs):
+            looked.append(loop.time())
+            if len(looked) < 5:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+        loop.getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+        await _resolvable(spec, "master-0", 29500, said.append)
+        return [b - a for a, b in itertools.pairwise(looked)]
+
+    gaps = asyncio.run(asyncio.wait_for(body(), BOUND))
+    first = CONNECT_RETRY[0]
+    assert len(gaps) == 4 and all(gap >= 0.9 * first * 2**i for i, gap in enumerate(gaps)), gaps  # 0.05, 0.1, 0.2, 0.4 s
+    assert said == ["rendezvous master-0:29500: waiting for master-0 to resolve: Name or service not known"]

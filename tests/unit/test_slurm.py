@@ -25,12 +25,21 @@ def test_a_step_gives_nodes_rank_master_port_and_run_id() -> None:
     assert step_from(STEP | {"SLURM_STEP_RESV_PORTS": "12010-12013"}).port == 12010  # type: ignore[union-attr]
     old = {k: v for k, v in STEP.items() if not k.startswith("SLURM_STEP_")} | {
         "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[7-8]", "SLURM_NNODES": "2"}
-    assert step_from(old).master == "n7"  # type: ignore[union-attr]  # the job's list and count, without the step's
+    assert (step_from(old).master, step_from(old).nnodes) == ("n7", 2)  # type: ignore[union-attr]  # the job's, without the step's
+    assert step_from(STEP | {"SLURM_STEP_ID": "4294967289"}) is not None  # below Slurm's pseudo-steps: an srun step
+
+
+def test_inside_a_step_the_steps_node_count_wins_over_the_jobs() -> None:
+    """``srun --preserve-env`` (or a step on part of the allocation) keeps the job's ``SLURM_NNODES``: the step's own
+    count is the one that comes, else the job waits for nodes that never join."""
+    step = step_from(STEP | {"SLURM_NNODES": "8", "SLURM_JOB_NODELIST": "rack[0-3]-node[01-02]"})
+    assert step is not None and step.nnodes == 4 and step.nodelist == "SLURM_STEP_NODELIST"
 
 
 @pytest.mark.parametrize("env", [
     {k: v for k, v in STEP.items() if k != "SLURM_STEP_ID"},  # a batch script or an salloc shell
     STEP | {"SLURM_STEP_ID": "4294967291"},  # the batch pseudo-step
+    STEP | {"SLURM_STEP_ID": "4294967290"},  # SLURM_INTERACTIVE_STEP (0xfffffffa): an salloc shell
     {k: v for k, v in STEP.items() if k != "SLURM_NODEID"},
     {},
 ])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rankrun.cli import spec_from_args
+from rankrun.cli import parse_args, spec_from_args
 from rankrun.errors import NotSupportedYetError, UsageError
 from rankrun.proc.early import requested_signals
 from rankrun.spec import (
@@ -105,6 +105,18 @@ def test_script_args_are_passed_verbatim(tmp_path):
     assert spec.worker.nproc == 2
     assert spec.worker.entry.args == ("--nproc-per-node", "9")
     assert spec.worker.entry.kind is EntryKind.SCRIPT
+
+
+@pytest.mark.parametrize("switch", ["--standalone", "--no-python", "--run-path", "--virtual-local-rank", "-m"])
+def test_legacy_use_env_with_a_value_after_a_switch_leaves_the_script_in_place(tmp_path, switch):
+    """``python -m rankrun.launch --standalone --use-env=True train.py``: a switch takes no value, so the scan for
+    ``--use-env=VALUE`` must not swallow the next argument (which would make ``--use-env=True`` the script)."""
+    script = str(tmp_path / "t.py")
+    (tmp_path / "t.py").write_text("")
+    ns = parse_args([switch, "--use-env=True", "--nproc-per-node", "2", script, "--use-env=0"], {}, legacy=True)
+    assert (ns.use_env, ns.nproc_per_node, ns.training_script, ns.training_script_args) == (True, "2", script, ["--use-env=0"])
+    off = parse_args([switch, "--use_env=false", script], {}, legacy=True)
+    assert (off.use_env, off.training_script) == (False, script)
 
 
 def test_implicit_standalone_static_and_c10d(tmp_path):
