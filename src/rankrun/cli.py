@@ -63,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if "training_script" in message and "required" in message:
-            message = "missing training script (usage: rankrun [options] SCRIPT [ARGS...])"
+            message = f"missing training script (usage: {self.prog} [options] SCRIPT [ARGS...])"
         raise ArgumentError(message)
 
 
@@ -511,8 +511,6 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None,
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["--stacks"] and not legacy:
         return _stacks(args[1:])
-    if legacy:
-        print(LEGACY_NOTE, file=sys.stderr)
     try:
         spec = spec_from_args(args, os.environ, legacy=legacy)
     except RankrunError as exc:
@@ -521,7 +519,7 @@ def main(argv: Sequence[str] | None = None, catcher: EarlyCatcher | None = None,
     from rankrun.main import launch  # noqa: PLC0415 - keeps --help and usage errors fast
 
     catcher.adopt(spec.signals)  # from here on exactly --signals-to-handle; the rest as inherited
-    return launch(spec, catcher)
+    return launch(spec, catcher, note=LEGACY_NOTE if legacy else "")  # the note once a worker starts: bad input is one line
 
 
 def _stacks(rest: list[str]) -> int:

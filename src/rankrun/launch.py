@@ -4,8 +4,9 @@ torchrun's options plus ``--use-env``/``--use_env``. Without it each worker gets
 (or module) and its arguments, as torch's legacy launcher passes it, and ``LOCAL_RANK`` in its environment as
 always; with it nothing is inserted. Where torch is hostile, this is not: ``--use-env=1|true|True`` is accepted
 (torch's docs show ``--use-env=True``, which its parser refuses), ``--no-python`` without ``--use-env`` is one
-line and exit 2 (torch: a traceback), the deprecation is one line, and a worker whose parser refuses
-``--local-rank=N`` gets a failure report that says how to fix it.
+line and exit 2 (torch: a traceback), the deprecation is one line said when the first worker starts (so that bad
+input, or a launch that fails before, is its one error line), and a worker whose parser refuses ``--local-rank=N``
+gets a failure report that says how to fix it.
 """
 
 import sys

@@ -31,8 +31,9 @@ from rankrun.spec import LaunchSpec
 from rankrun.stacks.control import serve
 
 
-def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
-    """Run the job to completion in this process; returns the exit code."""
+def launch(spec: LaunchSpec, catcher: EarlyCatcher, *, note: str = "") -> int:
+    """Run the job to completion in this process; returns the exit code. ``note``: a line for stderr when the first
+    worker starts (``python -m rankrun.launch``'s deprecation note: a launch that fails before has its one line)."""
     # Started by `exec` from a shell that already had children? Those are not ours to reap.
     keep = frozenset(procfs.children("self"))
     watchdog = Watchdog.start()
@@ -41,7 +42,14 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher) -> int:
     console = Console()
     _log_through(console)
     facts = ConsoleFacts(merged=console.merged, interactive=_interactive())
-    spawner = OsSpawner(on_spawn=watchdog.register)
+    unsaid = [note] if note else []
+
+    def on_spawn(pid: int) -> None:
+        watchdog.register(pid)
+        if unsaid:
+            console.write_blocking(console.stderr_fd, f"{unsaid.pop()}\n".encode())
+
+    spawner = OsSpawner(on_spawn=on_spawn)
     deps = AgentDeps(spawner, console, socket.gethostname(), watchdog, keep, facts)
     code = EXIT_LAUNCHER
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANKRUN, clean_environ
+from conftest import PY, RANKRUN, clean_environ
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -83,13 +83,45 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
+LEGACY = (PY, "-m", "rankrun.launch")
+
+
+def _legacy(args: list[str], message: str) -> tuple[list[str], str]:
+    """A case as ``python -m rankrun.launch`` gets it: ``--use-env`` where a program needs it, its own usage line."""
+    args = ["--use-env", *args] if "--no-python" in args else args
+    return args, message.replace("usage: rankrun [options]", "usage: python -m rankrun.launch [options]")
+
+
+# python -m rankrun.launch's own: every case above, and these (its deprecation note comes only once a worker starts)
+LEGACY_CASES: list[tuple[list[str], str]] = [
+    *(_legacy(args, message) for args, message in CASES),
+    (["--use-env=maybe", "ok.py"], "--use-env 'maybe': expected 1/0, true/false or yes/no (or the flag alone)"),
+    (["--use_env=", "ok.py"], "--use_env '': expected 1/0, true/false or yes/no (or the flag alone)"),
+    (["--no-python", "true"], "--no-python 'true': needs --use-env with python -m rankrun.launch: a program gets "
+                              "LOCAL_RANK in its environment, not --local-rank=N"),
+    (["--use-env"], "missing training script (usage: python -m rankrun.launch [options] SCRIPT [ARGS...])"),
+    (["--nproc-per-node"], "argument --nproc-per-node/--nproc_per_node: expected one argument"),
+    (["--bogus", "ok.py"], "unrecognized arguments: --bogus"),
+    (["--stacks", "1", "ok.py"], "--stacks '1': comes alone, first: rankrun --stacks [PID]"),
+]
+
+
 @pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(a) or "<none>" for a, _ in CASES])
 def test_bad_input_gets_one_clear_line(tmp_path, args, message):
+    _one_line_exit_2(tmp_path, RANKRUN, args, message)
+
+
+@pytest.mark.parametrize(("args", "message"), LEGACY_CASES, ids=[" ".join(a) or "<none>" for a, _ in LEGACY_CASES])
+def test_bad_input_to_python_m_rankrun_launch_gets_one_clear_line_too(tmp_path, args, message):
+    _one_line_exit_2(tmp_path, LEGACY, args, message)
+
+
+def _one_line_exit_2(tmp_path: Path, command: tuple[str, ...], args: list[str], message: str) -> None:
     (tmp_path / "ok.py").write_text("print('should not run')\n")
     (tmp_path / "file.txt").write_text("")
     env = clean_environ() | {"CUDA_VISIBLE_DEVICES": ""} if "gpu" in args else clean_environ()
     started = time.monotonic()
-    proc = subprocess.Popen([*RANKRUN, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([*command, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     out, err = proc.communicate(timeout=30)
     elapsed = time.monotonic() - started
@@ -103,19 +135,21 @@ def test_bad_input_gets_one_clear_line(tmp_path, args, message):
     assert elapsed < 10.0, f"took {elapsed:.2f}s"
 
 
-def test_pet_environment_values_are_validated_like_flags(tmp_path):
+@pytest.mark.parametrize("command", [RANKRUN, LEGACY], ids=["rankrun", "rankrun.launch"])
+def test_pet_environment_values_are_validated_like_flags(tmp_path, command):
     (tmp_path / "ok.py").write_text("")
     env = clean_environ() | {"PET_NPROC_PER_NODE": "zero"}
-    res = subprocess.run([*RANKRUN, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
+    res = subprocess.run([*command, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 2
     assert res.stderr == "rankrun: error: --nproc-per-node 'zero': expected a positive integer, 'cpu', 'gpu' or 'auto'\n"
     env = clean_environ() | {"PET_STANDALONE": "true"}
-    res = subprocess.run([*RANKRUN, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
+    res = subprocess.run([*command, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 2
     assert res.stderr == "rankrun: error: PET_STANDALONE 'true': expected 0 or 1\n"
 
 
-def test_store_port_in_use_is_a_launcher_error(tmp_path):
+@pytest.mark.parametrize("command", [RANKRUN, LEGACY], ids=["rankrun", "rankrun.launch"])
+def test_store_port_in_use_is_a_launcher_error(tmp_path, command):
     import socket  # noqa: PLC0415
 
     (tmp_path / "ok.py").write_text("print('should not run')\n")
@@ -123,7 +157,7 @@ def test_store_port_in_use_is_a_launcher_error(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        res = subprocess.run([*RANKRUN, "--master-port", str(port), "ok.py"], cwd=tmp_path, env=clean_environ(),
+        res = subprocess.run([*command, "--master-port", str(port), "ok.py"], cwd=tmp_path, env=clean_environ(),
                              capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 3
     assert res.stderr.startswith(f"rankrun: error: cannot listen on 127.0.0.1:{port}:")
