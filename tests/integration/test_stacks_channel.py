@@ -162,3 +162,43 @@ def test_the_cpu_figure_is_seconds_as_the_process_itself_counts_them() -> None:
     after = time.process_time()
     assert stat is not None
     assert before - 0.05 <= stat[1] <= after + 0.05  # the kernel's figure is in whole ticks (10 ms at 100 a second)
+
+
+def test_a_sample_says_the_cpu_each_worker_used_since_the_last_one(workers) -> None:
+    """None at a worker's first sample; then what it used since (not in all): a spinning worker its CPU, a sleeping
+    one none. A worker reaped meanwhile is sampled as gone, and the others still are."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    sleeper = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    workers += [spinner, sleeper, gone]
+    gone.wait(timeout=READY_TIMEOUT)
+    targets = [_target(2, gone, None), _target(0, spinner, None), _target(1, sleeper, None)]  # the gone one first
+    sampler = Sampler()
+
+    async def spun(at_least: float) -> float:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while (cpu := _cpu(spinner.pid)) < at_least:
+            assert time.monotonic() < deadline, "the spinner got no CPU"
+            await asyncio.sleep(0.02)  # CPU time accrues; nothing announces it
+        return cpu
+
+    async def main() -> tuple[list[RankSample], list[RankSample], float, float]:
+        before = await spun(0.3)  # used before the first sample: not to be counted at the second
+        first = await sampler.sample(targets)
+        await spun(_cpu(spinner.pid) + 0.3)
+        second = await sampler.sample(targets)
+        return first, second, before, _cpu(spinner.pid)
+
+    first, second, before, after = asyncio.run(main())
+    assert [s.proc.cpu if s.proc else "gone" for s in first] == [None, None, "gone"]
+    assert second[2] == RankSample(2, "here", None, None)
+    spinning, sleeping = second[0].proc, second[1].proc
+    assert spinning is not None and sleeping is not None and spinning.state == "R" and sleeping.state == "S"
+    assert spinning.cpu is not None and 0.3 <= spinning.cpu <= after - before  # between the samples, not since the start
+    assert sleeping.cpu is not None and sleeping.cpu < 0.05
+
+
+def _cpu(pid: int) -> float:
+    stat = proc_stat(pid)
+    assert stat is not None
+    return stat[1]

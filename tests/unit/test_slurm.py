@@ -29,6 +29,19 @@ def test_a_step_gives_nodes_rank_master_port_and_run_id() -> None:
     assert step_from(STEP | {"SLURM_STEP_ID": "4294967289"}) is not None  # below Slurm's pseudo-steps: an srun step
 
 
+def test_the_derived_port_is_the_same_on_every_node_and_differs_between_steps() -> None:
+    assert [derived_port("48213", "0"), derived_port("48213", "1"), derived_port("48333", "0")] == [29300, 29301, 29300]  # mod 12000
+    assert [derived_port("48214", "0"), derived_port("0", "0")] == [29400, 20000]
+
+
+def test_the_steps_other_variables_are_read_where_the_step_lacks_its_own() -> None:
+    step = step_from({k: v for k, v in STEP.items() if k != "SLURM_STEP_TASKS_PER_NODE"} | {
+        "SLURM_NTASKS_PER_NODE": "2", "SLURM_RESTART_COUNT": "3", "SLURM_STEP_RESV_PORTS": "12010-12013"})
+    assert step is not None
+    assert (step.tasks_here, step.restart_count, step.port, step.port_from) == (2, "3", 12010, "SLURM_STEP_RESV_PORTS")
+    assert step_from(STEP).port_from == "SLURM_JOB_ID"  # type: ignore[union-attr]
+
+
 def test_inside_a_step_the_steps_node_count_wins_over_the_jobs() -> None:
     """``srun --preserve-env`` (or a step on part of the allocation) keeps the job's ``SLURM_NNODES``: the step's own
     count is the one that comes, else the job waits for nodes that never join."""
@@ -41,6 +54,7 @@ def test_inside_a_step_the_steps_node_count_wins_over_the_jobs() -> None:
     STEP | {"SLURM_STEP_ID": "4294967291"},  # the batch pseudo-step
     STEP | {"SLURM_STEP_ID": "4294967290"},  # SLURM_INTERACTIVE_STEP (0xfffffffa): an salloc shell
     {k: v for k, v in STEP.items() if k != "SLURM_NODEID"},
+    {k: v for k, v in STEP.items() if k != "SLURM_STEP_NUM_NODES"},  # no node count at all
     {},
 ])
 def test_outside_a_step_there_is_no_step(env: dict[str, str]) -> None:
@@ -50,6 +64,7 @@ def test_outside_a_step_there_is_no_step(env: dict[str, str]) -> None:
 def test_the_task_list_is_read_for_this_node() -> None:
     assert [tasks_on_node("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
     assert tasks_on_node("4", 0) == 4
+    assert [tasks_on_node("4,1,3", n) for n in range(3)] == [4, 1, 3]
     with pytest.raises(ValueError, match="not a task list"):
         tasks_on_node("2x3", 0)
 
