@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from rankrun.logs.console import Console, same_destination
@@ -66,3 +67,33 @@ def test_same_destination(tmp_path):
     with path.open("wb") as a, path.open("ab") as b, (tmp_path / "g").open("wb") as c:
         assert same_destination(a.fileno(), b.fileno())
         assert not same_destination(a.fileno(), c.fileno())
+
+
+def test_written_waits_until_the_bytes_left_for_their_destination_not_only_the_queue():
+    """An interactive worker's terminal gets the user's modes back right after ``written()``: until then the bytes
+    must have been written, not merely queued (a writer thread blocked on a slow console holds them)."""
+    read_end, write_end = os.pipe()
+    fill = b"x" * 65536  # a Linux pipe's whole buffer: the writer thread blocks on what follows
+    try:
+        console = Console(write_end, write_end, merged=True)
+
+        async def script() -> tuple[bool, bytes]:
+            source = console.source(console.stdout_fd, b"")
+            await source.write(fill)
+            await source.write(b"last line\n")
+            waiting = asyncio.ensure_future(console.written())
+            await asyncio.sleep(0.2)  # the point: with nobody reading, it must still be waiting
+            early = waiting.done()
+            got = b""
+            while not got.endswith(b"last line\n"):
+                got += await asyncio.to_thread(os.read, read_end, 1 << 16)
+            await asyncio.wait_for(waiting, 10)
+            return early, got
+
+        early, got = asyncio.run(asyncio.wait_for(script(), 30))
+        console.close()
+        assert not early
+        assert got == fill + b"last line\n"
+    finally:
+        os.close(read_end)
+        os.close(write_end)

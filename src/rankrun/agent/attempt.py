@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from rankrun.agent import stall
 from rankrun.agent.deps import AgentDeps
@@ -198,7 +198,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                 deps.on_demand.running(spec.rendezvous.run_id, [], None)
                 await _bury(deps, attempt_dir, workers)
                 try:
-                    await _drain(workers, stops, console)  # the terminal worker's last bytes, still relayed raw
+                    await _drain(workers, stops, console, written=bool(relays))  # the terminal worker's last bytes: raw
                 finally:
                     for relay in relays:
                         relay.stop()  # the user's terminal as it was, before rankrun prints anything of its own
@@ -292,16 +292,28 @@ def _filtered_files(spec: LaunchSpec, attempt_dir: Path | None) -> tuple[BinaryI
     return (out, err)
 
 
-async def _drain(workers: list[_Worker], stops: StopStream, console: Console) -> None:
-    """Deliver every byte still in the pipes; console writes are never cut short.
+async def _drain(workers: list[_Worker], stops: StopStream, console: Console, *, written: bool = False) -> None:
+    """Deliver every byte still in the pipes (``written``: and wait until the console has written them); console
+    writes are never cut short.
 
     Only a pump stuck *reading* for ``DRAIN_TIMEOUT`` (its pipe held open by a process that
     could not be killed) has its pipes closed. A signal while draining means the user gave
     up on a console that does not read: the console is abandoned and the signal re-queued
-    for the restart loop. Transports are always closed at the end.
+    for the restart loop. Transports are always closed at the end. Written, not only queued, where an
+    interactive worker's terminal is given back to the user's modes right after this: bytes its raw
+    mode was meant for must not meet them (a loaded machine's console thread lags).
     """
     sig_task: asyncio.Task[Interrupted] | None = None
-    while pending := [t for w in workers for t in w.pumps if not t.done()]:
+    flushed: asyncio.Future[None] | None = None
+    while True:
+        pending: list[asyncio.Future[Any]] = [t for w in workers for t in w.pumps if not t.done()]
+        if not pending:
+            if not written:
+                break
+            flushed = flushed or asyncio.ensure_future(console.written())  # every byte is queued: until written
+            if flushed.done():
+                break
+            pending = [flushed]
         sig_task = sig_task or asyncio.ensure_future(stops.next())
         done, _ = await asyncio.wait([*pending, sig_task], timeout=DRAIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
         if sig_task in done:

@@ -204,6 +204,11 @@ class Console:
             text = dest.end_open_line() + data
             dest.queue.put(text.replace(b"\n", b"\r\n") if _raw_terminal(dest.fd) else text)
 
+    async def written(self) -> None:
+        """Until everything queued so far has reached its destination, or the console is abandoned. The wait runs in
+        a thread, so the loop goes on serving the stores meanwhile."""
+        await asyncio.to_thread(self._flush, list(dict.fromkeys(self._destinations.values())))
+
     def set_epilogue(self, data: bytes) -> None:
         """Text for stderr that ``close()`` writes after everything else (the failure report)."""
         self._epilogue = data
