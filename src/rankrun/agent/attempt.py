@@ -1,10 +1,10 @@
 """One attempt: spawn the local workers, pump their output, supervise, collect results.
 
-Sequencing, mostly: the identities, the environment and the routes are pure functions elsewhere. Three small
-decisions live here: a worker's command line (``worker_argv``), how its exit is read (``ending_of``), and
-``Outcome``, whose constructors choose the job's exit codes. The observers of an attempt plug in here as well: the
-stack dump channel and the Flight Recorder (their worker variables), ``rankrun --stacks``'s targets, and the
-``--hang-timeout`` watch (``agent.stall``).
+``run_attempt`` is sequencing only: the identities, the environment and the routes are pure functions elsewhere,
+and the attempt's observers (the stack dump channel and the Flight Recorder's worker variables, ``rankrun
+--stacks``'s targets, the ``--hang-timeout`` watch) are one ``agent.watch.AttemptWatch``, told when the workers
+start and end. Three small decisions live in this module: a worker's command line (``worker_argv``), how its exit
+is read (``ending_of``), and ``Outcome``, whose constructors choose the job's exit codes.
 """
 
 from __future__ import annotations
@@ -12,24 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from rankrun.agent import stall
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, attempt_context
-from rankrun.agent.stall import OnDemand
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.lines import Tail, render_prefix
 from rankrun.logs.pump import Activity, Route, pump
-from rankrun.logs.routes import plan_route, plan_stdio, prefix_template
+from rankrun.logs.routes import ConsoleFacts, plan_route, plan_stdio, prefix_template
 from rankrun.proc.group import Exit, GroupEnd, GroupOutcome, MovedOn, Stalled, supervise
 from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.proc.spawn import Command, WorkerHandle
@@ -37,9 +35,6 @@ from rankrun.record import record
 from rankrun.report.errorfile import read_error_file
 from rankrun.report.failure import Ending, WorkerResult
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, EntryKind, EntrySpec, LaunchSpec
-from rankrun.stacks.channel import channel_env, drop_if_unused
-from rankrun.stacks.flight import FOLDER, Recorder, enabled, flight_env
-from rankrun.stacks.sampler import Target
 
 if TYPE_CHECKING:
     from rankrun.proc.terminal import TerminalRelay
@@ -151,52 +146,27 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     moved_on: Awaitable[str] | None = None,
 ) -> AttemptResult:
     """One attempt of the worker group; ``moved_on`` ends (with why) when its rendezvous round is over."""
-    console, facts = deps.console, deps.console_facts
-    ctx = attempt_context(spec, plan)
-    identities = plan.identities
+    console = deps.console
+    watch = deps.on_demand.attempt(spec, attempt_dir, console, deps.host)  # the attempt's observers (agent.watch)
     workers: list[_Worker] = []
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
-    activity = Activity(asyncio.get_running_loop().time())  # starting counts as output
-    stall_watch: asyncio.Future[str] = asyncio.get_running_loop().create_future()  # none until the workers run
     try:
         async with asyncio.TaskGroup() as group:  # the output pumps end within the attempt, or it ends with their error
             try:
-                error_files = [RunLogs.error_file(attempt_dir, who.local_rank) for who in identities]
-                commands = []
-                for who, error_file in zip(identities, error_files, strict=True):
-                    env = flight_env(_with_stacks_channel(spec, worker_env(spec.base_env, who, ctx, error_file), attempt_dir,
-                                                          who), attempt_dir)
-                    stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
-                    argv = worker_argv(spec.worker.entry, who.local_rank)
-                    commands.append(Command(argv, env, stdio, stdin_null, attempt=plan.attempt,
-                                            cpus=spec.worker.cpus[who.local_rank] if spec.worker.cpus else None))
-                handles = await _spawn_all(deps, commands)
-                for who, error_file, handle in zip(identities, error_files, handles, strict=True):
+                error_files = [RunLogs.error_file(attempt_dir, who.local_rank) for who in plan.identities]
+                handles = await _spawn_all(deps, _commands(spec, plan, error_files, watch.env, deps.console_facts))
+                for who, error_file, handle in zip(plan.identities, error_files, handles, strict=True):
                     if handle.terminal_fd is not None:
-                        from rankrun.proc.terminal import TerminalRelay  # noqa: PLC0415 - interactive runs only
-
-                        relay = TerminalRelay(handle.terminal_fd, lambda: [w.handle.pid for w in workers],
-                                              guard=deps.terminal_guard)
-                        relay.start()
-                        relays.append(relay)
-                    routes = _routes(spec, layout, who, handle)
-                    for route in routes:
-                        route.activity = activity
-                    tail = routes[-1].tail = Tail()
-                    sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
-                    tasks = tuple(group.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
-                    label = "stderr" if handle.stderr is not None else "output"
-                    workers.append(_Worker(who, handle, error_file, tail, label, routes, tasks))
-                targets = _stack_targets(spec, attempt_dir, deps.host, workers)
-                deps.on_demand.running(spec.rendezvous.run_id, targets, _recorder(spec, attempt_dir, console))  # for --stacks
-                stall_watch = _stall_watch(spec, deps.on_demand, activity, console)
+                        relays.append(_relay(handle.terminal_fd, workers, deps))
+                    workers.append(_pumped(spec, layout, who, error_file, handle, group=group, activity=watch.activity))
+                watch.started(workers)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
-                                          deps.clock.wall, _group_end(moved_on, stall_watch))
+                                          deps.clock.wall, _group_end(moved_on, watch.stalled))
             finally:
-                stall_watch.cancel()
-                deps.on_demand.running(spec.rendezvous.run_id, [], None)
-                await _bury(deps, attempt_dir, workers)
+                watch.ended()
+                await _bury(deps, workers)
+                watch.close()
                 try:
                     await _drain(workers, stops, console, written=bool(relays))  # the terminal worker's last bytes: raw
                 finally:
@@ -210,25 +180,47 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
 
 
-def _with_stacks_channel(spec: LaunchSpec, env: dict[str, str], attempt_dir: Path | None, who: WorkerIdentity) -> dict[str, str]:
-    """Python workers get the stack-dump shim, so that a stall report or ``--stacks`` can show where they are;
-    a ``--no-python`` program is described from /proc instead, and its environment left exactly as torchrun's."""
-    dump_file = RunLogs.stacks_file(attempt_dir, who.local_rank)
-    if dump_file is None or spec.worker.entry.kind is EntryKind.BINARY:
-        return env
-    return channel_env(env, str(dump_file))
+def _commands(spec: LaunchSpec, plan: AttemptPlan, error_files: list[str],
+              observed: Callable[[WorkerIdentity, dict[str, str]], dict[str, str]], facts: ConsoleFacts) -> list[Command]:
+    """Each worker's command line, stdio and environment: torchrun's variables, with what the attempt's observers
+    add (``observed``)."""
+    ctx = attempt_context(spec, plan)
+    commands = []
+    for who, error_file in zip(plan.identities, error_files, strict=True):
+        env = observed(who, worker_env(spec.base_env, who, ctx, error_file))
+        stdio, stdin_null = plan_stdio(spec.logs, spec.worker.nproc, who.local_rank, facts)
+        commands.append(Command(worker_argv(spec.worker.entry, who.local_rank), env, stdio, stdin_null, attempt=plan.attempt,
+                                cpus=spec.worker.cpus[who.local_rank] if spec.worker.cpus else None))
+    return commands
 
 
-async def _bury(deps: AgentDeps, attempt_dir: Path | None, workers: list[_Worker]) -> None:
-    """Every worker's process group killed (children left behind too) and reaped; ``stacks.txt`` stays in a rank's
-    log folder only where stacks were taken (``stacks.channel``)."""
+def _relay(terminal_fd: int, workers: list[_Worker], deps: AgentDeps) -> TerminalRelay:
+    """An interactive worker's pty relayed to the user's terminal (``workers``: the attempt's, read as they start)."""
+    from rankrun.proc.terminal import TerminalRelay  # noqa: PLC0415 - interactive runs only
+
+    relay = TerminalRelay(terminal_fd, lambda: [w.handle.pid for w in workers], guard=deps.terminal_guard)
+    relay.start()
+    return relay
+
+
+def _pumped(spec: LaunchSpec, layout: _Layout, who: WorkerIdentity, error_file: str, handle: WorkerHandle, *,
+            group: asyncio.TaskGroup, activity: Activity) -> _Worker:
+    """The started worker with its output routed and pumped (in ``group``), each byte noted in ``activity``."""
+    routes = _routes(spec, layout, who, handle)
+    for route in routes:
+        route.activity = activity
+    tail = routes[-1].tail = Tail()
+    sources = (handle.stdout, handle.stderr) if handle.stderr is not None else (handle.stdout,)
+    tasks = tuple(group.create_task(pump(src, route)) for src, route in zip(sources, routes, strict=True))
+    label = "stderr" if handle.stderr is not None else "output"
+    return _Worker(who, handle, error_file, tail, label, routes, tasks)
+
+
+async def _bury(deps: AgentDeps, workers: list[_Worker]) -> None:
+    """Every worker's process group killed (children left behind too) and reaped."""
     for w in workers:
         w.handle.signal_group(signal.SIGKILL)
     await deps.after_group([w.handle for w in workers])
-    for w in workers:
-        dump_file = RunLogs.stacks_file(attempt_dir, w.who.local_rank)
-        if dump_file is not None:
-            drop_if_unused(dump_file)
 
 
 async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -> GroupEnd:
@@ -237,31 +229,6 @@ async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -
         return Stalled(await stalled)
     index, why = await first_of(moved_on, stalled)
     return MovedOn(why) if index == 0 else Stalled(why)
-
-
-def _stack_targets(spec: LaunchSpec, attempt_dir: Path | None, host: str, workers: list[_Worker]) -> list[Target]:
-    """The workers as the stack sampler sees them: a ``--no-python`` program has no dump file to read."""
-    python = spec.worker.entry.kind is not EntryKind.BINARY
-    return [Target(w.who.rank, host, w.handle.pid, RunLogs.stacks_file(attempt_dir, w.who.local_rank) if python else None,
-                   w.handle.signal) for w in workers]
-
-
-def _stall_watch(spec: LaunchSpec, running: OnDemand, activity: Activity, console: Console) -> asyncio.Future[str]:
-    """The ``--hang-timeout`` watch over the running workers (cancelled with the attempt); it ends, with the stall,
-    only for ``--hang-action fail``. A future that never ends when the watch is off."""
-    if spec.hang.timeout <= 0:
-        return asyncio.get_running_loop().create_future()
-    return asyncio.ensure_future(stall.watch(spec.hang.timeout, spec.rendezvous.run_id, running.targets, activity, console,
-                                             fail=spec.hang.action == "fail", job=running.job, recorder=running.recorder))
-
-
-def _recorder(spec: LaunchSpec, attempt_dir: Path | None, console: Console) -> Recorder | None:
-    """torch's Flight Recorder, where the user turned it on: its folder in the attempt's directory, made before
-    the workers start (they create their pipes there), and what a stall asks of it (``stacks.flight``)."""
-    if attempt_dir is None or not enabled(spec.base_env):
-        return None
-    (attempt_dir / FOLDER).mkdir(exist_ok=True)
-    return Recorder(flight_env(spec.base_env, attempt_dir), lambda line: stall.show(console, [line]))
 
 
 async def _spawn_all(deps: AgentDeps, commands: list[Command]) -> list[WorkerHandle]:

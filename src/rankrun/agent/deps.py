@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rankrun.agent.stall import OnDemand
+from rankrun.agent.watch import OnDemand
 from rankrun.clock import Clock, SystemClock
 from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts

@@ -4,7 +4,7 @@
 golden test. The rules follow torchrun 2.13 exactly (the launcher's environment, then the
 identity variables); see ``docs/design.md``. rankrun's own features add a few variables of theirs on top (the
 stack dump channel's, ``stacks.channel.channel_env``; the Flight Recorder's, ``stacks.flight.flight_env``),
-composed by ``agent.attempt``.
+composed by the attempt's watch (``agent.watch.AttemptWatch.env``).
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from rankrun.agent import stall
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
+from rankrun.agent.watch import DONE, STARTING
 from rankrun.errors import exit_code
 from rankrun.listen import hold
 from rankrun.logs.console import Console
@@ -57,7 +57,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
 
 async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Outcome, bool]:
     """The job on this node; returns how it ended and whether worker logs were kept."""
-    deps.on_demand.idle(spec.rendezvous.run_id, stall.STARTING)  # for rankrun --stacks, until workers run
+    deps.on_demand.idle(spec.rendezvous.run_id, STARTING)  # for rankrun --stacks, until workers run
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     if deps.watchdog is not None and logs.base is not None and not logs.keep:
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
@@ -74,7 +74,7 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Ou
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
             final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
-        deps.on_demand.idle(spec.rendezvous.run_id, stall.DONE)
+        deps.on_demand.idle(spec.rendezvous.run_id, DONE)
         await deps.worker_store.close()
         if held is not None:
             held.close()

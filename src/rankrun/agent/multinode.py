@@ -23,7 +23,8 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, Membership
-from rankrun.agent.stall import WAITING, show
+from rankrun.agent.stall import show
+from rankrun.agent.watch import WAITING
 from rankrun.errors import LauncherError
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback

@@ -9,6 +9,8 @@ have written something and fallen silent again. Ranks that exited 0 while others
 
 Several nodes: the report is the whole job's, gathered through the rendezvous store (``stacks.exchange``);
 when the store cannot be used within ``EXCHANGE_BOUND``, this node's own report is printed, saying so.
+
+The attempt's watch (``agent.watch.AttemptWatch``) starts it when the workers run and cancels it when they end.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rankrun.clock import seconds
 from rankrun.errors import StoreUnavailable
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
-from rankrun.stacks.report import RankSample, render, request_title, signature, stall_cause, stall_title
+from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
 
 if TYPE_CHECKING:  # one node never imports the exchange
@@ -30,7 +32,6 @@ if TYPE_CHECKING:  # one node never imports the exchange
 
 SAMPLE_GAP = 1.0  # seconds from the first to the last of the samples that must agree
 SAMPLES = 3  # a loop in Python can show one stack twice by chance; three times, over a second, hardly
-CPU_WINDOW = 0.5  # seconds of CPU time a sample on request measures, when no sample was taken just before
 EXCHANGE_BOUND = 8.0  # seconds the whole job's report may take before this node prints its own
 
 
@@ -91,65 +92,3 @@ def _report(console: Console, run_id: str, silent: str, samples: Sequence[RankSa
 def show(console: Console, lines: Sequence[str]) -> None:
     """A report on the launcher's stderr, in one piece."""
     console.write_blocking(console.stderr_fd, ("\n".join(lines) + "\n").encode())
-
-
-STARTING = "starting"
-WAITING = "waiting for the rendezvous"
-BETWEEN = "between attempts"
-DONE = "done (the launcher is finishing)"
-
-
-class OnDemand:
-    """What a ``rankrun --stacks`` request samples: the running attempt's workers, and with several nodes the
-    round's exchange, through which the report is the whole job's. With no workers running, the answer says
-    what the launcher is doing instead (``STARTING``, ``WAITING``, ``BETWEEN``, ``DONE``)."""
-
-    def __init__(self) -> None:
-        self.run_id = ""
-        self.state = STARTING  # what the launcher does while no workers run
-        self.targets: list[Target] = []
-        self.job: Exchange | None = None
-        self.recorder: Recorder | None = None  # torch's Flight Recorder, where on: asked for dumps at a stall
-        self._sampler = Sampler()
-        self._sampled = float("-inf")
-
-    def running(self, run_id: str, targets: list[Target], recorder: Recorder | None) -> None:
-        """The attempt's workers as they start (and ``[]`` once they are gone: between attempts), with their
-        recorder if any."""
-        self.run_id, self.targets, self.recorder = run_id, targets, recorder
-        if not targets:
-            self.state = BETWEEN
-
-    def idle(self, run_id: str, state: str) -> None:
-        """No workers run: the launcher is ``state`` (``STARTING``, ``WAITING``, ``DONE``)."""
-        self.run_id, self.targets, self.recorder, self.state = run_id, [], None, state
-
-    async def sample(self, why: str = "request") -> list[RankSample]:
-        """The running workers' stacks now, with the CPU each used over the last ``CPU_WINDOW`` s at least;
-        for a stall (``why``), this node's Flight Recorder dumps are asked for too."""
-        loop = asyncio.get_running_loop()
-        if why == "stall" and self.recorder is not None:
-            self.recorder.take()
-        targets = list(self.targets)
-        if loop.time() - self._sampled > 2 * CPU_WINDOW:
-            self._sampler.prime(targets)
-            await asyncio.sleep(CPU_WINDOW)  # CPU used over a window: blocked at 0 % or spinning
-        samples = await self._sampler.sample(targets)
-        self._sampled = loop.time()
-        return samples
-
-    async def report(self) -> list[str]:
-        if self.job is not None:
-            try:
-                async with asyncio.timeout(EXCHANGE_BOUND):
-                    return await self.job.request()
-            except (StoreUnavailable, TimeoutError) as exc:
-                note = f"rankrun: the other nodes' stacks could not be gathered ({exc or 'no answer in time'}): this node's only"
-                return [note, *await self._local()]
-        return await self._local()
-
-    async def _local(self) -> list[str]:
-        if not self.targets:
-            return [f"rankrun: job {self.run_id}: no workers are running right now: {self.state}"]
-        samples = await self.sample()
-        return render(request_title(self.run_id, samples), samples)

@@ -1,0 +1,178 @@
+"""The observers of the running workers, in one place: what looks at an attempt without steering it.
+
+``OnDemand`` lives as long as the job on this node (``AgentDeps.on_demand``). It answers ``rankrun --stacks`` with
+the running workers' stacks (the whole job's, through the round's exchange, while ``job`` holds one), or says what
+the launcher does while none run. For each attempt it makes an ``AttemptWatch``, which is told the attempt's facts
+in order and acts on them:
+
+- ``env``: each worker's variables before it starts: the stack-dump shim (``stacks.channel``) and torch's Flight
+  Recorder (``stacks.flight``);
+- ``started``: the workers run: ``--stacks`` samples them, and the ``--hang-timeout`` watch (``agent.stall``) starts;
+  ``stalled`` ends with the stall's cause, only for ``--hang-action fail``;
+- ``ended``: the group ends: the watch stops and ``--stacks`` says no workers run;
+- ``close``: every worker is reaped: a ``stacks.txt`` that holds no dump is removed.
+
+``agent/attempt.py`` names none of these observers: it tells the watch these facts and races ``stalled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from rankrun.agent import stall
+from rankrun.agent.env import WorkerIdentity
+from rankrun.errors import StoreUnavailable
+from rankrun.logs.console import Console
+from rankrun.logs.layout import RunLogs
+from rankrun.logs.pump import Activity
+from rankrun.spec import EntryKind, LaunchSpec
+from rankrun.stacks.channel import channel_env, drop_if_unused
+from rankrun.stacks.flight import FOLDER, Recorder, enabled, flight_env
+from rankrun.stacks.report import RankSample, render, request_title
+from rankrun.stacks.sampler import Sampler, Target
+
+if TYPE_CHECKING:  # one node never imports the exchange
+    from rankrun.proc.spawn import WorkerHandle
+    from rankrun.stacks.exchange import Exchange
+
+CPU_WINDOW = 0.5  # seconds of CPU time a sample on request measures, when no sample was taken just before
+
+STARTING = "starting"
+WAITING = "waiting for the rendezvous"
+BETWEEN = "between attempts"
+DONE = "done (the launcher is finishing)"
+
+
+class StartedWorker(Protocol):
+    """A worker as the attempt started it: where it sits in the job, and its process (pid, signals)."""
+
+    @property
+    def who(self) -> WorkerIdentity: ...
+
+    @property
+    def handle(self) -> WorkerHandle: ...
+
+
+class AttemptWatch:
+    """One attempt's observers (from ``OnDemand.attempt``); see the module docstring for the facts it is told."""
+
+    def __init__(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str, on_demand: OnDemand) -> None:
+        self._spec, self._attempt_dir, self._console, self._host = spec, attempt_dir, console, host
+        self._on_demand = on_demand
+        self._python = spec.worker.entry.kind is not EntryKind.BINARY  # a --no-python program has no dump file
+        self._dump_files: list[Path] = []
+        loop = asyncio.get_running_loop()
+        self.activity = Activity(loop.time())  # the workers' last byte, noted by the pumps; starting counts as output
+        self._recorder = _recorder(spec, attempt_dir, console)
+        self._stalled: asyncio.Future[str] = loop.create_future()  # none until the workers run
+
+    def env(self, who: WorkerIdentity, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with what the observers need of the worker. A Python worker gets the stack-dump shim, so that a
+        stall report or ``--stacks`` can show where it is; a ``--no-python`` program is described from /proc
+        instead, and its environment left exactly as torchrun's. Where the user turned torch's Flight Recorder on,
+        its dump file and pipe go into the attempt's directory."""
+        dump_file = RunLogs.stacks_file(self._attempt_dir, who.local_rank)
+        if dump_file is not None and self._python:
+            env = channel_env(env, str(dump_file))
+            self._dump_files.append(dump_file)
+        return flight_env(env, self._attempt_dir)
+
+    def started(self, workers: Sequence[StartedWorker]) -> None:
+        """The workers run: ``rankrun --stacks`` samples them from now on, and the ``--hang-timeout`` watch starts."""
+        spec, run_id = self._spec, self._spec.rendezvous.run_id
+        targets = [Target(w.who.rank, self._host, w.handle.pid,
+                          RunLogs.stacks_file(self._attempt_dir, w.who.local_rank) if self._python else None, w.handle.signal)
+                   for w in workers]
+        self._on_demand.running(run_id, targets, self._recorder)
+        if spec.hang.timeout > 0:
+            self._stalled = asyncio.ensure_future(stall.watch(
+                spec.hang.timeout, run_id, targets, self.activity, self._console, fail=spec.hang.action == "fail",
+                job=self._on_demand.job, recorder=self._recorder))
+
+    @property
+    def stalled(self) -> Awaitable[str]:
+        """Ends with the stall's cause, after its report, only for ``--hang-action fail``; never before ``started``,
+        nor when ``--hang-timeout`` is off."""
+        return self._stalled
+
+    def ended(self) -> None:
+        """The group ends (stopping, or gone): the stall watch stops, and ``--stacks`` says no workers run."""
+        self._stalled.cancel()
+        self._on_demand.running(self._spec.rendezvous.run_id, [], None)
+
+    def close(self) -> None:
+        """Every worker is reaped: ``stacks.txt`` stays in a rank's log folder only where stacks were taken."""
+        for dump_file in self._dump_files:
+            drop_if_unused(dump_file)
+
+
+def _recorder(spec: LaunchSpec, attempt_dir: Path | None, console: Console) -> Recorder | None:
+    """torch's Flight Recorder, where the user turned it on: its folder in the attempt's directory, made before
+    the workers start (they create their pipes there), and what a stall asks of it (``stacks.flight``)."""
+    if attempt_dir is None or not enabled(spec.base_env):
+        return None
+    (attempt_dir / FOLDER).mkdir(exist_ok=True)
+    return Recorder(flight_env(spec.base_env, attempt_dir), lambda line: stall.show(console, [line]))
+
+
+class OnDemand:
+    """What a ``rankrun --stacks`` request samples: the running attempt's workers, and with several nodes the
+    round's exchange, through which the report is the whole job's. With no workers running, the answer says
+    what the launcher is doing instead (``STARTING``, ``WAITING``, ``BETWEEN``, ``DONE``)."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.state = STARTING  # what the launcher does while no workers run
+        self.targets: list[Target] = []
+        self.job: Exchange | None = None
+        self.recorder: Recorder | None = None  # torch's Flight Recorder, where on: asked for dumps at a stall
+        self._sampler = Sampler()
+        self._sampled = float("-inf")
+
+    def attempt(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str) -> AttemptWatch:
+        """The observers of one attempt, made before its workers start (their ``env``)."""
+        return AttemptWatch(spec, attempt_dir, console, host, self)
+
+    def running(self, run_id: str, targets: list[Target], recorder: Recorder | None) -> None:
+        """The attempt's workers as they start (and ``[]`` once they are gone: between attempts), with their
+        recorder if any."""
+        self.run_id, self.targets, self.recorder = run_id, targets, recorder
+        if not targets:
+            self.state = BETWEEN
+
+    def idle(self, run_id: str, state: str) -> None:
+        """No workers run: the launcher is ``state`` (``STARTING``, ``WAITING``, ``DONE``)."""
+        self.run_id, self.targets, self.recorder, self.state = run_id, [], None, state
+
+    async def sample(self, why: str = "request") -> list[RankSample]:
+        """The running workers' stacks now, with the CPU each used over the last ``CPU_WINDOW`` s at least;
+        for a stall (``why``), this node's Flight Recorder dumps are asked for too."""
+        loop = asyncio.get_running_loop()
+        if why == "stall" and self.recorder is not None:
+            self.recorder.take()
+        targets = list(self.targets)
+        if loop.time() - self._sampled > 2 * CPU_WINDOW:
+            self._sampler.prime(targets)
+            await asyncio.sleep(CPU_WINDOW)  # CPU used over a window: blocked at 0 % or spinning
+        samples = await self._sampler.sample(targets)
+        self._sampled = loop.time()
+        return samples
+
+    async def report(self) -> list[str]:
+        if self.job is not None:
+            try:
+                async with asyncio.timeout(stall.EXCHANGE_BOUND):
+                    return await self.job.request()
+            except (StoreUnavailable, TimeoutError) as exc:
+                note = f"rankrun: the other nodes' stacks could not be gathered ({exc or 'no answer in time'}): this node's only"
+                return [note, *await self._local()]
+        return await self._local()
+
+    async def _local(self) -> list[str]:
+        if not self.targets:
+            return [f"rankrun: job {self.run_id}: no workers are running right now: {self.state}"]
+        samples = await self.sample()
+        return render(request_title(self.run_id, samples), samples)
