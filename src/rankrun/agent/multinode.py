@@ -226,11 +226,10 @@ async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
                         sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),
                         lease=member.lease.id, job_lease=member.job.id if member.job is not None else 0)
     serving = asyncio.create_task(_serve(exchange))
-    deps.on_demand.job = exchange  # a stall or a --stacks request gets the whole job's stacks
     try:
-        return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
+        with deps.on_demand.round(exchange):  # a stall or a --stacks request gets the whole job's stacks
+            return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
     finally:
-        deps.on_demand.job = None
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await serving

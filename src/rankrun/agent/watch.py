@@ -1,7 +1,7 @@
 """The observers of the running workers, in one place: what looks at an attempt without steering it.
 
 ``OnDemand`` lives as long as the job on this node (``AgentDeps.on_demand``). It answers ``rankrun --stacks`` with
-the running workers' stacks (the whole job's, through the round's exchange, while ``job`` holds one), or says what
+the running workers' stacks (the whole job's, through the round's exchange, while ``round`` holds one), or says what
 the launcher does while none run. For each attempt it makes an ``AttemptWatch``, which is told the attempt's facts
 in order and acts on them:
 
@@ -18,7 +18,8 @@ in order and acts on them:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+import contextlib
+from collections.abc import Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -135,6 +136,16 @@ class OnDemand:
     def attempt(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str) -> AttemptWatch:
         """The observers of one attempt, made before its workers start (their ``env``)."""
         return AttemptWatch(spec, attempt_dir, console, host, self)
+
+    @contextlib.contextmanager
+    def round(self, exchange: Exchange) -> Iterator[None]:
+        """Several nodes, for one round: a stall or a ``--stacks`` request gets the whole job's stacks through
+        ``exchange``."""
+        self.job = exchange
+        try:
+            yield
+        finally:
+            self.job = None
 
     def running(self, run_id: str, targets: list[Target], recorder: Recorder | None) -> None:
         """The attempt's workers as they start (and ``[]`` once they are gone: between attempts), with their
