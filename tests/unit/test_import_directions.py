@@ -9,7 +9,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 
-PACKAGES = ("agent", "api", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store", "workerstore")
+PACKAGES = ("agent", "api", "events", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store", "workerstore")
 ENTRY_POINTS = ("__main__", "cli", "main", "launch", "run_path")
 TOP = tuple(sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__"))
 LEAVES = set(TOP) - set(ENTRY_POINTS)  # errors, spec, listen, procfs, ...: below every package
@@ -61,6 +61,8 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
              "rendezvous.session", "rendezvous.coordinator", "rendezvous.election", "rendezvous.listener"), ()),
     ("api", ("cli", "proc", "spec"), ("api/launch.py",)),
     ("agent", ("cli", "main"), ()),
+    # the lifecycle events' consumers (the metrics endpoint): they read events, never the machinery that emits them
+    ("events", tuple(p for p in PACKAGES if p != "events") + ENTRY_POINTS, ()),
     ("agent", ("api",), ("agent/multinode.py",)),  # a rankrun.launch job's exchange (api/node.py), loaded lazily
     # --numa-binding's layout and decision: read by cli.py before anything starts, from the leaves only
     ("numa", tuple(p for p in PACKAGES if p != "numa") + ENTRY_POINTS, ()),

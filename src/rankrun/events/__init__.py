@@ -1,0 +1,1 @@
+"""The job's lifecycle events and their consumers."""

@@ -1,0 +1,207 @@
+"""``rankrun --metrics-port``'s series: the job's Prometheus series, folded from its events.
+
+``Metrics`` is a consumer of the event stream: ``on_event`` takes each event in its JSON-object form (event
+schema version 1) and keeps the few numbers the series show; ``render`` writes them in Prometheus's
+text exposition format 0.0.4. Every series carries the job's run id as ``run``, and a label only where its values
+are a fixed set (a worker's state, a start-up phase), never a rank, a pid or a host: the number of series is the
+same for 8 workers as for 512.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+STATES = ("running", "succeeded", "failed", "stopped")
+STARTUP_PHASES = ("total", "rendezvous", "spawn", "script_p50", "script_max", "store_p50", "store_max")
+
+# workers.end's one outcome where the workers ended on their own; on any other the launcher ended those still running
+_SUCCEEDED = "succeeded"
+
+
+def _int(event: Mapping[str, Any], key: str) -> int | None:
+    value = event.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(event: Mapping[str, Any], key: str) -> float | None:
+    value = event.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+# TODO(issue 21): events.ranges.parse_ranges replaces this local parser once the events package has it.
+def _runs(ranks: str) -> tuple[tuple[int, int], ...]:
+    """A range string (``"0-7"``, ``"0,2,4"``, ``""``) as its runs ``(first, last)``; never one entry per rank,
+    so that a node's 512 ranks cost what 8 do."""
+    runs: list[tuple[int, int]] = []
+    for part in filter(None, ranks.split(",")):
+        first, _, last = part.partition("-")
+        runs.append((int(first), int(last or first)))
+    return tuple(runs)
+
+
+@dataclass
+class _Attempt:
+    """This node's workers in the latest attempt: its ranks, how it ended (None while it runs), the root cause's rank."""
+
+    number: int
+    runs: tuple[tuple[int, int], ...]
+    outcome: str | None = None
+    failed_rank: int | None = None
+
+    def holds(self, rank: int) -> bool:
+        return any(first <= rank <= last for first, last in self.runs)
+
+    def states(self) -> dict[str, int]:
+        """How many of its workers are in each state. The job's root cause is ``failed`` when its rank is this node's,
+        whatever the order of ``failure`` and ``workers.end``; the others of a failed attempt were ended by the
+        launcher (or by the failure), ``stopped``, as are all of an attempt ended for any reason but success."""
+        total = sum(last - first + 1 for first, last in self.runs)
+        failed = int(self.failed_rank is not None and self.holds(self.failed_rank))
+        if self.outcome is None:
+            return {"running": total - failed, "succeeded": 0, "failed": failed, "stopped": 0}
+        if self.outcome == _SUCCEEDED:
+            return {"running": 0, "succeeded": total, "failed": 0, "stopped": 0}
+        return {"running": 0, "succeeded": 0, "failed": failed, "stopped": total - failed}
+
+
+class Metrics:
+    """The series of one node's launcher, folded from its events; ``render`` is their exposition."""
+
+    def __init__(self, run: str = "") -> None:
+        self.run = run  # the label every series carries; each event's own ``run`` replaces it
+        self.up = False
+        self.attempt: _Attempt | None = None
+        self.restarts = 0
+        self.restarts_left: int | None = None
+        self.failures = 0
+        self.stalls = 0
+        self.nodes_lost = 0
+        self.round: int | None = None
+        self.nodes: int | None = None
+        self.world_size: int | None = None
+        self.group_rank: int | None = None
+        self.rendezvous_seconds: float | None = None
+        self.startup: dict[str, float] = {}
+        self._fold: dict[str, Callable[[Mapping[str, Any]], None]] = {
+            "job.start": self._job_start, "job.end": self._job_end, "rdzv.round": self._round,
+            "workers.start": self._workers_start, "workers.end": self._workers_end, "failure": self._failure,
+            "restart": self._restart, "stall": self._stall, "node.lost": self._node_lost, "startup": self._startup,
+        }
+
+    def on_event(self, event: Mapping[str, Any]) -> None:
+        """Fold one event in. An event of a kind the series do not show is ignored, and so is a value of the wrong
+        type: a consumer never breaks the stream that feeds it."""
+        if isinstance(run := event.get("run"), str):
+            self.run = run
+        fold = self._fold.get(event.get("event", ""))
+        if fold is not None:
+            fold(event)
+
+    def _job_start(self, event: Mapping[str, Any]) -> None:
+        self.up = True
+        self.restarts_left = _int(event, "max_restarts")  # none used yet
+
+    def _job_end(self, _event: Mapping[str, Any]) -> None:
+        self.up = False
+        if self.attempt is not None and self.attempt.outcome is None:
+            self.attempt.outcome = "stopped"  # the launcher leaves no worker running when it ends
+
+    def _round(self, event: Mapping[str, Any]) -> None:
+        self.round = _int(event, "round")
+        self.nodes = _int(event, "nodes")
+        self.world_size = _int(event, "world_size")
+        self.group_rank = _int(event, "group_rank")
+        self.rendezvous_seconds = _float(event, "seconds")
+
+    def _workers_start(self, event: Mapping[str, Any]) -> None:
+        number, ranks = _int(event, "attempt"), event.get("ranks")
+        if number is None or not isinstance(ranks, str):
+            return
+        try:
+            self.attempt = _Attempt(number, _runs(ranks))
+        except ValueError:
+            self.attempt = _Attempt(number, ())
+
+    def _workers_end(self, event: Mapping[str, Any]) -> None:
+        outcome = event.get("outcome")
+        if self.attempt is not None and _int(event, "attempt") == self.attempt.number and isinstance(outcome, str):
+            self.attempt.outcome = outcome
+
+    def _failure(self, event: Mapping[str, Any]) -> None:
+        self.failures += 1
+        if self.attempt is not None and _int(event, "attempt") == self.attempt.number:
+            self.attempt.failed_rank = _int(event, "rank")
+
+    def _restart(self, event: Mapping[str, Any]) -> None:
+        self.restarts += 1
+        self.restarts_left = _int(event, "restarts_left")
+
+    def _stall(self, _event: Mapping[str, Any]) -> None:
+        self.stalls += 1
+
+    def _node_lost(self, event: Mapping[str, Any]) -> None:
+        nodes = event.get("nodes")
+        self.nodes_lost += len(nodes) if isinstance(nodes, list) else 0
+
+    def _startup(self, event: Mapping[str, Any]) -> None:
+        self.startup = {phase: value for phase in STARTUP_PHASES if (value := _float(event, phase)) is not None}
+
+    def render(self) -> bytes:
+        """The exposition text: one HELP and TYPE per family, then its samples; a gauge not known yet has none."""
+        states = self.attempt.states() if self.attempt is not None else dict.fromkeys(STATES, 0)
+        families: list[tuple[str, str, str, list[tuple[dict[str, str], float | None]]]] = [
+            ("rankrun_up", "gauge", "1 while the job runs on this node (from its start to its end), else 0.",
+             [({}, int(self.up))]),
+            ("rankrun_workers", "gauge", "This node's workers in the latest attempt, by state: running, succeeded, "
+             "failed (the job's root cause, when it is on this node), stopped (ended by the launcher or by the "
+             "failure).", [({"state": s}, states[s]) for s in STATES]),
+            ("rankrun_attempt", "gauge", "The latest attempt's number, 0 for the first.",
+             [({}, self.attempt.number if self.attempt is not None else None)]),
+            ("rankrun_restarts_total", "counter", "Restarts of the workers the job decided.", [({}, self.restarts)]),
+            ("rankrun_restarts_left", "gauge", "Restarts left before a failure ends the job.",
+             [({}, self.restarts_left)]),
+            ("rankrun_failures_total", "counter", "Failed attempts, each with one root cause.", [({}, self.failures)]),
+            ("rankrun_world_size", "gauge", "Workers in the job, all nodes together, as of the latest round.",
+             [({}, self.world_size)]),
+            ("rankrun_nodes", "gauge", "Nodes in the latest round.", [({}, self.nodes)]),
+            ("rankrun_node_rank", "gauge", "This node's rank among the nodes (its group rank) in the latest round.",
+             [({}, self.group_rank)]),
+            ("rankrun_rendezvous_round", "gauge", "The latest round's number.", [({}, self.round)]),
+            ("rankrun_rendezvous_seconds", "gauge", "Seconds the latest round took to form, from this node's join.",
+             [({}, self.rendezvous_seconds)]),
+            ("rankrun_stalls_total", "counter", "Stall reports.", [({}, self.stalls)]),
+            ("rankrun_nodes_lost_total", "counter", "Nodes the job lost or excluded.", [({}, self.nodes_lost)]),
+            ("rankrun_startup_seconds", "gauge", "The latest start-up reported, by phase: total, rendezvous, spawn, "
+             "and over its ranks the p50 and max of reaching the script and of the first store request.",
+             [({"phase": p}, self.startup.get(p)) for p in STARTUP_PHASES]),
+        ]
+        run = _label_value(self.run)
+        lines: list[str] = []
+        for name, kind, text, samples in families:
+            lines += [f"# HELP {name} {_help(text)}", f"# TYPE {name} {kind}"]
+            for labels, value in samples:
+                if value is not None:
+                    rest = "".join(f',{k}="{_label_value(v)}"' for k, v in labels.items())
+                    lines.append(f'{name}{{run="{run}"{rest}}} {_number(value)}')
+        return ("\n".join(lines) + "\n").encode()
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _label_value(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)

@@ -1,0 +1,232 @@
+"""``rankrun.events.metrics.Metrics``: the series folded from a job's events, read back with ``prometheus_client``'s
+own parser (what a scraper sees), and their number, which must not grow with the ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rankrun.events.metrics import Metrics
+
+RUN = "job-42"
+Sample = tuple[str, frozenset[tuple[str, str]]]
+
+
+def event(name: str, **keys: Any) -> dict[str, Any]:
+    """An event in its JSON-object form, as the stream hands it over (schema version 1)."""
+    return {"v": 1, "ts": 1.7e9, "mono": 12.5, "run": RUN, "node": "127.0.0.1", "event": name, **keys}
+
+
+def ranges(first: int, count: int) -> str:
+    return f"{first}-{first + count - 1}" if count > 1 else str(first)
+
+
+def job(nproc: int, nnodes: int = 1, group_rank: int = 0, failed_rank: int = 5) -> list[dict[str, Any]]:
+    """A node's events for a job whose ``failed_rank`` fails attempt 0; the restart's attempt 1 then runs."""
+    world = nproc * nnodes
+    mine = ranges(group_rank * nproc, nproc)
+    pids = list(range(1000, 1000 + nproc))
+    return [
+        event("job.start", nproc_per_node=nproc, nnodes=str(nnodes), max_restarts=3, rdzv_backend="c10d", entry="train.py"),
+        event("rdzv.round", round=0, nodes=nnodes, world_size=world, group_rank=group_rank, seconds=0.25),
+        event("workers.start", attempt=0, ranks=mine, pids=pids),
+        event("startup", attempt=0, total=4.2, rendezvous=0.9, spawn=0.1, script_p50=2.1, script_max=3.8, script_slowest=5,
+              store_p50=None, store_max=None, store_slowest=None),
+        event("failure", attempt=0, rank=failed_rank, host="127.0.0.1", exit_code=1, signal=None, exception="ValueError: boom"),
+        event("workers.end", attempt=0, outcome="failed"),
+        event("restart", attempt=1, reason="a worker failed", restarts_left=2),
+        event("rdzv.round", round=1, nodes=nnodes, world_size=world, group_rank=group_rank, seconds=0.5),
+        event("workers.start", attempt=1, ranks=mine, pids=[p + nproc for p in pids]),
+    ]
+
+
+def fold(events: list[dict[str, Any]], metrics: Metrics | None = None) -> Metrics:
+    metrics = Metrics() if metrics is None else metrics
+    for e in events:
+        metrics.on_event(e)
+    return metrics
+
+
+def samples(metrics: Metrics) -> dict[Sample, float]:
+    """Every sample of the exposition, parsed as Prometheus's own client library parses it."""
+    found: dict[Sample, float] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            assert key not in found, f"sample {key} twice"
+            found[key] = s.value
+    return found
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return samples(metrics).get((name, frozenset({"run": RUN, **labels}.items())))
+
+
+def workers(metrics: Metrics) -> dict[str, float | None]:
+    return {state: value(metrics, "rankrun_workers", state=state) for state in ("running", "succeeded", "failed", "stopped")}
+
+
+def test_a_failure_then_a_restart_of_8_workers() -> None:
+    events = job(8)
+    m = fold(events[:3])  # attempt 0 runs
+    assert value(m, "rankrun_up") == 1
+    assert workers(m) == {"running": 8, "succeeded": 0, "failed": 0, "stopped": 0}
+    assert value(m, "rankrun_restarts_left") == 3  # --max-restarts, before any restart
+    assert value(m, "rankrun_world_size") == 8
+    assert value(m, "rankrun_nodes") == 1
+    assert value(m, "rankrun_rendezvous_round") == 0
+    assert value(m, "rankrun_rendezvous_seconds") == 0.25
+    assert value(m, "rankrun_attempt") == 0
+
+    fold(events[3:6], m)  # rank 5 failed; the launcher stopped the other seven
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": 1, "stopped": 7}
+    assert value(m, "rankrun_failures_total") == 1
+    assert value(m, "rankrun_restarts_total") == 0
+
+    fold(events[6:], m)  # the restart: attempt 1's eight workers run
+    assert workers(m) == {"running": 8, "succeeded": 0, "failed": 0, "stopped": 0}
+    assert value(m, "rankrun_restarts_total") == 1
+    assert value(m, "rankrun_restarts_left") == 2
+    assert value(m, "rankrun_attempt") == 1
+    assert value(m, "rankrun_rendezvous_round") == 1
+    assert value(m, "rankrun_rendezvous_seconds") == 0.5
+    assert value(m, "rankrun_failures_total") == 1
+    assert value(m, "rankrun_up") == 1
+
+    m.on_event(event("workers.end", attempt=1, outcome="succeeded"))
+    assert workers(m) == {"running": 0, "succeeded": 8, "failed": 0, "stopped": 0}
+    m.on_event(event("job.end", exit_code=0, outcome="succeeded"))
+    assert value(m, "rankrun_up") == 0
+    assert workers(m) == {"running": 0, "succeeded": 8, "failed": 0, "stopped": 0}
+
+
+def test_the_root_cause_counts_as_failed_before_its_attempt_ends_too() -> None:
+    m = fold(job(8)[:3])
+    m.on_event(event("failure", attempt=0, rank=7, host="127.0.0.1", exit_code=None, signal="SIGKILL", exception=None))
+    assert workers(m) == {"running": 7, "succeeded": 0, "failed": 1, "stopped": 0}
+    m.on_event(event("workers.end", attempt=0, outcome="failed"))
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": 1, "stopped": 7}
+
+
+@pytest.mark.parametrize(("failed_rank", "failed"), [(3, 0), (8, 1), (15, 1), (16, 0)])
+def test_a_root_cause_counts_as_failed_only_on_its_own_node(failed_rank: int, failed: int) -> None:
+    m = fold(job(8, nnodes=3, group_rank=1, failed_rank=failed_rank)[:6])  # this node holds ranks 8-15
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": failed, "stopped": 8 - failed}
+    assert value(m, "rankrun_world_size") == 24
+    assert value(m, "rankrun_nodes") == 3
+    assert value(m, "rankrun_node_rank") == 1
+
+
+def test_a_failure_of_an_earlier_attempt_does_not_touch_the_running_one() -> None:
+    m = fold(job(8))
+    m.on_event(event("failure", attempt=0, rank=2, host="127.0.0.1", exit_code=1, signal=None, exception=None))
+    assert workers(m) == {"running": 8, "succeeded": 0, "failed": 0, "stopped": 0}
+    m.on_event(event("workers.end", attempt=0, outcome="failed"))
+    assert workers(m) == {"running": 8, "succeeded": 0, "failed": 0, "stopped": 0}
+
+
+@pytest.mark.parametrize("outcome", ["stopped", "interrupted", "moved_on", "stalled"])
+def test_an_attempt_ended_by_the_launcher_has_its_workers_stopped(outcome: str) -> None:
+    m = fold([*job(4)[:3], event("workers.end", attempt=0, outcome=outcome)])
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": 0, "stopped": 4}
+
+
+def test_the_job_ending_with_workers_running_leaves_them_stopped() -> None:
+    m = fold([*job(4)[:3], event("job.end", exit_code=143, outcome="interrupted")])
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": 0, "stopped": 4}
+    assert value(m, "rankrun_up") == 0
+
+
+def test_scattered_ranks_are_counted_from_their_range_string() -> None:
+    m = fold([event("workers.start", attempt=0, ranks="0,2,4-6,9", pids=[1, 2, 3, 4, 5, 6])])
+    assert value(m, "rankrun_workers", state="running") == 6
+    m.on_event(event("failure", attempt=0, rank=5, host="h", exit_code=1, signal=None, exception=None))
+    assert value(m, "rankrun_workers", state="failed") == 1
+    m.on_event(event("failure", attempt=0, rank=3, host="h", exit_code=1, signal=None, exception=None))
+    assert value(m, "rankrun_workers", state="failed") == 0  # rank 3 is not among this node's
+    m = fold([event("workers.start", attempt=0, ranks="", pids=[])])
+    assert value(m, "rankrun_workers", state="running") == 0
+
+
+def test_stalls_lost_nodes_and_the_start_up_phases() -> None:
+    m = fold([*job(8)[:4], event("stall", ranks="0-7", title="rankrun: ranks 0-7 stalled for 300 s"),
+              event("stall", ranks="3", title="rankrun: rank 3 stalled"),
+              event("node.lost", nodes=["127.0.0.2", "127.0.0.3"], reason="heartbeat")])
+    assert value(m, "rankrun_stalls_total") == 2
+    assert value(m, "rankrun_nodes_lost_total") == 2
+    assert value(m, "rankrun_startup_seconds", phase="total") == 4.2
+    assert value(m, "rankrun_startup_seconds", phase="script_max") == 3.8
+    assert value(m, "rankrun_startup_seconds", phase="store_p50") is None  # unknown: no sample, not a made-up 0
+
+
+def test_before_any_event_the_counters_are_zero_and_the_unknown_gauges_absent() -> None:
+    m = Metrics(run=RUN)
+    assert value(m, "rankrun_up") == 0
+    assert value(m, "rankrun_restarts_total") == 0
+    assert value(m, "rankrun_stalls_total") == 0
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": 0, "stopped": 0}
+    for name in ("rankrun_world_size", "rankrun_nodes", "rankrun_rendezvous_round", "rankrun_restarts_left"):
+        assert value(m, name) is None, name
+
+
+def test_events_it_does_not_show_or_cannot_read_leave_the_series_alone() -> None:
+    m = fold(job(8))
+    before = m.render()
+    for e in (event("something.new", x=1), event("workers.start", attempt=None, ranks="0-7", pids=[]),
+              event("workers.start", attempt=2, ranks=None, pids=[]), event("workers.end", attempt="1", outcome="failed"),
+              event("workers.end", attempt=1, outcome=None), {"v": 1}):
+        m.on_event(e)
+    assert m.render() == before
+    m.on_event(event("workers.start", attempt=2, ranks="0-x", pids=[]))  # a range string it cannot read: no worker
+    assert workers(m) == {"running": 0, "succeeded": 0, "failed": 0, "stopped": 0}
+
+
+def series(nproc: int, upto: int | None = None) -> dict[Sample, float]:
+    """The series of the third of four nodes of ``nproc`` workers each, whose rank ``2 * nproc + 1`` fails attempt 0,
+    after its first ``upto`` events (all, with a stall and a lost node, when None)."""
+    events = job(nproc, nnodes=4, group_rank=2, failed_rank=2 * nproc + 1)
+    if upto is None:
+        events += [event("stall", ranks=ranges(2 * nproc, nproc), title="stalled"), event("node.lost", nodes=["n9"], reason="x")]
+    return samples(fold(events[:upto]))
+
+
+def test_the_number_of_series_does_not_grow_with_the_ranks() -> None:
+    failed = 6  # the events up to attempt 0's end: one worker failed, the others stopped
+    for upto in (failed, None):
+        few, many = series(8, upto), series(512, upto)
+        assert set(few) == set(many)  # the same series, whatever the ranks: no rank, pid or host in a label
+        assert len(few) <= 60
+        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase"}
+    print(f"series: {len(few)} for 8 workers a node, {len(many)} for 512")
+    many = series(512, failed)
+    assert many[("rankrun_workers", frozenset({"run": RUN, "state": "stopped"}.items()))] == 511
+    assert many[("rankrun_workers", frozenset({"run": RUN, "state": "failed"}.items()))] == 1
+    assert many[("rankrun_world_size", frozenset({"run": RUN}.items()))] == 2048
+
+
+def test_one_help_and_one_type_per_family_counters_end_in_total() -> None:
+    text = fold(job(8)).render().decode()
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")]
+    types = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert len(helps) == len(set(helps)) == len(types)
+    assert set(helps) == set(types)
+    assert all(name.endswith("_total") == (kind == "counter") for name, kind in types.items())
+    assert {f.name: f.type for f in text_string_to_metric_families(text)}["rankrun_restarts"] == "counter"
+    assert text.endswith("\n")
+
+
+def test_a_run_id_with_quotes_backslashes_and_a_newline_survives_the_escaping() -> None:
+    run = 'a"b\\c\nd'
+    m = Metrics(run="unused")
+    m.on_event({**event("job.start", nproc_per_node=1, nnodes="1", max_restarts=0, rdzv_backend="c10d", entry="x"),
+                "run": run})
+    [up] = [s for f in text_string_to_metric_families(m.render().decode()) for s in f.samples if s.name == "rankrun_up"]
+    assert up.labels == {"run": run}
+    assert up.value == 1
+
+
+def test_the_run_label_is_the_constructors_until_an_event_names_it() -> None:
+    m = Metrics(run="given")
+    assert samples(m)[("rankrun_up", frozenset({"run": "given"}.items()))] == 0
