@@ -10,9 +10,9 @@ A bind that fails is a ``StoreError`` naming the address and the OS's reason, wi
 on ``__cause__`` (its errno tells "someone else hosts it" from "not this machine's address").
 
 Used by the workers' TCPStore (``workerstore.tcpstore``), the embedded store (``store.embedded.server``),
-the shared rendezvous port (``rendezvous.listener``), and ``hold``: a single-node c10d endpoint kept
-taken for the job, so that a second job on it fails loudly (nothing is served behind it). The one
-non-TCP listener, ``rankrun --stacks``'s local Unix socket, is ``rankrun.stacks.control``'s.
+the shared rendezvous port (``rendezvous.listener``), the metrics endpoint (``events.metrics``), and ``hold``: a
+single-node c10d endpoint kept taken for the job, so that a second job on it fails loudly (nothing is served
+behind it). The one non-TCP listener, ``rankrun --stacks``'s local Unix socket, is ``rankrun.stacks.control``'s.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankrun.events.metrics import Metrics
+from rankrun.events.metrics import CONTENT_TYPE, Metrics, announcement, answer, url
 
 RUN = "job-42"
 Sample = tuple[str, frozenset[tuple[str, str]]]
@@ -230,3 +230,29 @@ def test_a_run_id_with_quotes_backslashes_and_a_newline_survives_the_escaping() 
 def test_the_run_label_is_the_constructors_until_an_event_names_it() -> None:
     m = Metrics(run="given")
     assert samples(m)[("rankrun_up", frozenset({"run": "given"}.items()))] == 0
+
+
+def test_requests_get_the_series_or_a_status_saying_why_not() -> None:
+    m = fold(job(8))
+    ok = answer(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*", m)
+    head, body = ok.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert f"Content-Type: {CONTENT_TYPE}".encode() in head.split(b"\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head.split(b"\r\n")
+    assert b"Connection: close" in head.split(b"\r\n")
+    assert body == m.render()
+    assert answer(b"GET /metrics?x=1 HTTP/1.0", m).startswith(b"HTTP/1.1 200 ")
+    head_only = answer(b"HEAD /metrics HTTP/1.1\r\nHost: x", m)
+    assert head_only == ok[: len(ok) - len(body)]
+    assert answer(b"GET / HTTP/1.1", m).startswith(b"HTTP/1.1 404 ")
+    assert answer(b"GET /metricsx HTTP/1.1", m).startswith(b"HTTP/1.1 404 ")
+    not_allowed = answer(b"POST /metrics HTTP/1.1\r\nContent-Length: 0", m)
+    assert not_allowed.startswith(b"HTTP/1.1 405 ")
+    assert b"\r\nAllow: GET, HEAD\r\n" in not_allowed
+    for bad in (b"GET /metrics", b"GET /metrics SPDY/3", b"", b"GET  /metrics HTTP/1.1"):
+        assert answer(bad, m).startswith(b"HTTP/1.1 400 "), bad
+
+
+def test_the_url_and_its_line() -> None:
+    assert announcement("10.0.0.1", 9400) == "rankrun: metrics at http://10.0.0.1:9400/metrics"
+    assert url("fe80::1", 80) == "http://[fe80::1]:80/metrics"

@@ -1,21 +1,34 @@
-"""``rankrun --metrics-port``'s series: the job's Prometheus series, folded from its events.
+"""``rankrun --metrics-port``: the job's Prometheus series, folded from its events, and the endpoint serving them.
 
 ``Metrics`` is a consumer of the event stream: ``on_event`` takes each event in its JSON-object form (event
 schema version 1) and keeps the few numbers the series show; ``render`` writes them in Prometheus's
 text exposition format 0.0.4. Every series carries the job's run id as ``run``, and a label only where its values
 are a fixed set (a worker's state, a start-up phase), never a rank, a pid or a host: the number of series is the
 same for 8 workers as for 512.
+
+``MetricsServer`` answers ``GET /metrics`` (and ``HEAD``) over HTTP/1.1, one request per connection, on the socket
+``rankrun.listen`` binds. It serves from memory on the event loop, so it answers while the job forms or fails. A
+client gets ``TIMEOUT`` seconds and ``MAX_REQUEST`` bytes for its request, and at most ``MAX_CONNECTIONS`` are
+open at once (the next ones get 503): a slow or silent client holds neither memory nor the others' answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankrun.listen import listen
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PATH = "/metrics"
 STATES = ("running", "succeeded", "failed", "stopped")
 STARTUP_PHASES = ("total", "rendezvous", "spawn", "script_p50", "script_max", "store_p50", "store_max")
+TIMEOUT = 5.0  # seconds a connection may stay open: a scraper sends its request at once and reads a few KB
+MAX_REQUEST = 8192  # bytes of request line and headers; Prometheus sends about 300
+MAX_CONNECTIONS = 32  # open at once; one scraper or two is the usual
 
 # workers.end's one outcome where the workers ended on their own; on any other the launcher ended those still running
 _SUCCEEDED = "succeeded"
@@ -205,3 +218,121 @@ def _number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(value)
+
+
+def url(host: str, port: int) -> str:
+    """Where the series are: an IPv6 address in brackets, as URLs write it."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{PATH}"
+
+
+def announcement(host: str, port: int) -> str:
+    """The one console line that says where the series are."""
+    return f"rankrun: metrics at {url(host, port)}"
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+
+
+def answer(request: bytes, metrics: Metrics) -> bytes:
+    """The whole response to one request (its request line and headers, up to the empty line)."""
+    parts = request.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return _response(400)
+    method, target = parts[0], parts[1]
+    if target.split(b"?", 1)[0] != PATH.encode():
+        return _response(404)
+    if method not in {b"GET", b"HEAD"}:
+        return _response(405, extra=b"Allow: GET, HEAD\r\n")
+    body = metrics.render()
+    head = _response(200, body=body, content_type=CONTENT_TYPE)
+    return head[: len(head) - len(body)] if method == b"HEAD" else head
+
+
+def _response(status: int, body: bytes | None = None, content_type: str = "text/plain; charset=utf-8",
+              extra: bytes = b"") -> bytes:
+    reason = _REASONS[status]
+    if body is None:
+        body = f"{status} {reason}\n".encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n").encode() + extra + b"\r\n" + body
+
+
+class _Exchange(asyncio.Protocol):
+    """One connection: read the request (bounded in size and time), answer, close."""
+
+    def __init__(self, server: MetricsServer) -> None:
+        self._server = server
+        self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if len(self._server.open) >= MAX_CONNECTIONS:
+            self._finish(_response(503))
+            return
+        self._server.open.add(transport)
+        # one deadline for the whole exchange: a client that sends nothing, or reads nothing, is cut off
+        self._deadline = asyncio.get_running_loop().call_later(TIMEOUT, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._buffer += data
+        end = min((i for i in (self._buffer.find(b"\r\n\r\n"), self._buffer.find(b"\n\n")) if i >= 0), default=-1)
+        if end >= 0 and end <= MAX_REQUEST:
+            self._finish(answer(self._buffer[:end], self._server.metrics))
+        elif len(self._buffer) > MAX_REQUEST:
+            self._finish(_response(431))
+
+    def eof_received(self) -> bool:
+        return False  # the client stopped sending before its request was whole: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        del exc  # however it ended, the connection is no longer open
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if self._transport is not None:
+            self._server.open.discard(self._transport)
+
+    def _finish(self, response: bytes) -> None:
+        assert self._transport is not None
+        self._buffer = b""
+        self._transport.pause_reading()
+        self._transport.write(response)
+        self._transport.close()  # after the response is flushed
+
+
+class MetricsServer:
+    """``metrics`` at ``http://host:port/metrics``; ``start`` binds (port 0: the OS picks) and returns the port."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int = 0) -> None:
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self.open: set[asyncio.Transport] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen (a bind that fails is ``rankrun.listen``'s ``StoreError``); the port bound."""
+        self._server, self.port = await listen(self.host, self.port, lambda: _Exchange(self))
+        return self.port
+
+    async def close(self) -> None:
+        """Stop listening and cut the connections still open."""
+        if self._server is not None:
+            self._server.close()
+        for transport in list(self.open):
+            transport.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> MetricsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
