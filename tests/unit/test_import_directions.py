@@ -66,6 +66,11 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     ("agent", ("api",), ("agent/multinode.py",)),  # a rankrun.launch job's exchange (api/node.py), loaded lazily
     # --numa-binding's layout and decision: read by cli.py before anything starts, from the leaves only
     ("numa", tuple(p for p in PACKAGES if p != "numa") + ENTRY_POINTS, ()),
+    # the job's lifecycle events: the records, their stream and the --events file, below the agent (which emits into
+    # them) and beside the other consumers; nothing of the job's machinery, so a reader of the events (the timeline) can
+    # load them alone
+    ("events", ("agent", "api", "cli", "main", "proc", "rendezvous", "store", "workerstore", "logs", "report", "stacks",
+                "numa", *ENTRY_POINTS), ()),
     # the top-level modules: the entry points above everything, the rest below every package
     ("cli.py", ("agent", "rendezvous", "store", "workerstore", "logs", "report", "api"), ()),  # main, lazily, hands it on
     ("main.py", ("cli", "api", "rendezvous", "store", "workerstore", "report"), ()),

@@ -1,1 +1,14 @@
-"""The job's lifecycle events and their consumers."""
+"""The job's lifecycle events (schema version 1): the records, the stream that stamps and fans them out, the
+``--events`` file, the rank range strings, the consumers (the metrics endpoint, ...), and the JSON Schema shipped beside them (``schema_path``).
+
+Below the agent: the agent imports this package, never the other way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def schema_path() -> Path:
+    """Where the installed JSON Schema of the events (draft 2020-12) is."""
+    return Path(__file__).with_name("schema.json")

@@ -1,0 +1,43 @@
+"""Ranks as the event schema writes them: ``[0, 1, 2, 3, 8, 10]`` ↔ ``"0-3,8,10"`` (pure).
+
+Sorted, de-duplicated, comma-separated runs; a run of two or more consecutive ranks is ``a-b``; no ranks is ``""``.
+A set of any size that has no gaps is one run, so a 16,384-rank job's ``"0-16383"`` is as short as a 2-rank one's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def range_string(ranks: Iterable[int]) -> str:
+    """``{4, 0, 1, 2, 2}`` → ``"0-2,4"``. A negative rank is a ``ValueError`` (``"-1"`` would read as a run)."""
+    ordered = sorted(set(ranks))
+    if ordered and ordered[0] < 0:
+        raise ValueError(f"a rank is never negative: {ordered[0]}")
+    runs: list[str] = []
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:  # the run that began at ``start`` ends at i - 1
+            first, last = ordered[start], ordered[i - 1]
+            runs.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(runs)
+
+
+def parse_ranges(text: str) -> list[int]:
+    """The inverse of ``range_string``: ``"0-2,4"`` → ``[0, 1, 2, 4]`` (sorted, de-duplicated whatever the order given).
+
+    Anything else — an empty item, a sign, a reversed run ``"5-3"``, a space — is a ``ValueError`` naming it.
+    """
+    if text == "":
+        return []
+    ranks: set[int] = set()
+    for item in text.split(","):
+        first, dash, last = item.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()) or not first.isascii() or not last.isascii():
+            raise ValueError(f"not a rank or a run of ranks: {item!r} in {text!r}")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"a run of ranks goes up: {item!r} in {text!r}")
+        ranks.update(range(low, high + 1))
+    return sorted(ranks)

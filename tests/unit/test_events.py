@@ -1,0 +1,235 @@
+"""The event records against the shipped JSON Schema (version 1), their stream, and the rank range strings."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import jsonschema
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rankrun.events import schema_path
+from rankrun.events.ranges import parse_ranges, range_string
+from rankrun.events.records import (
+    COMMON,
+    EVENTS,
+    TEXT_LIMIT,
+    Failure,
+    JobEnd,
+    JobStart,
+    NodeLost,
+    RdzvRound,
+    Record,
+    Restart,
+    Stall,
+    Startup,
+    WorkersEnd,
+    WorkersStart,
+    as_json,
+    from_json,
+    keys,
+)
+from rankrun.events.stream import EventStream
+
+pytestmark = pytest.mark.unit
+
+SCHEMA = json.loads(schema_path().read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+FACTS: list[Record] = [  # one of each event, as a producer builds it (no common fields)
+    JobStart(nproc_per_node=8, nnodes="1:2", max_restarts=3, rdzv_backend="c10d", entry="train.py"),
+    RdzvRound(round=2, nodes=2, world_size=16, group_rank=1, seconds=0.93),
+    WorkersStart(attempt=1, ranks="8-15", pids=(4100, 4101, 4102, 4103, 4104, 4105, 4106, 4107)),
+    WorkersEnd(attempt=1, outcome="failed"),
+    Failure(attempt=1, rank=9, host="node-b", exit_code=1, signal=None, exception="ValueError: bad batch"),
+    Failure(attempt=0, rank=0, host="127.0.0.1", exit_code=None, signal="SIGKILL", exception=None),
+    Restart(attempt=2, reason="worker failed", restarts_left=1),
+    Stall(ranks="0,2,4", title="rankrun: ranks 0,2,4 made no progress for 300 s"),
+    NodeLost(nodes=("127.0.0.2", "127.0.0.3"), reason="missed its heartbeats"),
+    Startup(attempt=0, total=4.2, rendezvous=0.9, spawn=0.1, script_p50=2.1, script_max=3.8, script_slowest=5,
+            store_p50=0.2, store_max=0.4, store_slowest=3),
+    Startup(attempt=1, total=1.0, rendezvous=0.5, spawn=0.1, script_p50=None, script_max=None, script_slowest=None,
+            store_p50=None, store_max=None, store_slowest=None),
+    JobEnd(exit_code=0, outcome="succeeded"),
+]
+
+
+def _stream() -> EventStream:
+    return EventStream("job-7", "127.0.0.1", wall=lambda: 1_767_225_600.25, monotonic=lambda: 812.5)
+
+
+def _errors(obj: dict[str, object]) -> list[str]:
+    return [e.message for e in VALIDATOR.iter_errors(obj)]
+
+
+def test_the_schema_is_a_valid_draft_2020_12_schema():
+    assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+def test_every_event_of_the_schema_has_a_record_and_a_sample():
+    assert {type(f) for f in FACTS} == set(EVENTS)
+    assert set(SCHEMA["properties"]["event"]["enum"]) == set(EVENTS.values())
+    assert len(SCHEMA["oneOf"]) == len(EVENTS)
+
+
+@pytest.mark.parametrize("kind", list(EVENTS), ids=list(EVENTS.values()))
+def test_each_event_requires_exactly_its_record_fields(kind):
+    """The records and the schema cannot drift: an event's keys are its record's fields, all required, no others."""
+    branch = SCHEMA["$defs"]["ev_" + EVENTS[kind].replace(".", "_")]
+    expected = ["v", *COMMON, "event", *keys(kind)]
+    assert branch["required"] == expected
+    assert list(branch["properties"]) == expected
+    assert branch["additionalProperties"] is False
+    assert branch["properties"]["event"] == {"const": EVENTS[kind]}
+
+
+@pytest.mark.parametrize("fact", FACTS, ids=lambda f: type(f).__name__)
+def test_every_record_serialises_to_a_valid_event(fact):
+    obj = as_json(_stream().emit(fact))
+    assert _errors(obj) == []
+    assert list(obj)[:6] == ["v", "ts", "mono", "run", "node", "event"]
+    assert (obj["v"], obj["ts"], obj["mono"], obj["run"], obj["node"]) == (1, 1_767_225_600.25, 812.5, "job-7", "127.0.0.1")
+    assert obj["event"] == EVENTS[type(fact)]
+
+
+@pytest.mark.parametrize("fact", FACTS, ids=lambda f: type(f).__name__)
+def test_a_wrong_event_fails_validation(fact):
+    """The schema is not vacuous: an extra key, a missing key, a wrong type, version or name each fail."""
+    good = as_json(_stream().emit(fact))
+    own = keys(type(fact))
+    extra = {**good, "bogus": 1}
+    missing = {k: v for k, v in good.items() if k != own[-1]}
+    no_common = {k: v for k, v in good.items() if k != "mono"}
+    wrong_type = {**good, own[0]: "three"}
+    for bad in (extra, missing, no_common, wrong_type, {**good, "v": 2}, {**good, "event": "job.begin"},
+                {**good, "run": None}, {**good, "ts": "now"}):
+        assert _errors(bad), bad
+    other = "job.end" if type(fact) is not JobEnd else "job.start"
+    assert _errors({**good, "event": other})  # another event's name: its keys are not that event's
+
+
+@pytest.mark.parametrize(("key", "value"), [("ranks", "0-7,"), ("ranks", "3-"), ("ranks", "0 1"), ("pids", [1, "2"])])
+def test_ranges_and_pids_are_checked(key, value):
+    good = as_json(_stream().emit(FACTS[2]))
+    assert _errors({**good, key: value})
+
+
+@pytest.mark.parametrize(("event", "key", "value"), [
+    ("workers.end", "outcome", "crashed"), ("job.end", "outcome", "stopped"), ("failure", "signal", "KILL"),
+    ("job.start", "nnodes", "1-2"), ("job.start", "nproc_per_node", 0), ("failure", "exception", "x" * (TEXT_LIMIT + 1)),
+])
+def test_values_outside_an_events_domain_fail(event, key, value):
+    good = next(as_json(_stream().emit(f)) for f in FACTS if EVENTS[type(f)] == event)
+    assert _errors({**good, key: value})
+
+
+def test_the_stream_stamps_every_fact_and_hands_it_to_each_consumer_in_order():
+    seen: list[tuple[str, Record]] = []
+
+    class Tap:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_event(self, event: Record) -> None:
+            seen.append((self.name, event))
+
+    ticks = iter(range(100))
+    stream = EventStream("r", "n", [Tap("a")], wall=lambda: 1000.0 + next(ticks), monotonic=lambda: 5.0)
+    stream.add(Tap("b"))
+    given_fact = JobEnd(exit_code=1, outcome="failed", ts=1.0, mono=2.0, run="not mine", node="elsewhere")
+    out = stream.emit(given_fact)
+    assert out == JobEnd(exit_code=1, outcome="failed", ts=1000.0, mono=5.0, run="r", node="n")
+    assert seen == [("a", out), ("b", out)]
+    assert stream.emit(WorkersEnd(attempt=0, outcome="succeeded")).ts == 1001.0
+    assert EventStream("r", "n").wanted is False
+    assert stream.wanted is True
+    other = EventStream("r2", "n")  # instance-scoped: a second job's stream feeds none of the first's consumers
+    other.emit(JobEnd(exit_code=0, outcome="succeeded"))
+    assert len(seen) == 4
+
+
+@pytest.mark.parametrize("fact", FACTS, ids=lambda f: type(f).__name__)
+def test_from_json_reads_back_what_as_json_wrote(fact):
+    event = _stream().emit(fact)
+    assert from_json(json.loads(json.dumps(as_json(event)))) == event
+
+
+@pytest.mark.parametrize("change", [
+    {"v": 2}, {"event": "job.begin"}, {"bogus": 1}, {"exit_code": None, "outcome": None, "extra": 1},
+])
+def test_from_json_refuses_what_is_not_an_event(change):
+    obj = {**as_json(_stream().emit(JobEnd(exit_code=0, outcome="succeeded"))), **change}
+    with pytest.raises(ValueError, match=r"event|v=|job\.end"):
+        from_json(obj)
+
+
+@pytest.mark.parametrize("dropped", ["exit_code", "mono"])
+def test_from_json_refuses_an_event_with_a_key_missing(dropped):
+    obj = as_json(_stream().emit(JobEnd(exit_code=0, outcome="succeeded")))
+    del obj[dropped]
+    with pytest.raises(ValueError, match=dropped):
+        from_json(obj)
+
+
+def test_a_users_long_text_is_cut():
+    """The exception and the stall title come from the user's program: cut to TEXT_LIMIT characters."""
+    for text in ("x" * 10_000, "\x00" * 10_000, "\U0001f525" * 10_000):
+        for fact in (Failure(attempt=0, rank=16383, host="h" * 64, exit_code=1, signal=None, exception=text),
+                     Stall(ranks="0-16383", title=text)):
+            obj = as_json(_stream().emit(fact))
+            cut = obj["exception"] if isinstance(fact, Failure) else obj["title"]
+            assert len(cut) == TEXT_LIMIT
+            assert cut == text[: TEXT_LIMIT - 1] + "…"
+            assert _errors(obj) == []
+    exact = "y" * TEXT_LIMIT
+    assert as_json(Stall(ranks="0", title=exact))["title"] == exact
+
+
+# ---- range strings
+
+
+@pytest.mark.parametrize(("ranks", "text"), [
+    ([], ""), ([0], "0"), ([0, 1], "0-1"), (range(8), "0-7"), ([0, 2, 4], "0,2,4"), ([11, 8, 9, 10, 0, 1, 2, 3], "0-3,8-11"),
+    ([5, 5, 5], "5"), ([0, 1, 3, 4, 6], "0-1,3-4,6"), (range(16384), "0-16383"), ([7, 9, 10], "7,9-10"),
+])
+def test_range_strings(ranks, text):
+    assert range_string(ranks) == text
+    assert parse_ranges(text) == sorted(set(ranks))
+
+
+def test_a_16384_rank_job_is_one_short_run():
+    assert range_string(reversed(range(16384))) == "0-16383"
+    assert len(parse_ranges("0-16383")) == 16384
+
+
+@given(st.lists(st.integers(min_value=0, max_value=20_000), max_size=300))
+def test_range_strings_round_trip(ranks):
+    text = range_string(ranks)
+    assert parse_ranges(text) == sorted(set(ranks))
+    assert range_string(parse_ranges(text)) == text
+    assert re.fullmatch(SCHEMA["$defs"]["ranges"]["pattern"], text)
+    runs = [[int(x) for x in item.split("-")] for item in text.split(",")] if text else []
+    for before, after in itertools.pairwise(runs):
+        assert after[0] > before[-1] + 1  # sorted, and no two runs that touch: each as long as it can be
+    assert all(len(run) == 1 or run[0] < run[1] for run in runs)
+
+
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(0, 40)), max_size=30))
+def test_parse_ranges_accepts_any_order_and_overlap(spans):
+    text = ",".join(f"{a}-{a + n}" if n else str(a) for a, n in spans)
+    assert parse_ranges(text) == sorted({r for a, n in spans for r in range(a, a + n + 1)})
+
+
+@pytest.mark.parametrize("text", ["1-", "-1", "3-1", "3-2", "a", "1,,2", ",", " 1", "1 ", "1-2-3", "\u0661", "+1", "0x1", "1,"])
+def test_parse_ranges_refuses_what_is_not_a_range_string(text):
+    with pytest.raises(ValueError, match=re.escape(repr(text))):
+        parse_ranges(text)
+
+
+def test_a_negative_rank_has_no_range_string():
+    with pytest.raises(ValueError, match="-1"):
+        range_string([0, -1])
