@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import select
 
 import jsonschema
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rankrun.events import schema_path
+from rankrun.events.log import encode
 from rankrun.events.ranges import parse_ranges, range_string
 from rankrun.events.records import (
     COMMON,
@@ -94,6 +96,7 @@ def test_every_record_serialises_to_a_valid_event(fact):
     assert list(obj)[:6] == ["v", "ts", "mono", "run", "node", "event"]
     assert (obj["v"], obj["ts"], obj["mono"], obj["run"], obj["node"]) == (1, 1_767_225_600.25, 812.5, "job-7", "127.0.0.1")
     assert obj["event"] == EVENTS[type(fact)]
+    assert json.loads(encode(_stream().emit(fact))) == obj
 
 
 @pytest.mark.parametrize("fact", FACTS, ids=lambda f: type(f).__name__)
@@ -155,7 +158,7 @@ def test_the_stream_stamps_every_fact_and_hands_it_to_each_consumer_in_order():
 @pytest.mark.parametrize("fact", FACTS, ids=lambda f: type(f).__name__)
 def test_from_json_reads_back_what_as_json_wrote(fact):
     event = _stream().emit(fact)
-    assert from_json(json.loads(json.dumps(as_json(event)))) == event
+    assert from_json(json.loads(encode(event))) == event
 
 
 @pytest.mark.parametrize("change", [
@@ -175,8 +178,9 @@ def test_from_json_refuses_an_event_with_a_key_missing(dropped):
         from_json(obj)
 
 
-def test_a_users_long_text_is_cut():
-    """The exception and the stall title come from the user's program: cut to TEXT_LIMIT characters."""
+def test_a_users_long_text_is_cut_so_a_line_fits_a_pipe_whole():
+    """The exception and the stall title come from the user's program: cut to TEXT_LIMIT characters, the line stays
+    within PIPE_BUF even for the widest characters JSON writes (a control character is six bytes, \\u0000)."""
     for text in ("x" * 10_000, "\x00" * 10_000, "\U0001f525" * 10_000):
         for fact in (Failure(attempt=0, rank=16383, host="h" * 64, exit_code=1, signal=None, exception=text),
                      Stall(ranks="0-16383", title=text)):
@@ -185,8 +189,19 @@ def test_a_users_long_text_is_cut():
             assert len(cut) == TEXT_LIMIT
             assert cut == text[: TEXT_LIMIT - 1] + "…"
             assert _errors(obj) == []
+            assert len(encode(_stream().emit(fact))) <= select.PIPE_BUF
     exact = "y" * TEXT_LIMIT
     assert as_json(Stall(ranks="0", title=exact))["title"] == exact
+
+
+def test_a_line_is_one_line_of_compact_utf8():
+    event = _stream().emit(Failure(attempt=0, rank=1, host="h", exit_code=1, signal=None,
+                                   exception="RuntimeError: first\nsecond é"))
+    line = encode(event)
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
+    assert b": " not in line.replace(b"RuntimeError: ", b"")  # no pretty-printing
+    assert "é".encode() in line
 
 
 # ---- range strings

@@ -1,0 +1,149 @@
+"""``--events PATH``: the job's events as JSON lines, appended to a file, a FIFO or ``/dev/stderr``.
+
+Each event is one line written by one ``write`` (so writers appending to the same file never mix their lines),
+flushed by that write itself (no buffer is kept). What PATH is decides the rest:
+
+- a regular file is created if missing and appended to (``O_APPEND``), never truncated;
+- a pipe (a FIFO, or ``/dev/stderr`` when stderr is a pipe) is written without ever blocking the job. A line
+  goes whole or not at all: a line of at most ``PIPE_BUF`` bytes is all-or-nothing in a non-blocking write, so a
+  line the pipe has no room for (its reader does not keep up), or a longer line, is dropped and counted. A FIFO
+  with no reader (opening it says ENXIO) is opened again at each event: lines are dropped until a reader opens
+  it, and from then on they flow. A reader that goes away (EPIPE) makes the log close the FIFO and wait for the
+  next the same way; the pipe, and whatever the last reader left unread in it, goes with it, so the next reader
+  starts at a line's start. The launcher ignores SIGPIPE, as every CPython program does from start-up on (and
+  rankrun never restores it), so a reader going away is an EPIPE here, never a signal;
+- ``/dev/stdout`` and ``/dev/stderr`` that are not pipes (a terminal, a file, a socket as under systemd) are the
+  launcher's own, shared: the lines go where its console lines go, in order with them; a terminal or a character
+  device (``/dev/null``) named otherwise is written as the console is.
+
+Nothing here raises once the log is open: an event that could not be written is counted, and ``close`` says
+how many in one line (``say``). A PATH that cannot be opened at all is the user's: ``UsageError`` naming it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import select
+import stat
+from collections.abc import Callable
+
+from rankrun.errors import UsageError
+from rankrun.events.records import Record, as_json
+
+FLAG = "--events"
+_STD = {"/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def encode(event: Record) -> bytes:
+    """One event as its JSON line: compact, UTF-8, ending in a newline."""
+    text = json.dumps(as_json(event), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode() + b"\n"
+
+
+class EventLog:
+    """The ``--events`` consumer of one job's ``EventStream`` (``on_event``); ``close`` once the job has ended."""
+
+    def __init__(self, path: str, fd: int, pipe: bool, say: Callable[[str], None]) -> None:
+        self.path, self._fd, self._pipe, self._say = path, fd, pipe, say
+        self.written = 0
+        self.dropped = 0
+        self._error = ""  # why the last event that could not be written was not (a file's; a pipe's are the same)
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str, say: Callable[[str], None]) -> EventLog:
+        """The log for PATH (see the module docstring); ``UsageError`` if PATH cannot be written at all."""
+        if path in _STD and not _is_fifo(path):
+            # the launcher's own stdout/stderr, shared (opening /proc/self/fd/N anew would write a file from offset 0
+            # over what the launcher writes, and cannot open a socket); a pipe is opened anew below, not to block
+            try:
+                return cls(path, os.dup(_STD[path]), False, say)
+            except OSError as exc:
+                raise UsageError(FLAG, path, exc.strerror or str(exc)) from None
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO and _is_fifo(path):
+                return cls(path, -1, True, say)  # a FIFO nobody reads yet: opened again at each event
+            raise UsageError(FLAG, path, exc.strerror or str(exc)) from None
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):  # pragma: no cover - Linux refuses O_WRONLY on a folder (EISDIR) before this
+            os.close(fd)
+            raise UsageError(FLAG, path, "is a directory")
+        pipe = stat.S_ISFIFO(mode)
+        return cls(path, fd if pipe else _blocking(fd), pipe, say)
+
+    def on_event(self, event: Record) -> None:
+        self.write(encode(event))
+
+    def write(self, line: bytes) -> None:
+        """Append one whole line (ending in a newline), or count it dropped."""
+        if self._closed:
+            return
+        if self._fd < 0 and not self._reopen():
+            self._drop("")
+            return
+        if self._pipe and len(line) > select.PIPE_BUF:
+            self._drop("")  # a non-blocking write of more could be cut short: a line never is
+            return
+        try:
+            done = os.write(self._fd, line)
+            while done < len(line):  # only a file or a terminal, which block, write part of a line
+                done += os.write(self._fd, line[done:])
+        except BlockingIOError:
+            self._drop("")  # the pipe is full: its reader does not keep up
+        except BrokenPipeError:
+            os.close(self._fd)  # the reader went away: the next one gets a new pipe, not the rest of this one's
+            self._fd = -1
+            self._drop("")
+        except OSError as exc:
+            self._drop(exc.strerror or str(exc))
+        else:
+            self.written += 1
+
+    def close(self) -> None:
+        """Close PATH, and say in one line how many events could not be written, if any."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self.dropped and self._pipe:
+            self._say(f"rankrun: {FLAG} {self.path}: {self.dropped} event{_s(self.dropped)} dropped "
+                      "(no reader, or it does not keep up)")
+        elif self.dropped:
+            self._say(f"rankrun: {FLAG} {self.path}: {self.dropped} event{_s(self.dropped)} not written: {self._error}")
+
+    def _reopen(self) -> bool:
+        """Open the FIFO again, if a reader has come (ENXIO while none has)."""
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return False
+        return True
+
+    def _drop(self, error: str) -> None:
+        self.dropped += 1
+        self._error = error or self._error
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _blocking(fd: int) -> int:
+    """``fd`` with O_NONBLOCK cleared: a file, a terminal or a socket is written as the console is."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
