@@ -6,6 +6,7 @@ import itertools
 import json
 import re
 import select
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -39,6 +40,7 @@ from rankrun.events.stream import EventStream
 pytestmark = pytest.mark.unit
 
 SCHEMA = json.loads(schema_path().read_text())
+DOC = Path(__file__).resolve().parents[2] / "docs" / "observing.md"
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 FACTS: list[Record] = [  # one of each event, as a producer builds it (no common fields)
@@ -202,6 +204,21 @@ def test_a_line_is_one_line_of_compact_utf8():
     assert line.count(b"\n") == 1
     assert b": " not in line.replace(b"RuntimeError: ", b"")  # no pretty-printing
     assert "é".encode() in line
+
+
+def test_the_documented_events_are_the_schemas():
+    """docs/observing.md: its example lines are valid events, and its table gives each event with all its keys."""
+    text = DOC.read_text()
+    example = [json.loads(line) for line in text.splitlines() if line.startswith('{"v":1,')]
+    assert len(example) >= 8
+    for obj in example:
+        assert _errors(obj) == []
+    assert [from_json(obj) for obj in example]  # and a reader reads them back
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z.]+)` \|.*$", text, re.MULTILINE)}
+    for kind, name in EVENTS.items():
+        assert name in rows, name
+        for key in keys(kind):
+            assert f"`{key}`" in rows[name], (name, key)
 
 
 # ---- range strings
