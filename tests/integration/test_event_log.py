@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import select
 import shutil
@@ -22,7 +23,7 @@ from conftest import PY, clean_environ
 from rankrun.errors import UsageError
 from rankrun.events import schema_path
 from rankrun.events.log import EventLog, encode
-from rankrun.events.records import JobEnd, Record, WorkersStart
+from rankrun.events.records import JobEnd, RdzvRound, Record, WorkersStart
 from rankrun.events.stream import EventStream
 
 VALIDATOR = jsonschema.Draft202012Validator(json.loads(schema_path().read_text()))
@@ -338,6 +339,39 @@ def test_a_device_that_refuses_writes_is_counted_and_said_once():
     log.close()
     assert (log.written, log.dropped) == (0, 4)
     assert said == ["rankrun: --events /dev/full: 4 events not written: No space left on device"]
+
+
+def test_an_event_json_cannot_write_is_counted_and_the_next_is_written(tmp_path):
+    said: list[str] = []
+    path = tmp_path / "events.jsonl"
+    log = EventLog.open(str(path), said.append)
+    log.on_event(EventStream("r", "n").emit(RdzvRound(round=0, nodes=1, world_size=2, group_rank=0, seconds=math.nan)))
+    log.on_event(_event(1))
+    log.close()
+    assert [o["attempt"] for o in _lines(path.read_bytes())] == [1]
+    assert said == [f"rankrun: --events {path}: 1 event not written: RdzvRound: {_json_error(math.nan)}"]
+
+
+def test_a_pipe_s_drops_and_an_event_json_cannot_write_are_said_apart(tmp_path):
+    fifo = tmp_path / "events"
+    os.mkfifo(fifo)
+    said: list[str] = []
+    log = EventLog.open(str(fifo), said.append)
+    log.on_event(EventStream("r", "n").emit(RdzvRound(round=0, nodes=1, world_size=2, group_rank=0, seconds=math.inf)))
+    log.on_event(_event(1))
+    log.on_event(_event(2))
+    log.close()
+    assert (log.unread, log.failed, log.dropped) == (2, 1, 3)
+    assert said == [f"rankrun: --events {fifo}: 2 events dropped (no reader, or it does not keep up); 1 event not "
+                    f"written: RdzvRound: {_json_error(math.inf)}"]
+
+
+def _json_error(value: float) -> str:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        return str(exc)
+    raise AssertionError(value)
 
 
 def test_nothing_is_said_when_every_event_was_written(tmp_path):

@@ -49,8 +49,9 @@ class EventLog:
     def __init__(self, path: str, fd: int, pipe: bool, say: Callable[[str], None]) -> None:
         self.path, self._fd, self._pipe, self._say = path, fd, pipe, say
         self.written = 0
-        self.dropped = 0
-        self._error = ""  # why the last event that could not be written was not (a file's; a pipe's are the same)
+        self.unread = 0  # lines a pipe had no reader for, or no room for
+        self.failed = 0  # events that could not be written at all (the device's error, or not JSON)
+        self._error = ""  # why the last of those was not
         self._closed = False
 
     @classmethod
@@ -70,38 +71,39 @@ class EventLog:
             if exc.errno == errno.ENXIO and _is_fifo(path):
                 return cls(path, -1, True, say)  # a FIFO nobody reads yet: opened again at each event
             raise UsageError(FLAG, path, exc.strerror or str(exc)) from None
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):  # pragma: no cover - Linux refuses O_WRONLY on a folder (EISDIR) before this
-            os.close(fd)
-            raise UsageError(FLAG, path, "is a directory")
-        pipe = stat.S_ISFIFO(mode)
+        pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)  # a folder never gets here: O_WRONLY on it is EISDIR
         return cls(path, fd if pipe else _blocking(fd), pipe, say)
 
     def on_event(self, event: Record) -> None:
-        self.write(encode(event))
+        try:
+            line = encode(event)
+        except ValueError as exc:  # a NaN or an infinity, which JSON has no word for: the job goes on without it
+            self._fail(f"{type(event).__name__}: {exc}")
+            return
+        self.write(line)
 
     def write(self, line: bytes) -> None:
         """Append one whole line (ending in a newline), or count it dropped."""
         if self._closed:
             return
         if self._fd < 0 and not self._reopen():
-            self._drop("")
+            self.unread += 1
             return
         if self._pipe and len(line) > select.PIPE_BUF:
-            self._drop("")  # a non-blocking write of more could be cut short: a line never is
+            self.unread += 1  # a non-blocking write of more could be cut short: a line never is
             return
         try:
             done = os.write(self._fd, line)
             while done < len(line):  # only a file or a terminal, which block, write part of a line
                 done += os.write(self._fd, line[done:])
         except BlockingIOError:
-            self._drop("")  # the pipe is full: its reader does not keep up
+            self.unread += 1  # the pipe is full: its reader does not keep up
         except BrokenPipeError:
             os.close(self._fd)  # the reader went away: the next one gets a new pipe, not the rest of this one's
             self._fd = -1
-            self._drop("")
+            self.unread += 1
         except OSError as exc:
-            self._drop(exc.strerror or str(exc))
+            self._fail(exc.strerror or str(exc))
         else:
             self.written += 1
 
@@ -113,11 +115,18 @@ class EventLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if self.dropped and self._pipe:
-            self._say(f"rankrun: {FLAG} {self.path}: {self.dropped} event{_s(self.dropped)} dropped "
-                      "(no reader, or it does not keep up)")
-        elif self.dropped:
-            self._say(f"rankrun: {FLAG} {self.path}: {self.dropped} event{_s(self.dropped)} not written: {self._error}")
+        parts = []
+        if self.unread:
+            parts.append(f"{self.unread} event{_s(self.unread)} dropped (no reader, or it does not keep up)")
+        if self.failed:
+            parts.append(f"{self.failed} event{_s(self.failed)} not written: {self._error}")
+        if parts:
+            self._say(f"rankrun: {FLAG} {self.path}: {'; '.join(parts)}")
+
+    @property
+    def dropped(self) -> int:
+        """Events not written, for whatever reason."""
+        return self.unread + self.failed
 
     def _reopen(self) -> bool:
         """Open the FIFO again, if a reader has come (ENXIO while none has)."""
@@ -127,9 +136,9 @@ class EventLog:
             return False
         return True
 
-    def _drop(self, error: str) -> None:
-        self.dropped += 1
-        self._error = error or self._error
+    def _fail(self, error: str) -> None:
+        self.failed += 1
+        self._error = error
 
 
 def _is_fifo(path: str) -> bool:
