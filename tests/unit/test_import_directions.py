@@ -61,12 +61,10 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
              "rendezvous.session", "rendezvous.coordinator", "rendezvous.election", "rendezvous.listener"), ()),
     ("api", ("cli", "proc", "spec"), ("api/launch.py",)),
     ("agent", ("cli", "main"), ()),
-    # the lifecycle events' consumers (the metrics endpoint): they read events, never the machinery that emits them
-    ("events", tuple(p for p in PACKAGES if p != "events") + ENTRY_POINTS, ()),
     ("agent", ("api",), ("agent/multinode.py",)),  # a rankrun.launch job's exchange (api/node.py), loaded lazily
     # --numa-binding's layout and decision: read by cli.py before anything starts, from the leaves only
     ("numa", tuple(p for p in PACKAGES if p != "numa") + ENTRY_POINTS, ()),
-    # the job's lifecycle events: the records, their stream and the --events file, below the agent (which emits into
+    # the job's lifecycle events: the records, their stream and consumers (the --events file, the metrics), below the agent (which emits into
     # them) and beside the other consumers; nothing of the job's machinery, so a reader of the events (the timeline) can
     # load them alone
     ("events", ("agent", "api", "cli", "main", "proc", "rendezvous", "store", "workerstore", "logs", "report", "stacks",

@@ -1,5 +1,6 @@
-"""The job's lifecycle events (schema version 1): the records, the stream that stamps and fans them out, the
-``--events`` file, the rank range strings, the consumers (the metrics endpoint, ...), and the JSON Schema shipped beside them (``schema_path``).
+"""The job's lifecycle events (schema version 1): the records, the stream that stamps and fans them out, their
+consumers (the ``--events`` file, the metrics endpoint), the rank range strings, and the JSON Schema shipped
+beside them (``schema_path``).
 
 Below the agent: the agent imports this package, never the other way.
 """
