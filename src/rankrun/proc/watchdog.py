@@ -9,7 +9,8 @@ Three layers, cheapest first:
    launcher dies for any reason the kernel closes the write end, the watchdog reads EOF and
    SIGKILLs every registered process group (the worker and everything it started that kept
    its process group), puts the user's terminal modes back if an interactive run had them
-   changed, removes the launcher's private temp directory, then exits. A clean
+   changed, removes the launcher's private temp directory and the files it registered (the DCGM job-mapping
+   files: each only while it still holds what the launcher wrote), then exits. A clean
    launcher exit says ``exit`` first, so nothing is killed twice.
 3. The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): descendants orphaned by a
    worker are re-parented to it, so at the end of each attempt it can kill and reap them
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import time
@@ -81,6 +83,15 @@ class Watchdog:
         """A private directory to remove if the launcher dies without cleaning up."""
         self._send(f"d{path}")
 
+    def own_file(self, path: str, content: str) -> None:
+        """A file to remove if the launcher dies without cleaning up, only while it still holds ``content`` (whoever
+        wrote it since, another job given the same GPU, keeps it). JSON: a path or content may hold any character."""
+        self._send("f" + json.dumps([path, content]))
+
+    def disown_file(self, path: str) -> None:
+        """The launcher removed ``path`` itself (or left it to its new owner): nothing to do for it at death."""
+        self._send("F" + json.dumps(path))
+
     def close(self) -> None:
         """Normal exit: tell the watchdog there is nothing to kill, then reap it."""
         if self._fd < 0:
@@ -104,6 +115,7 @@ class _State:
     def __init__(self) -> None:
         self.groups: set[int] = set()
         self.dirs: list[str] = []
+        self.files: dict[str, str] = {}  # path -> the content that makes it still ours
         self.modes: list[Any] | None = None  # the user's terminal modes while the launcher has them changed
         self.clean = False
 
@@ -154,6 +166,20 @@ def _clean_up(state: _State, tty_fd: int) -> None:  # pragma: no cover - runs in
 
     for path in state.dirs:
         remove_tree(Path(path))
+    for path, content in state.files.items():
+        _remove_if_holds(path, content)
+
+
+def _remove_if_holds(path: str, content: str) -> None:  # pragma: no cover - runs in the forked child
+    """Remove ``path`` if it holds exactly ``content``. Another writer replacing it between the read and the unlink
+    loses its file: a window of microseconds, against one of a whole job for a file nobody removes."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            if fh.read(len(content) + 1) != content:
+                return
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _apply(line: str, state: _State) -> None:  # pragma: no cover - runs in the forked child
@@ -166,6 +192,11 @@ def _apply(line: str, state: _State) -> None:  # pragma: no cover - runs in the 
         state.groups.discard(int(rest))
     elif kind == "d":
         state.dirs.append(rest)
+    elif kind == "f":
+        path, content = json.loads(rest)
+        state.files[path] = content
+    elif kind == "F":
+        state.files.pop(json.loads(rest), None)
     elif kind == "t":
         values = [int(v) for v in rest.split(",")]
         state.modes = [*values[:6], values[6:]]
