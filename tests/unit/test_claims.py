@@ -44,8 +44,9 @@ ALLOWED = {
     # the launcher's stdout and stderr: logs/console.py writes them with os.write once the job runs; before it only the
     # CLI prints (usage errors, notes, rankrun --stacks's answer). __main__.py flushes Python's own streams at exit, and
     # the Python API relays the launcher's output to its caller's streams. (The CLI also asks stdout's terminal width.)
-    "print": {"cli.py"},
-    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py"},
+    # python -m rankrun.timeline, no launcher, prints its one line: the page it wrote, or its bad input.
+    "print": {"cli.py", "timeline/__main__.py"},
+    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py", "timeline/__main__.py"},
     "sys.stdout": {"cli.py", "__main__.py", "api/launch.py"},
     # an exit code given as a number: none of the launcher's; its exit codes are named (errors.py). The watchdog's
     # forked child exits 0, and an API worker whose fn raised exits 1, as Python does for an uncaught exception.
@@ -212,10 +213,10 @@ def _derives_from_the_tree(node: ast.ClassDef) -> bool:
 
 def test_exit_codes_are_chosen_in_one_place():
     """The job's codes by ``Outcome``'s constructors (agent/attempt.py), a launcher error's and a signal's by errors.py,
-    the fallback of the process by main.py, ``rankrun --stacks``'s success by cli.py: "where are exit codes chosen" has
-    one answer per kind. No exit code is a bare number (``exit(<int>)`` above; and here the returns of the functions
+    the fallback of the process by main.py, ``rankrun --stacks``'s success by cli.py, ``python -m rankrun.timeline``'s
+    by its main: "where are exit codes chosen" has one answer per kind. No exit code is a bare number (``exit(<int>)`` above; and here the returns of the functions
     whose value is the process's exit code)."""
-    allowed = {"errors.py", "agent/attempt.py", "main.py", "cli.py"}
+    allowed = {"errors.py", "agent/attempt.py", "main.py", "cli.py", "timeline/__main__.py"}
     users = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -229,7 +230,7 @@ def test_exit_codes_are_chosen_in_one_place():
     assert literal == []
 
 
-EXIT_CODE_FUNCTIONS = [("cli.py", "main"), ("cli.py", "_stacks"), ("main.py", "launch")]
+EXIT_CODE_FUNCTIONS = [("cli.py", "main"), ("cli.py", "_stacks"), ("main.py", "launch"), ("timeline/__main__.py", "main")]
 
 
 def _returns_a_number(path: Path, function: str) -> bool:

@@ -9,7 +9,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 
-PACKAGES = ("agent", "api", "events", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store", "workerstore")
+PACKAGES = ("agent", "api", "events", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store", "timeline",
+            "workerstore")
 ENTRY_POINTS = ("__main__", "cli", "main", "launch", "run_path")
 TOP = tuple(sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__"))
 LEAVES = set(TOP) - set(ENTRY_POINTS)  # errors, spec, listen, procfs, ...: below every package
@@ -69,6 +70,8 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     # load them alone
     ("events", ("agent", "api", "cli", "main", "proc", "rendezvous", "store", "workerstore", "logs", "report", "stacks",
                 "numa", *ENTRY_POINTS), ()),
+    # python -m rankrun.timeline: an entry point that reads event files, never the launcher that writes them
+    ("timeline", tuple(p for p in PACKAGES if p not in ("timeline", "events")) + ENTRY_POINTS, ()),
     # the top-level modules: the entry points above everything, the rest below every package
     ("cli.py", ("agent", "rendezvous", "store", "workerstore", "logs", "report", "api"), ()),  # main, lazily, hands it on
     ("main.py", ("cli", "api", "rendezvous", "store", "workerstore", "report"), ()),

@@ -1,0 +1,310 @@
+"""The drawing model of a job, from its events (pure): a lane per node, bars and marks at seconds since the job's start.
+
+Nodes' monotonic clocks differ, so each lane is placed once by the wall clock (``ts``) of its first event and everything
+else in it by ``mono``: durations within a node are exact, and a wall-clock step during the job moves nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rankrun.timeline.read import Event
+
+# what a label costs on the page, to stack marks' labels in rows that do not overlap (the renderer draws 11 px text)
+CHAR_PX = 6.4
+LABEL_PAD_PX = 16.0
+MAX_LABEL = 56
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A span: a rendezvous round, an attempt's workers, or one start-up phase; ``events`` are what it is drawn from."""
+
+    kind: str  # "round", "attempt", "phase"
+    start: float
+    end: float
+    label: str
+    style: str  # the attempt's outcome ("succeeded", ..., "open" with no end seen), the phase's name, "round"
+    events: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A moment: a failure, a restart, a stall, a lost node, the job's start and end, or an event this reader does not know."""
+
+    kind: str  # the event's name
+    t: float
+    label: str
+    row: int  # the label's row above the lane's bars (labels that would overlap go to further rows); -1: no label
+    right: bool  # the label runs right of the mark (left of it near the page's right edge)
+    event: Event
+
+
+@dataclass(frozen=True)
+class Lane:
+    node: str
+    source: str
+    ranks: str  # this node's ranks in its last attempt (the range string), "" when it started none
+    rounds: tuple[Bar, ...]
+    attempts: tuple[Bar, ...]
+    phases: tuple[Bar, ...]
+    marks: tuple[Mark, ...]
+    label_rows: int
+
+
+@dataclass(frozen=True)
+class Drawing:
+    run: str
+    started: float  # wall-clock seconds since the epoch of t = 0
+    span: float  # seconds from t = 0 to the last thing drawn
+    lanes: tuple[Lane, ...]
+    summary: tuple[str, ...]  # what happened, in a few lines a person reads first
+    root_causes: tuple[Event, ...]  # one failure event per failed attempt
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_LABEL else text[: MAX_LABEL - 1] + "…"
+
+
+def failure_words(e: Event) -> str:
+    """``rank 1 failed: ValueError: bad lr`` (or its exit code, or its signal)."""
+    rank = e.integer("rank")
+    who = f"rank {rank}" if rank is not None else "a worker"
+    if (exc := e.text("exception")) is not None:
+        return f"{who} failed: {exc}"
+    if (sig := e.text("signal")) is not None:
+        return f"{who} killed by {sig}"
+    if (code := e.integer("exit_code")) is not None:
+        return f"{who} exited with {code}"
+    return f"{who} failed"
+
+
+def mark_label(e: Event) -> str:
+    """What a mark says next to it (the whole event is shown on hover)."""
+    name = e.name
+    if name == "failure":
+        text = failure_words(e)
+    elif name == "restart":
+        left = e.integer("restarts_left")
+        text = f"restart → attempt {e.integer('attempt')}" + (f" ({left} left)" if left is not None else "")
+    elif name == "stall":
+        text = f"stall: ranks {e.text('ranks')}" if e.text("ranks") else "stall"
+    elif name == "node.lost":
+        nodes = e.data.get("nodes")
+        text = "lost: " + ", ".join(nodes) if isinstance(nodes, list) and nodes else "node lost"
+    elif name == "job.start":
+        text = "job start"
+    elif name == "job.end":
+        text = f"job end: {e.text('outcome')} (exit {e.integer('exit_code')})"
+    else:
+        text = name
+    return _clip(text)
+
+
+# facts of the whole job that every node writes: labelled once (on the first lane that has them), a mark only on the
+# others, so that a job of many nodes does not repeat them lane after lane; the root cause is labelled on its node too
+JOB_WIDE = ("failure", "restart", "node.lost")
+DRAWN_AS_BARS = ("rdzv.round", "workers.start", "workers.end", "startup")
+
+
+def stack_labels(items: Sequence[tuple[float, int]], width_px: float) -> list[tuple[int, bool]]:
+    """Row and side for labels at pixel ``x`` of ``chars`` characters, in order of x: each goes to the first row where it
+    overlaps nothing, running right of its mark unless that would cross ``width_px``."""
+    row_ends: list[float] = []  # per row, the rightmost pixel used so far
+    placed = []
+    for x, chars in items:
+        width = chars * CHAR_PX + LABEL_PAD_PX
+        right = x + width <= width_px
+        left_edge = x if right else x - width
+        right_edge = x + width if right else x
+        row = next((i for i, end in enumerate(row_ends) if end <= left_edge), len(row_ends))
+        if row == len(row_ends):
+            row_ends.append(right_edge)
+        else:
+            row_ends[row] = right_edge
+        placed.append((row, right))
+    return placed
+
+
+def same_host(node: str, host: str | None) -> bool:
+    """Whether a failure's ``host`` is this lane's node (its address may be written "name/IP")."""
+    return host is not None and (node == host or host in node.split("/"))
+
+
+def labelled(e: Event, label: str, node: str, said: set[tuple[str, str]]) -> bool:
+    """Whether the mark of ``e`` on ``node``'s lane gets its label (it always gets its symbol and its hover)."""
+    if e.name not in JOB_WIDE or (e.name, label) not in said:
+        return True
+    return e.name == "failure" and same_host(node, e.text("host"))
+
+
+def _lane_clock(events: Sequence[Event]) -> tuple[float, float]:
+    """(wall, mono) of the lane's first event: t_wall(e) = wall + (e.mono - mono)."""
+    return events[0].ts, events[0].mono
+
+
+def _attempt_bars(events: Sequence[Event], at: dict[Event, float]) -> list[Bar]:
+    """workers.start to the workers.end of the same attempt; one with no end ("open") runs to the next attempt's start,
+    or to the lane's last event."""
+    bars = []
+    last = max(at.values())
+    for i, start in enumerate(events):
+        if start.name != "workers.start":
+            continue
+        attempt = start.integer("attempt")
+        end = next((e for e in events[i + 1 :] if e.name == "workers.end" and e.integer("attempt") == attempt), None)
+        if end is None:
+            nxt = next((e for e in events[i + 1 :] if e.name == "workers.start"), None)
+            stop = at[nxt] if nxt is not None else last
+            outcome, tail = "open", "no end recorded"
+        else:
+            stop, outcome = at[end], end.text("outcome") or "unknown"
+            tail = outcome
+        ranks = start.text("ranks")
+        label = f"attempt {attempt}" + (f" · ranks {ranks}" if ranks else "") + f" · {tail}"
+        bars.append(Bar("attempt", at[start], stop, label, outcome, (start,) if end is None else (start, end)))
+    return bars
+
+
+def _round_bar(e: Event, t: float) -> Bar:
+    took = max(e.number("seconds") or 0.0, 0.0)
+    label = f"round {e.integer('round')}"
+    if (nodes := e.integer("nodes")) is not None:
+        label += f" · {nodes} node{'s' if nodes != 1 else ''}"
+    if (world := e.integer("world_size")) is not None:
+        label += f" · world {world}"
+    return Bar("round", t - took, t, label, "round", (e,))
+
+
+def _phase_bars(e: Event, t: float, started: dict[int, float]) -> list[Bar]:
+    """The start-up of one attempt: rendezvous, spawn, then the workers reaching their script and the store, ending
+    ``total`` after the rendezvous began. Placed so spawn ends where this node's workers started (its workers.start),
+    else so the whole ends at the startup event."""
+    rdzv = max(e.number("rendezvous") or 0.0, 0.0)
+    spawn = max(e.number("spawn") or 0.0, 0.0)
+    total = max(e.number("total") or 0.0, rdzv + spawn)
+    attempt = e.integer("attempt")
+    begin = started[attempt] - spawn - rdzv if attempt is not None and attempt in started else t - total
+    up = f"workers up: script max {_secs(e.number('script_max'))}"
+    if (slow := e.integer("script_slowest")) is not None:
+        up += f" (rank {slow})"
+    if e.number("store_max") is not None:
+        up += f", store max {_secs(e.number('store_max'))}"
+    return [
+        Bar("phase", begin, begin + rdzv, f"rendezvous {_secs(rdzv)}", "rendezvous", (e,)),
+        Bar("phase", begin + rdzv, begin + rdzv + spawn, f"spawn {_secs(spawn)}", "spawn", (e,)),
+        Bar("phase", begin + rdzv + spawn, begin + total, up, "workers", (e,)),
+    ]
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+
+
+def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
+    """The drawing of one run's events (from any number of files), for a plot ``width_px`` wide (labels are stacked for it)."""
+    if not events:
+        raise ValueError("no events")
+    groups: dict[tuple[str, str], list[Event]] = {}
+    for e in events:
+        groups.setdefault((e.source, e.node), []).append(e)
+
+    # absolute wall-clock time of every event, each lane on its own monotonic clock
+    wall: dict[Event, float] = {}
+    for lane_events in groups.values():
+        w0, m0 = _lane_clock(lane_events)
+        for e in lane_events:
+            wall[e] = w0 + (e.mono - m0)
+
+    raw_lanes = []
+    for (source, node), lane_events in groups.items():
+        started = {a: wall[e] for e in lane_events if e.name == "workers.start" and (a := e.integer("attempt")) is not None}
+        rounds = [_round_bar(e, wall[e]) for e in lane_events if e.name == "rdzv.round"]
+        phases = [b for e in lane_events if e.name == "startup" for b in _phase_bars(e, wall[e], started)]
+        attempts = _attempt_bars(lane_events, wall)
+        marked = [e for e in lane_events if e.name not in DRAWN_AS_BARS]
+        ranks = next((e.text("ranks") or "" for e in reversed(lane_events) if e.name == "workers.start"), "")
+        raw_lanes.append((source, node, ranks, rounds, attempts, phases, marked))
+
+    origin = min([*wall.values(), *(b.start for lane in raw_lanes for bars in lane[3:6] for b in bars)])
+    end = max([*wall.values(), *(b.end for lane in raw_lanes for bars in lane[3:6] for b in bars)])
+    span = max(end - origin, 1e-3)
+    px_per_s = width_px / span
+
+    def shift(bars: list[Bar]) -> tuple[Bar, ...]:
+        return tuple(Bar(b.kind, b.start - origin, b.end - origin, b.label, b.style, b.events) for b in bars)
+
+    lanes = []
+    said: set[tuple[str, str]] = set()  # the job-wide facts already labelled on an earlier lane
+    for source, node, ranks, rounds, attempts, phases, in_file_order in raw_lanes:
+        marked = sorted(in_file_order, key=lambda e: wall[e])
+        labels = [mark_label(e) for e in marked]
+        shown = [labelled(e, label, node, said) for e, label in zip(marked, labels, strict=True)]
+        said.update((e.name, label) for e, label in zip(marked, labels, strict=True) if e.name in JOB_WIDE)
+        times = [wall[e] - origin for e in marked]
+        rows = iter(stack_labels([(t * px_per_s, len(label)) for t, label, on in zip(times, labels, shown, strict=True) if on],
+                                 width_px))
+        marks = tuple(Mark(e.name, t, label, *(next(rows) if on else (-1, True)), e)
+                      for e, t, label, on in zip(marked, times, labels, shown, strict=True))
+        lanes.append(Lane(node, source, ranks, shift(rounds), shift(attempts), shift(phases), marks,
+                          max((m.row + 1 for m in marks), default=0)))
+    return Drawing(events[0].run, origin, span, tuple(lanes), summarize(events), root_causes(events))
+
+
+def root_causes(events: Sequence[Event]) -> tuple[Event, ...]:
+    """One failure per failed attempt (every node's file has the same root cause: the first seen is kept)."""
+    seen: dict[int | None, Event] = {}
+    for e in events:
+        if e.name == "failure":
+            seen.setdefault(e.integer("attempt"), e)
+    return tuple(seen[k] for k in sorted(seen, key=lambda a: -1 if a is None else a))
+
+
+def summarize(events: Sequence[Event]) -> tuple[str, ...]:
+    """The job in a few lines: its shape and outcome, then each attempt's root cause and what followed."""
+    nodes = sorted({e.node for e in events})
+    attempts = sorted({a for e in events if e.name == "workers.start" and (a := e.integer("attempt")) is not None})
+    restarts = {e.integer("attempt"): e for e in events if e.name == "restart"}
+    worlds = [w for e in events if e.name == "rdzv.round" and (w := e.integer("world_size")) is not None]
+    stalls = sum(1 for e in events if e.name == "stall")
+    lost = sorted({n for e in events if e.name == "node.lost" for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
+    ends = [e for e in events if e.name == "job.end"]
+
+    shape = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"]
+    if worlds:
+        shape.append(f"world size {worlds[-1]}")
+    shape.append(f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}")
+    shape.append(f"{len(restarts)} restart{'s' if len(restarts) != 1 else ''}")
+    if stalls:
+        shape.append(f"{stalls} stall report{'s' if stalls != 1 else ''}")
+    if lost:
+        shape.append("lost: " + ", ".join(lost))
+    if ends:
+        final = ends[-1]
+        took = final.mono - next(e for e in events if e.source == final.source and e.node == final.node).mono
+        shape.append(f"{final.text('outcome')} (exit {final.integer('exit_code')}) after {_secs(took)}")
+    else:
+        shape.append("no job.end recorded (still running, or its launcher was killed)")
+    lines = [" · ".join(shape)]
+    for cause in root_causes(events):
+        attempt = cause.integer("attempt")
+        host = cause.text("host")
+        line = f"attempt {attempt}: {failure_words(cause)}" + (f" on {host}" if host else "")
+        if attempt is not None and (nxt := restarts.get(attempt + 1)) is not None:
+            line += f" → restart as attempt {attempt + 1}"
+            if (reason := nxt.text("reason")) is not None:
+                line += f" ({reason})"
+        lines.append(line)
+    return tuple(lines)
+
+
+def nice_ticks(span: float, most: int = 10) -> list[float]:
+    """Tick positions from 0 to ``span`` at a step of 1, 2 or 5 times a power of ten, at most ``most`` + 1 of them."""
+    raw = span / most
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [i * step for i in range(int(span / step + 1e-9) + 1)]

@@ -1,0 +1,164 @@
+"""Reading event files (schema version 1, JSON lines): each line checked, every problem one message naming the file and line.
+
+Only the keys the schema lists are checked (present, of their type or null); an event name the schema does not list is
+kept as it is (a newer producer may add events within version 1) and drawn as a plain mark.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COMMON: dict[str, str] = {"v": "int", "ts": "num", "mono": "num", "run": "str", "node": "str", "event": "str"}
+
+# "?": null allowed (the schema: null where unknown). The attempt and round numbers are what lanes are built on: required.
+KEYS: dict[str, dict[str, str]] = {
+    "job.start": {"nproc_per_node": "int?", "nnodes": "str?", "max_restarts": "int?", "rdzv_backend": "str?", "entry": "str?"},
+    "rdzv.round": {"round": "int", "nodes": "int?", "world_size": "int?", "group_rank": "int?", "seconds": "num?"},
+    "workers.start": {"attempt": "int", "ranks": "str?", "pids": "ints?"},
+    "workers.end": {"attempt": "int", "outcome": "str?"},
+    "failure": {"attempt": "int", "rank": "int?", "host": "str?", "exit_code": "int?", "signal": "str?", "exception": "str?"},
+    "restart": {"attempt": "int", "reason": "str?", "restarts_left": "int?"},
+    "stall": {"ranks": "str?", "title": "str?"},
+    "node.lost": {"nodes": "strs?", "reason": "str?"},
+    "startup": {
+        "attempt": "int", "total": "num?", "rendezvous": "num?", "spawn": "num?",
+        "script_p50": "num?", "script_max": "num?", "script_slowest": "int?",
+        "store_p50": "num?", "store_max": "num?", "store_slowest": "int?",
+    },
+    "job.end": {"exit_code": "int?", "outcome": "str?"},
+}
+
+
+class BadInput(Exception):
+    """One line for the user: where (file, and line when there is one) and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of one file: the object as written, and where it came from (for messages and lanes)."""
+
+    source: str
+    line: int
+    data: dict[str, object] = field(hash=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.data["event"])
+
+    @property
+    def node(self) -> str:
+        return str(self.data["node"])
+
+    @property
+    def run(self) -> str:
+        return str(self.data["run"])
+
+    @property
+    def ts(self) -> float:
+        return float(self.data["ts"])  # type: ignore[arg-type]  # checked: a number
+
+    @property
+    def mono(self) -> float:
+        return float(self.data["mono"])  # type: ignore[arg-type]  # checked: a number
+
+    def integer(self, key: str) -> int | None:
+        value = self.data.get(key)
+        return value if isinstance(value, int) else None
+
+    def number(self, key: str) -> float | None:
+        value = self.data.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    def text(self, key: str) -> str | None:
+        value = self.data.get(key)
+        return value if isinstance(value, str) else None
+
+
+def _number(value: object) -> bool:
+    # JSON true/false are no numbers, though Python's bool is an int
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_CHECKS: dict[str, Callable[[object], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "num": _number,
+    "str": lambda v: isinstance(v, str),
+    "ints": lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+    "strs": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+}
+
+
+def _fits(value: object, kind: str) -> bool:
+    """``kind``: a key of _CHECKS, with "?" when null is allowed too."""
+    if kind.endswith("?"):
+        return value is None or _CHECKS[kind[:-1]](value)
+    return _CHECKS[kind](value)
+
+
+def check(obj: object) -> str | None:
+    """What makes ``obj`` (one decoded line) no schema-1 event, or None when it is one."""
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    if obj.get("v") != 1 or isinstance(obj.get("v"), bool):
+        return f"not schema version 1 (v: {json.dumps(obj.get('v'))})"
+    for key, kind in [*COMMON.items(), *KEYS.get(str(obj.get("event")), {}).items()]:
+        if key not in obj:
+            return f"no {key!r} key" + (f" in a {obj['event']} event" if key not in COMMON else "")
+        if not _fits(obj[key], kind):
+            return f"{key!r} is {json.dumps(obj[key])[:40]}, not {_KIND_WORDS[kind.rstrip('?')]}"
+    return None
+
+
+_KIND_WORDS = {"int": "an integer", "num": "a finite number", "str": "a string", "ints": "a list of integers",
+               "strs": "a list of strings"}
+
+
+def parse_lines(source: str, lines: Iterable[bytes]) -> list[Event]:
+    """The events of one file's lines; blank lines are skipped (a writer's trailing newline)."""
+    events = []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadInput(f"{source}:{number}: not UTF-8 text") from None
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            raise BadInput(f"{source}:{number}: not JSON ({err.args[0].split(':')[0]})") from None
+        if (problem := check(obj)) is not None:
+            raise BadInput(f"{source}:{number}: not a schema-1 event: {problem}")
+        events.append(Event(source, number, obj))
+    return events
+
+
+def read_file(path: str) -> list[Event]:
+    """The events in the file at ``path``; a file with none is bad input (nothing to draw from it)."""
+    try:
+        with Path(path).open("rb") as fh:
+            events = parse_lines(path, fh)
+    except OSError as err:
+        raise BadInput(f"{path}: cannot read: {err.strerror or err}") from None
+    if not events:
+        raise BadInput(f"{path}: no events in the file")
+    return events
+
+
+def one_run(events: list[Event], run: str | None) -> list[Event]:
+    """The events of one run: ``run``, or the only one there is (files are appended to, so one may hold several)."""
+    if run is not None:
+        chosen = [e for e in events if e.run == run]
+        if not chosen:
+            raise BadInput(f"--run {run}: no events of that run (runs there: {', '.join(sorted({e.run for e in events}))})")
+        return chosen
+    first = events[0]
+    for e in events:
+        if e.run != first.run:
+            raise BadInput(f"{e.source}:{e.line}: run {e.run!r}, but {first.source}:{first.line} is run {first.run!r};"
+                           " choose one with --run")
+    return events

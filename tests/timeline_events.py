@@ -1,0 +1,70 @@
+"""Two nodes' event files (schema 1) written by hand, for the timeline page's tests (the launcher does not write them yet).
+
+The job: ``--nnodes 2:3 --nproc-per-node 2``. Round 0 forms with three nodes (127.0.0.2, .3, .4; world 6); in attempt 0
+rank 1 (on 127.0.0.2) raises ``ValueError: bad lr``; the nodes restart; 127.0.0.4 never rejoins and is excluded; round 1
+forms with two nodes (world 4); in attempt 1 rank 3 stalls for a while, then the job succeeds. Only the two surviving
+nodes' files exist. Each node's monotonic clock has its own origin, and 127.0.0.3's wall clock runs 20 ms ahead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RUN = "job-7f3a"
+WALL0 = 1796218200.0  # 2026-12-02 13:30:00 UTC
+A, B, LOST = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+MONO = {A: 1000.0, B: 52000.0}
+WALL_SKEW = {A: 0.0, B: 0.02}
+EXCEPTION = "ValueError: bad lr"
+
+ROOT_CAUSE = {"attempt": 0, "rank": 1, "host": A, "exit_code": 1, "signal": None, "exception": EXCEPTION}
+
+
+def event(node: str, t: float, name: str, **keys: object) -> dict[str, object]:
+    """One event that ``node`` writes ``t`` seconds into the job."""
+    return {"v": 1, "ts": WALL0 + t + WALL_SKEW[node], "mono": MONO[node] + t, "run": RUN, "node": node, "event": name, **keys}
+
+
+def _startup(node: str, t: float, attempt: int, slowest: int) -> dict[str, object]:
+    return event(node, t, "startup", attempt=attempt, total=3.1, rendezvous=0.8, spawn=0.1, script_p50=1.9, script_max=2.4,
+                 script_slowest=slowest, store_p50=0.2, store_max=0.5, store_slowest=slowest - 1)
+
+
+def node_events(node: str, exception: str = EXCEPTION) -> list[dict[str, object]]:
+    """What ``node`` writes during the job above (the root cause, the restart and the exclusion on both nodes)."""
+    first = node == A
+    ranks0, ranks1 = ("0-1", "0-1") if first else ("2-3", "2-3")
+    pids = [4101, 4102] if first else [5201, 5202]
+    out = [
+        event(node, 0.0 if first else 0.05, "job.start", nproc_per_node=2, nnodes="2:3", max_restarts=3,
+              rdzv_backend="c10d", entry="train.py"),
+        event(node, 0.85, "rdzv.round", round=0, nodes=3, world_size=6, group_rank=0 if first else 1,
+              seconds=0.8 if first else 0.75),
+        event(node, 0.95, "workers.start", attempt=0, ranks=ranks0, pids=pids),
+        _startup(node, 4.1, 0, 1 if first else 3),
+        event(node, 6.2 if first else 6.21, "failure", **{**ROOT_CAUSE, "exception": exception}),
+        event(node, 6.25, "workers.end", attempt=0, outcome="failed" if first else "stopped"),
+        event(node, 6.3, "restart", attempt=1, reason="worker failed", restarts_left=2),
+        event(node, 9.4, "node.lost", nodes=[LOST], reason="did not rejoin within 3 s"),
+        event(node, 9.45, "rdzv.round", round=1, nodes=2, world_size=4, group_rank=0 if first else 1, seconds=3.15),
+        event(node, 9.55, "workers.start", attempt=1, ranks=ranks1, pids=[p + 10 for p in pids]),
+        _startup(node, 12.7, 1, 1 if first else 3),
+    ]
+    if not first:
+        out.append(event(node, 15.0, "stall", ranks="3", title="rank 3 made no progress for 3.0 s (in all_reduce)"))
+    out += [
+        event(node, 19.0, "workers.end", attempt=1, outcome="succeeded"),
+        event(node, 19.05 if first else 19.06, "job.end", exit_code=0, outcome="succeeded"),
+    ]
+    return out
+
+
+def write(path: Path, events: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def write_job(folder: Path, exception: str = EXCEPTION) -> list[Path]:
+    """Both nodes' files in ``folder``: ``node-a.jsonl``, ``node-b.jsonl``."""
+    return [write(folder / "node-a.jsonl", node_events(A, exception)), write(folder / "node-b.jsonl", node_events(B, exception))]
