@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rankrun.events import schema_path
 from rankrun.events.log import encode
-from rankrun.events.ranges import parse_ranges, range_string
+from rankrun.events.ranges import parse_ranges, range_string, runs
 from rankrun.events.records import (
     COMMON,
     EVENTS,
@@ -265,3 +265,13 @@ def test_parse_ranges_refuses_what_is_not_a_range_string(text):
 def test_a_negative_rank_has_no_range_string():
     with pytest.raises(ValueError, match="-1"):
         range_string([0, -1])
+
+
+def test_runs_are_the_runs_as_written_and_refuse_what_parse_ranges_refuses():
+    assert runs("") == []
+    assert runs("0-7") == [(0, 7)]
+    assert runs("0,2-3,9") == [(0, 0), (2, 3), (9, 9)]
+    assert runs("0-16383") == [(0, 16383)]  # one run, whatever its size
+    for bad in ("3-1", "1-", " 1", "-1", "1,,2"):
+        with pytest.raises(ValueError, match="rank"):
+            runs(bad)

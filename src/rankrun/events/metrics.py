@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankrun.events.fields import float_of, int_of
+from rankrun.events.ranges import runs
 from rankrun.listen import listen
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -32,27 +34,6 @@ MAX_CONNECTIONS = 32  # open at once; one scraper or two is the usual
 
 # workers.end's one outcome where the workers ended on their own; on any other the launcher ended those still running
 _SUCCEEDED = "succeeded"
-
-
-def _int(event: Mapping[str, Any], key: str) -> int | None:
-    value = event.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(event: Mapping[str, Any], key: str) -> float | None:
-    value = event.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-# TODO(issue 21): events.ranges.parse_ranges replaces this local parser once the events package has it.
-def _runs(ranks: str) -> tuple[tuple[int, int], ...]:
-    """A range string (``"0-7"``, ``"0,2,4"``, ``""``) as its runs ``(first, last)``; never one entry per rank,
-    so that a node's 512 ranks cost what 8 do."""
-    runs: list[tuple[int, int]] = []
-    for part in filter(None, ranks.split(",")):
-        first, _, last = part.partition("-")
-        runs.append((int(first), int(last or first)))
-    return tuple(runs)
 
 
 @dataclass
@@ -115,7 +96,7 @@ class Metrics:
 
     def _job_start(self, event: Mapping[str, Any]) -> None:
         self.up = True
-        self.restarts_left = _int(event, "max_restarts")  # none used yet
+        self.restarts_left = int_of(event, "max_restarts")  # none used yet
 
     def _job_end(self, _event: Mapping[str, Any]) -> None:
         self.up = False
@@ -123,34 +104,34 @@ class Metrics:
             self.attempt.outcome = "stopped"  # the launcher leaves no worker running when it ends
 
     def _round(self, event: Mapping[str, Any]) -> None:
-        self.round = _int(event, "round")
-        self.nodes = _int(event, "nodes")
-        self.world_size = _int(event, "world_size")
-        self.group_rank = _int(event, "group_rank")
-        self.rendezvous_seconds = _float(event, "seconds")
+        self.round = int_of(event, "round")
+        self.nodes = int_of(event, "nodes")
+        self.world_size = int_of(event, "world_size")
+        self.group_rank = int_of(event, "group_rank")
+        self.rendezvous_seconds = float_of(event, "seconds")
 
     def _workers_start(self, event: Mapping[str, Any]) -> None:
-        number, ranks = _int(event, "attempt"), event.get("ranks")
+        number, ranks = int_of(event, "attempt"), event.get("ranks")
         if number is None or not isinstance(ranks, str):
             return
         try:
-            self.attempt = _Attempt(number, _runs(ranks))
+            self.attempt = _Attempt(number, tuple(runs(ranks)))
         except ValueError:
             self.attempt = _Attempt(number, ())
 
     def _workers_end(self, event: Mapping[str, Any]) -> None:
         outcome = event.get("outcome")
-        if self.attempt is not None and _int(event, "attempt") == self.attempt.number and isinstance(outcome, str):
+        if self.attempt is not None and int_of(event, "attempt") == self.attempt.number and isinstance(outcome, str):
             self.attempt.outcome = outcome
 
     def _failure(self, event: Mapping[str, Any]) -> None:
         self.failures += 1
-        if self.attempt is not None and _int(event, "attempt") == self.attempt.number:
-            self.attempt.failed_rank = _int(event, "rank")
+        if self.attempt is not None and int_of(event, "attempt") == self.attempt.number:
+            self.attempt.failed_rank = int_of(event, "rank")
 
     def _restart(self, event: Mapping[str, Any]) -> None:
         self.restarts += 1
-        self.restarts_left = _int(event, "restarts_left")
+        self.restarts_left = int_of(event, "restarts_left")
 
     def _stall(self, _event: Mapping[str, Any]) -> None:
         self.stalls += 1
@@ -160,7 +141,7 @@ class Metrics:
         self.nodes_lost += len(nodes) if isinstance(nodes, list) else 0
 
     def _startup(self, event: Mapping[str, Any]) -> None:
-        self.startup = {phase: value for phase in STARTUP_PHASES if (value := _float(event, phase)) is not None}
+        self.startup = {phase: value for phase in STARTUP_PHASES if (value := float_of(event, phase)) is not None}
 
     def render(self) -> bytes:
         """The exposition text: one HELP and TYPE per family, then its samples; a gauge not known yet has none."""

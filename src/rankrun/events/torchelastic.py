@@ -29,23 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankrun.events.fields import float_of, int_of, str_of
+
 PREFIX = "torchelastic.worker.status."
 ROLE = "default"  # torchrun's only role
-
-
-def _int(event: Mapping[str, Any], key: str) -> int | None:
-    value = event.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(event: Mapping[str, Any], key: str) -> float | None:
-    value = event.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _str(event: Mapping[str, Any], key: str) -> str | None:
-    value = event.get(key)
-    return value if isinstance(value, str) else None
 
 
 def expand_ranks(ranks: str) -> list[int]:
@@ -103,30 +90,30 @@ class TorchelasticEvents:
     def on_event(self, event: Mapping[str, Any]) -> None:
         """Fold one event in and write what torch would have recorded at that point. Other events, and values of
         the wrong type, are ignored: a consumer never breaks the stream that feeds it."""
-        if (run := _str(event, "run")) is not None:
+        if (run := str_of(event, "run")) is not None:
             self.run_id = run
-        self.mono = _float(event, "mono")
+        self.mono = float_of(event, "mono")
         fold = self._fold.get(event.get("event", ""))
         if fold is not None:
-            fold(event, _float(event, "ts") or 0.0)
+            fold(event, float_of(event, "ts") or 0.0)
 
     def _job_start(self, event: Mapping[str, Any], _ts: float) -> None:
-        self.entry = _str(event, "entry")
-        self.rdzv_backend = _str(event, "rdzv_backend")
+        self.entry = str_of(event, "entry")
+        self.rdzv_backend = str_of(event, "rdzv_backend")
         self.started = self.mono
 
     def _round(self, event: Mapping[str, Any], ts: float) -> None:
         self._flush()
-        self.group_rank = _int(event, "group_rank")
-        self.nodes = _int(event, "nodes")
-        self.world_size = _int(event, "world_size")
-        seconds = _float(event, "seconds")
+        self.group_rank = int_of(event, "group_rank")
+        self.nodes = int_of(event, "nodes")
+        self.world_size = int_of(event, "world_size")
+        seconds = float_of(event, "seconds")
         self._emit("RENDEZVOUS", "AGENT", ts, duration_ms=None if seconds is None else seconds * 1000)
         self._emit("ASSIGN_WORKER_RANKS", "AGENT", ts)
 
     def _workers_start(self, event: Mapping[str, Any], ts: float) -> None:
         self._flush()
-        attempt, ranks, pids = _int(event, "attempt"), _str(event, "ranks"), event.get("pids")
+        attempt, ranks, pids = int_of(event, "attempt"), str_of(event, "ranks"), event.get("pids")
         if attempt is None or ranks is None:
             return
         try:
@@ -140,8 +127,8 @@ class TorchelasticEvents:
             self._emit_worker("START", ts, local_rank)
 
     def _workers_end(self, event: Mapping[str, Any], ts: float) -> None:
-        outcome = _str(event, "outcome")
-        if self.workers is None or outcome is None or _int(event, "attempt") != self.workers.attempt:
+        outcome = str_of(event, "outcome")
+        if self.workers is None or outcome is None or int_of(event, "attempt") != self.workers.attempt:
             return
         self.workers.ended = (outcome, ts)
         if outcome != "failed" or self.workers.attempt in self.causes:
@@ -150,14 +137,14 @@ class TorchelasticEvents:
         # or the job's end does
 
     def _failure(self, event: Mapping[str, Any], _ts: float) -> None:
-        attempt = _int(event, "attempt")
+        attempt = int_of(event, "attempt")
         if attempt is None:
             return
-        exit_code = _int(event, "exit_code")
-        name = _str(event, "signal")
+        exit_code = int_of(event, "exit_code")
+        name = str_of(event, "signal")
         if exit_code is None and name is not None and name in signal.Signals.__members__:
             exit_code = -signal.Signals[name]  # torch's exit code for a worker a signal ended
-        self.causes[attempt] = _Cause(_int(event, "rank"), exit_code, _str(event, "exception"))
+        self.causes[attempt] = _Cause(int_of(event, "rank"), exit_code, str_of(event, "exception"))
         if self.workers is not None and self.workers.attempt == attempt:
             self._flush()
 
@@ -167,7 +154,7 @@ class TorchelasticEvents:
 
     def _job_end(self, event: Mapping[str, Any], ts: float) -> None:
         self._flush()
-        ran_its_course = _str(event, "outcome") in ("succeeded", "failed")
+        ran_its_course = str_of(event, "outcome") in ("succeeded", "failed")
         self._emit("SUCCEEDED" if ran_its_course else "FAILED", "AGENT", ts)
 
     def _flush(self) -> None:
