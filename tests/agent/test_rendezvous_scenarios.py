@@ -217,6 +217,24 @@ def test_a_member_reads_only_its_own_assignment_when_another_id_extends_its_own(
     _run(body)
 
 
+def test_a_node_given_a_place_is_no_spare_even_if_the_job_ended_before_it_read_the_place():
+    """A loaded node may read its first word only after another node's failure ended the job: it was given a place in
+    that round, so it failed with the job (it was once told it had waited as a spare, and exited 0)."""
+
+    async def body():
+        store = MemoryStore()
+        placed = await Member.join(store, KEYS, _info(1), ttl=60)
+        spare = await Member.join(store, KEYS, _info(2), ttl=60)
+        place = {"round": 1, "group_rank": 0, "group_world_size": 2, "master_addr": "127.0.0.2", "master_port": 9,
+                 "ranks": {"base_rank": 0, "world_size": 4, "base_role_rank": 0, "role_world_size": 4}}
+        await store.put(KEYS.assign("node1"), json.dumps(place).encode())
+        await store.put(KEYS.round, RoundWord(1, Phase.ENDED, reason="rank 3 failed", cause="rank 3 failed").value())
+        ends = [await placed.next_round(0), await spare.next_round(0)]
+        assert [(type(e), e.placed) for e in ends if isinstance(e, Ended)] == [(Ended, True), (Ended, False)]
+
+    _run(body)
+
+
 def test_a_coordinator_whose_watches_end_says_so_instead_of_going_deaf():
     async def body():
         store, _coordinator, task, _ = await _rig(Settings(2, 2, last_call_timeout=600.0, max_restarts=0))

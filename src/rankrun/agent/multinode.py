@@ -79,7 +79,9 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         if isinstance(word, Ended):
             if api is not None:  # rankrun.launch: the other nodes' values, or failures, before leaving
                 await api.job_ended(word.word, placed, deps.console.say)
-            return _ended(spec, deps, word, last, spare=attempt < 0)
+            # a spare was never given a place; a node whose place came as another node's failure ended the job (it
+            # never got to start its workers) failed with the job
+            return _ended(spec, deps, word, last, spare=attempt < 0 and not word.placed)
         if isinstance(word, Spare):
             if not spare_said:
                 deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
