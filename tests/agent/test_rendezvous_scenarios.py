@@ -225,12 +225,14 @@ def test_a_node_given_a_place_is_no_spare_even_if_the_job_ended_before_it_read_t
         store = MemoryStore()
         placed = await Member.join(store, KEYS, _info(1), ttl=60)
         spare = await Member.join(store, KEYS, _info(2), ttl=60)
+        waiting = await Member.join(store, KEYS, _info(3), ttl=60)  # not even told it is a spare yet
         place = {"round": 1, "group_rank": 0, "group_world_size": 2, "master_addr": "127.0.0.2", "master_port": 9,
                  "ranks": {"base_rank": 0, "world_size": 4, "base_role_rank": 0, "role_world_size": 4}}
         await store.put(KEYS.assign("node1"), json.dumps(place).encode())
         await store.put(KEYS.round, RoundWord(1, Phase.ENDED, reason="rank 3 failed", cause="rank 3 failed").value())
-        ends = [await placed.next_round(0), await spare.next_round(0)]
-        assert [(type(e), e.placed) for e in ends if isinstance(e, Ended)] == [(Ended, True), (Ended, False)]
+        await store.put(KEYS.assign("node2"), Spare(1).value())
+        ends = [await placed.next_round(0), await spare.next_round(0), await waiting.next_round(0)]
+        assert [(type(e), e.placed) for e in ends if isinstance(e, Ended)] == [(Ended, True), (Ended, False), (Ended, False)]
 
     _run(body)
 

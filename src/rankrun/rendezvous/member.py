@@ -20,7 +20,7 @@ from rankrun.store.api import Entry, EventKind, Lease, Store, StoreUnavailable, 
 @dataclass(frozen=True)
 class Ended:
     word: RoundWord
-    placed: bool = False  # the coordinator had given this node a place (it may not have run it yet): not a spare
+    placed: bool = False  # the coordinator had given this node a place, not a spare's (it may not have run it yet)
 
 
 class Member:
@@ -68,7 +68,7 @@ class Member:
     def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | None:
         word = RoundWord.parse(round_value) if round_value else None
         if word is not None and word.phase is Phase.ENDED:
-            return Ended(word, placed=assign is not None)
+            return Ended(word, placed=assign is not None and isinstance(place_from(assign), Assignment))
         if assign is None or word is None or word.phase is not Phase.RUNNING:
             return None
         place = place_from(assign)
