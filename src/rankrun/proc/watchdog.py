@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import time
@@ -85,12 +84,13 @@ class Watchdog:
 
     def own_file(self, path: str, content: str) -> None:
         """A file to remove if the launcher dies without cleaning up, only while it still holds ``content`` (whoever
-        wrote it since, another job given the same GPU, keeps it). JSON: a path or content may hold any character."""
-        self._send("f" + json.dumps([path, content]))
+        wrote it since, another job given the same GPU, keeps it). Hex: a path or content may hold any character,
+        a newline too (json would cost every launch its import)."""
+        self._send(f"f{path.encode().hex()} {content.encode().hex()}")
 
     def disown_file(self, path: str) -> None:
         """The launcher removed ``path`` itself (or left it to its new owner): nothing to do for it at death."""
-        self._send("F" + json.dumps(path))
+        self._send(f"F{path.encode().hex()}")
 
     def close(self) -> None:
         """Normal exit: tell the watchdog there is nothing to kill, then reap it."""
@@ -193,10 +193,10 @@ def _apply(line: str, state: _State) -> None:  # pragma: no cover - runs in the 
     elif kind == "d":
         state.dirs.append(rest)
     elif kind == "f":
-        path, content = json.loads(rest)
-        state.files[path] = content
+        path, _, content = rest.partition(" ")
+        state.files[bytes.fromhex(path).decode()] = bytes.fromhex(content).decode()
     elif kind == "F":
-        state.files.pop(json.loads(rest), None)
+        state.files.pop(bytes.fromhex(rest).decode(), None)
     elif kind == "t":
         values = [int(v) for v in rest.split(",")]
         state.modes = [*values[:6], values[6:]]
