@@ -32,6 +32,7 @@ from rankrun.spec import (
     HangSpec,
     LaunchSpec,
     LogSpec,
+    ObserveSpec,
     RendezvousConf,
     RendezvousSpec,
     RestartPolicy,
@@ -142,6 +143,11 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--hang-action", "--hang_action"), "HANG_ACTION",
      {"default": "report", "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
       "failure: --max-restarts applies)"}),
+    (("--events",), "EVENTS", {"default": None, "metavar": "PATH",
+                               "help": "append the job's events as JSON lines to PATH (a file, a FIFO, /dev/stderr)"}),
+    (("--metrics-port",), "METRICS_PORT", {"default": None, "metavar": "PORT",
+                                           "help": "serve Prometheus metrics at http://ADDR:PORT/metrics on this node's "
+                                           "address (0: the OS picks)"}),
     (("--log-line-prefix-template", "--log_line_prefix_template"), None,
      {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
       f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else none with one rank on the console and {DEFAULT_PREFIX_TEMPLATE!r} "
@@ -467,6 +473,19 @@ def _hang(ns: argparse.Namespace) -> HangSpec:
     return HangSpec(timeout, ns.hang_action)
 
 
+def _observe(ns: argparse.Namespace) -> ObserveSpec:
+    port: int | None = None
+    if ns.metrics_port is not None:
+        try:
+            port = int(ns.metrics_port)
+        except ValueError:
+            raise UsageError("--metrics-port", ns.metrics_port, "expected a port number (0: the OS picks)") from None
+        check_port("--metrics-port", port)
+    if ns.events is not None and not ns.events:
+        raise UsageError("--events", "", "expected a path (a file, a FIFO, /dev/stderr)")
+    return ObserveSpec(ns.events, port)
+
+
 def _unsupported(ns: argparse.Namespace) -> None:
     if ns.logs_specs is not None and ns.logs_specs != "default":  # torchrun's default: the layout rankrun writes
         raise NotSupportedYetError("--logs-specs", ns.logs_specs, "LogsSpecs plugins other than torchrun's default are not "
@@ -502,6 +521,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
         secret=_secret(rdzv, env),
         etcd_password=_etcd_files(rdzv),
         hang=_hang(ns),
+        observe=_observe(ns),
     )
 
 

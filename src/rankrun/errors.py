@@ -52,6 +52,16 @@ def exit_code(outcome: int, first_signal: int | None) -> int:
     return EXIT_SIGNAL_BASE + first_signal if first_signal is not None else outcome
 
 
+def ending(code: int) -> str:
+    """How a job that exits ``code`` ended, in its ``job.end`` event's words (pure): succeeded, failed (its workers),
+    interrupted (a signal), error (the launcher's own, or a usage error)."""
+    if code == EXIT_SUCCESS:
+        return "succeeded"
+    if code == EXIT_WORKERS_FAILED:
+        return "failed"
+    return "interrupted" if code > EXIT_SIGNAL_BASE else "error"
+
+
 class RankrunError(Exception):
     """Base of every error rankrun raises deliberately."""
 

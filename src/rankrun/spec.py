@@ -217,6 +217,14 @@ class HangSpec:
 
 
 @record
+class ObserveSpec:
+    """``--events`` / ``--metrics-port``: where the job's events go, and the port of its Prometheus endpoint."""
+
+    events: str | None = None  # a file, a FIFO or /dev/stderr; None: no events file
+    metrics_port: int | None = None  # 0: the OS picks; None: no endpoint
+
+
+@record
 class WorkerSpec:
     nproc: int
     role: str
@@ -241,6 +249,7 @@ class LaunchSpec:
     secret: bytes | None = field(default=None, repr=False)  # the job's rendezvous secret (never from argv)
     etcd_password: str | None = field(default=None, repr=False)  # --rdzv-conf password_file's content
     hang: HangSpec = HangSpec()
+    observe: ObserveSpec = ObserveSpec()
 
     @property
     def multi_node(self) -> bool:

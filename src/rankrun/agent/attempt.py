@@ -147,7 +147,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
 ) -> AttemptResult:
     """One attempt of the worker group; ``moved_on`` ends (with why) when its rendezvous round is over."""
     console = deps.console
-    watch = deps.on_demand.attempt(spec, attempt_dir, console, deps.host)  # the attempt's observers (agent.watch)
+    watch = deps.on_demand.attempt(spec, attempt_dir, console, deps.host, events=deps.events, attempt=plan.attempt)
     workers: list[_Worker] = []
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))
@@ -177,6 +177,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                             fh.close()
     except BaseExceptionGroup as failed:  # a spawn or a pump failed: that error, not a group
         raise first_error(failed) from None
+    watch.finished(outcome)
     return AttemptResult(outcome, [_result(w, outcome.exits.get(i)) for i, w in enumerate(workers)])
 
 

@@ -1,5 +1,6 @@
 """What the agent acts through: the seams a scenario test replaces (spawner, console, the worker store, the clock,
-the watchdog, and, for several nodes, the rendezvous backend), and the running workers ``rankrun --stacks`` asks."""
+the watchdog, and, for several nodes, the rendezvous backend), the running workers ``rankrun --stacks`` asks, and the
+job's event stream (a test adds its own consumer)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankrun.agent.watch import OnDemand
 from rankrun.clock import Clock, SystemClock
+from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.spawn import Spawner, WorkerHandle
@@ -32,6 +34,8 @@ class AgentDeps:
     clock: Clock = field(default_factory=SystemClock)
     rendezvous: Backend | None = None  # several nodes: how the session joins (None: as the spec says; tests: a shared store)
     on_demand: OnDemand = field(default_factory=OnDemand)  # the running workers, for rankrun --stacks
+    # the job's lifecycle facts (run_agent names the run and node, and adds --events/--metrics-port's consumers)
+    events: EventStream = field(default_factory=lambda: EventStream("", ""))
 
     @property
     def console_facts(self) -> ConsoleFacts:

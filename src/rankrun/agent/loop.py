@@ -3,7 +3,9 @@
 ``run_agent`` is one screen of sequencing over injected dependencies (``AgentDeps``: spawner,
 console, stores, clock) so scenarios can run on fakes; every decision (``plan``, ``decide``,
 ``group_ended``) is a pure function, and the exit code is chosen by ``rankrun.errors.exit_code``
-(a handled signal always wins). The process-wide set-up around it is ``rankrun.main``.
+(a handled signal always wins). The facts it decides go to the job's event stream (``deps.events``): the job's
+start and end (``agent.observers``, whose consumers ``--events`` and ``--metrics-port`` ask for), a failed attempt's
+root cause and the restart. The process-wide set-up around it is ``rankrun.main``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import signal
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
+from rankrun.agent.facts import failure
+from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.watch import DONE, STARTING
-from rankrun.errors import exit_code
+from rankrun.errors import LauncherError, RankrunError, exit_code
+from rankrun.events.records import Restart
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -37,25 +42,36 @@ from rankrun.slurm import job_words
 from rankrun.spec import DynamicRendezvous, LaunchSpec
 from rankrun.stacks.flight import has_dumps
 
+LOCAL_ADDRESS = "127.0.0.1"  # one node's address for its events and metrics, without --local-addr
+
 
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
     loop = asyncio.get_running_loop()
+    deps.events.run = spec.rendezvous.run_id
+    observers = JobObservers(spec, deps.events, lambda line: deps.console.write_blocking(deps.console.stderr_fd,
+                                                                                        f"{line}\n".encode()))
+    observers.open()  # a bad --events path: the user's error, before anything starts
     stops = attach(catcher, loop, spec.signals)
     try:
-        final, kept = await _run(spec, deps, stops)
+        final, kept = await _run(spec, deps, stops, observers)
+    except Exception as exc:  # the launcher's error (or a bug) ended the job: job.end says so, last
+        await observers.end(exc.exit_code if isinstance(exc, RankrunError) else LauncherError.exit_code, error=True,
+                            node=spec.local_addr or deps.host)
+        raise
     finally:
         detach(catcher, loop)  # still caught (and counted) while the loop closes and the console flushes
     first = catcher.first
     code = exit_code(final.exit_code, first)
     if first is not None and code != final.exit_code:  # e.g. the workers had all exited 0 as it came: it still wins
         deps.console.say(f"received {signal_name(first)} as the job ended; exiting")
+    await observers.end(code)
     # Last of all, after every other line: the report (the private log dir is gone by now).
     if final.report is not None or final.job_cause:
         _report(spec, deps, final, error_files_kept=kept)
     return code
 
 
-async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Outcome, bool]:
+async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, observers: JobObservers) -> tuple[Outcome, bool]:
     """The job on this node; returns how it ended and whether worker logs were kept."""
     deps.on_demand.idle(spec.rendezvous.run_id, STARTING)  # for rankrun --stacks, until workers run
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
@@ -69,8 +85,9 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> tuple[Ou
         if spec.multi_node:
             from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
 
-            final = await run_multinode(spec, deps, stops, logs)
+            final = await run_multinode(spec, deps, stops, logs, begin=observers.begin)
         else:
+            await observers.begin(spec.local_addr or LOCAL_ADDRESS)
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
             final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
@@ -108,8 +125,12 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         result = await run_attempt(spec, plan, attempt_dir, deps, stops)
         event = group_ended(result.outcome)
         action = decide(event, restarts, spec.restart.max_restarts)
+        root = root_cause(result.results)
+        if root is not None:  # the job's root cause: this node is the job
+            deps.events.emit(failure(root, attempt, deps.events.node))
         if action is Action.RESTART:
-            _say_restart(deps.console, result, restarts, spec.restart.max_restarts)
+            why = _say_restart(deps.console, result, restarts, spec.restart.max_restarts)
+            deps.events.emit(Restart(attempt + 1, why, spec.restart.max_restarts - restarts - 1))
             restarts += 1
             continue
         if isinstance(event, Signalled):
@@ -120,12 +141,14 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         return Outcome.succeeded(restarts)
 
 
-def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> None:
+def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> str:
+    """The restart's line; what failed (the ``restart`` event's reason)."""
     root = root_cause(attempt.results)
     what = one_line(root) if root else "workers failed"
     if attempt.outcome.stalled is not None:
         what = f"the workers stalled ({attempt.outcome.stalled})"
     console.say(f"attempt {restarts} failed: {what}; restarting workers ({restarts + 1}/{max_restarts} restarts used)")
+    return what
 
 
 def _say_interrupted(console: Console, attempt: AttemptResult) -> None:

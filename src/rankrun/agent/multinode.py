@@ -9,7 +9,10 @@ The session owns the backend (hosting the embedded store, joining it, or etcd) a
          → report how my workers ended → wait for the next word: a new round, or the end
 
 Restarts are decided by the coordinator for the whole job (one budget); every node ends with the
-same outcome and the job's first failure in its report.
+same outcome and the job's first failure in its report. The coordinator's word that starts a round (or ends the
+job) also says what ended the round before: the first failure's root cause and the nodes lost, which every node
+emits to its event stream (``failure``, ``node.lost``, then ``restart`` when the restarts counted went up), before
+the new round's ``rdzv.round``.
 """
 
 from __future__ import annotations
@@ -17,19 +20,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
+from rankrun.agent.facts import failure, failure_from, failure_value
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
 from rankrun.errors import LauncherError
+from rankrun.events.records import NodeLost, RdzvRound, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
-from rankrun.rendezvous.keys import Assignment, Spare
+from rankrun.rendezvous.keys import Assignment, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.session import Session, open_session
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
@@ -43,7 +49,11 @@ if TYPE_CHECKING:
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
 
-async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs) -> Outcome:
+async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, *,
+                        begin: Callable[[str], Awaitable[None]] | None = None) -> Outcome:
+    """The job on this node, round after round; ``begin``: told this node's address once the session is open (the
+    job's observers start there)."""
+    joined = asyncio.get_running_loop().time()
     rdzv = spec.rendezvous
     assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
     etcd = on_etcd(rdzv)
@@ -55,7 +65,9 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
             if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
                 deps.console.say(f"rendezvous {rdzv.run_id}: etcd without a user or client certificate (--rdzv-conf user=, "
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
-            return await _rounds(spec, deps, stops, logs, session)
+            if begin is not None:
+                await begin(session.member.info.addr or session.address)
+            return await _rounds(spec, deps, stops, logs, session, joined)
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None
 
@@ -63,8 +75,11 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
 # --------------------------------------------------------------------------- the rounds
 
 
-async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session) -> Outcome:
+async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float
+) -> Outcome:
     member = session.member
+    loop = asyncio.get_running_loop()
     extra = await _collective_env(spec, deps, session.address)
     previous, attempt, restarts = 0, -1, 0
     last: AttemptResult | None = None
@@ -77,11 +92,11 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Ended):
-            if api is not None:  # rankrun.launch: the other nodes' values, or failures, before leaving
-                await api.job_ended(word.word, placed, deps.console.say)
+            if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
+                _tell(deps, word.word, attempt)
             # a spare was never given a place; a node whose place came as another node's failure ended the job (it
             # never got to start its workers) failed with the job
-            return _ended(spec, deps, word, last, spare=attempt < 0 and not word.placed)
+            return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed)
         if isinstance(word, Spare):
             if not spare_said:
                 deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
@@ -92,6 +107,10 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         pending = stops.take_pending()  # a signal that came as the word did: the job stops instead
         if pending is not None:
             return Outcome.signalled(pending.signum, restarts)
+        told = member.word if placed is not None and word.round == placed.round + 1 else None  # what ended its round
+        _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
+        deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank,
+                                   round(loop.time() - joined, 6)))
         attempt += 1
         restarts = word.restarts
         plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra)
@@ -108,11 +127,39 @@ async def _rounds(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: Ru
         else:  # the workers ended by themselves: say how
             if api is not None:  # rankrun.launch: this node's values, or failures, for the others
                 await api.report(word, outcome.failed, last.results)
-            await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "")
+            await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "",
+                                _root(last, attempt, deps.events.node) if outcome.failed else None)
         previous = word.round
+        joined = loop.time()  # the next round's time counts from here
 
 
-def _ended(spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult | None, *, spare: bool) -> Outcome:
+def _tell(deps: AgentDeps, word: RoundWord | None, attempt: int, restarts_left: int | None = None) -> None:
+    """What ended this node's round ``attempt``, as the coordinator says it to every node (``word``; None: nothing
+    this node ran): the nodes lost, the job's first failure (its root cause), and the restart (``restarts_left``:
+    when one was counted)."""
+    if word is None:
+        return
+    if word.lost:
+        deps.events.emit(NodeLost(word.lost, word.reason))
+    fact = failure_from(word.failure, attempt) if word.failure is not None else None
+    if fact is not None:
+        deps.events.emit(fact)
+    if restarts_left is not None:
+        deps.events.emit(Restart(attempt + 1, word.reason, restarts_left))
+
+
+def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:
+    """This node's root cause, for the coordinator to tell every node (None for a stall: no rank failed)."""
+    root = root_cause(result.results)
+    return failure_value(failure(root, attempt, node)) if root is not None else None
+
+
+async def _ended(  # noqa: PLR0917 - private; what _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult | None, api: ApiNode | None,
+    placed: Assignment | None, *, spare: bool,
+) -> Outcome:
+    if api is not None:  # rankrun.launch: the other nodes' values, or failures, before leaving
+        await api.job_ended(word.word, placed, deps.console.say)
     end = word.word
     if spare:
         deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job ended "

@@ -11,6 +11,7 @@ Several nodes: the report is the whole job's, gathered through the rendezvous st
 when the store cannot be used within ``EXCHANGE_BOUND``, this node's own report is printed, saying so.
 
 The attempt's watch (``agent.watch.AttemptWatch``) starts it when the workers run and cancels it when they end.
+Each report printed is a ``stall`` event on the job's stream.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import TYPE_CHECKING
 
 from rankrun.clock import seconds
 from rankrun.errors import StoreUnavailable
+from rankrun.events.ranges import range_string
+from rankrun.events.records import Stall
+from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
 from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
@@ -36,10 +40,12 @@ EXCHANGE_BOUND = 8.0  # seconds the whole job's report may take before this node
 
 
 async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity: Activity, console: Console, *,
-                fail: bool = False, job: Exchange | None = None, recorder: Recorder | None = None) -> str:
+                fail: bool = False, job: Exchange | None = None, recorder: Recorder | None = None,
+                events: EventStream | None = None) -> str:
     """Runs until cancelled (the attempt's end); with ``fail``, returns the stall's cause after its report.
     ``job``: several nodes, whose report is the whole job's (each node's answer takes its own recorder dumps);
-    ``recorder``: torch's Flight Recorder, asked for dumps at each report."""
+    ``recorder``: torch's Flight Recorder, asked for dumps at each report; ``events``: the job's event stream, which
+    gets a ``stall`` for each report printed."""
     loop = asyncio.get_running_loop()
     sampler = Sampler()
     reported: tuple[object, ...] | None = None
@@ -60,23 +66,30 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
             continue  # output meanwhile, or the stacks moved: not stalled (look again)
         if signature(samples[-1]) != reported:
             silent = seconds(loop.time() - since)
-            cause = await _job_report(job, silent, since, console) if job is not None else None
-            if cause is None:
-                _report(console, run_id, silent, samples[-1])
+            found = await _job_report(job, silent, since, console) if job is not None else None
+            if found is not None:
+                cause, title = found
+                stalled = range_string(t.rank for t in targets)  # this node's silent ranks; the title names the job's
+            else:
+                title, stalled = _report(console, run_id, silent, samples[-1])
                 cause = stall_cause(silent, samples[-1])
                 if recorder is not None:
                     recorder.take()
+            if events is not None:
+                events.emit(Stall(stalled, title))
             reported, reported_after = signature(samples[-1]), since
             if fail:
                 return cause
         await asyncio.sleep(max(timeout, SAMPLE_GAP))
 
 
-async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> str | None:
-    """The whole job's report (printed by the exchange) and its cause; None when the store could not give it."""
+async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> tuple[str, str] | None:
+    """The whole job's report (printed by the exchange): its cause and first line; None when the store could not
+    give it."""
     try:
         async with asyncio.timeout(EXCHANGE_BOUND):
-            return (await job.stall(silent, since)).cause
+            report = await job.stall(silent, since)
+            return report.cause, report.lines[0] if report.lines else ""
     except (StoreUnavailable, TimeoutError) as exc:
         why = str(exc) or f"no report within {EXCHANGE_BOUND:g} s"
         console.write_blocking(console.stderr_fd, f"rankrun: the other nodes' stacks could not be gathered ({why}): "
@@ -84,9 +97,11 @@ async def _job_report(job: Exchange, silent: str, since: float, console: Console
         return None
 
 
-def _report(console: Console, run_id: str, silent: str, samples: Sequence[RankSample]) -> None:
+def _report(console: Console, run_id: str, silent: str, samples: Sequence[RankSample]) -> tuple[str, str]:
+    """This node's report, printed; its first line and the ranks it is about (a range string)."""
     title, running = stall_title(run_id, silent, samples)
     show(console, render(title, running))
+    return title, range_string(s.rank for s in running)
 
 
 def show(console: Console, lines: Sequence[str]) -> None:

@@ -7,10 +7,12 @@ in order and acts on them:
 
 - ``env``: each worker's variables before it starts: the stack-dump shim (``stacks.channel``) and torch's Flight
   Recorder (``stacks.flight``);
-- ``started``: the workers run: ``--stacks`` samples them, and the ``--hang-timeout`` watch (``agent.stall``) starts;
-  ``stalled`` ends with the stall's cause, only for ``--hang-action fail``;
+- ``started``: the workers run: ``workers.start`` goes to the job's event stream, ``--stacks`` samples them, and the
+  ``--hang-timeout`` watch (``agent.stall``) starts; ``stalled`` ends with the stall's cause, only for
+  ``--hang-action fail``;
 - ``ended``: the group ends: the watch stops and ``--stacks`` says no workers run;
-- ``close``: every worker is reaped: a ``stacks.txt`` that holds no dump is removed.
+- ``close``: every worker is reaped: a ``stacks.txt`` that holds no dump is removed;
+- ``finished``: the attempt is over: ``workers.end``, with how the group ended.
 
 ``agent/attempt.py`` names none of these observers: it tells the watch these facts and races ``stalled``.
 """
@@ -25,7 +27,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from rankrun.agent import stall
 from rankrun.agent.env import WorkerIdentity
+from rankrun.agent.facts import workers_outcome
 from rankrun.errors import StoreUnavailable
+from rankrun.events.ranges import range_string
+from rankrun.events.records import WorkersEnd, WorkersStart
+from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.pump import Activity
@@ -36,6 +42,7 @@ from rankrun.stacks.report import RankSample, render, request_title
 from rankrun.stacks.sampler import Sampler, Target
 
 if TYPE_CHECKING:  # one node never imports the exchange
+    from rankrun.proc.group import GroupOutcome
     from rankrun.proc.spawn import WorkerHandle
     from rankrun.stacks.exchange import Exchange
 
@@ -60,9 +67,10 @@ class StartedWorker(Protocol):
 class AttemptWatch:
     """One attempt's observers (from ``OnDemand.attempt``); see the module docstring for the facts it is told."""
 
-    def __init__(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str, on_demand: OnDemand) -> None:
+    def __init__(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str, on_demand: OnDemand, *,
+                 events: EventStream, attempt: int) -> None:
         self._spec, self._attempt_dir, self._console, self._host = spec, attempt_dir, console, host
-        self._on_demand = on_demand
+        self._on_demand, self._events, self._attempt = on_demand, events, attempt
         self._python = spec.worker.entry.kind is not EntryKind.BINARY  # a --no-python program has no dump file
         self._dump_files: list[Path] = []
         loop = asyncio.get_running_loop()
@@ -88,10 +96,12 @@ class AttemptWatch:
                           RunLogs.stacks_file(self._attempt_dir, w.who.local_rank) if self._python else None, w.handle.signal)
                    for w in workers]
         self._on_demand.running(run_id, targets, self._recorder)
+        self._events.emit(WorkersStart(self._attempt, range_string(w.who.rank for w in workers),
+                                       tuple(w.handle.pid for w in workers)))
         if spec.hang.timeout > 0:
             self._stalled = asyncio.ensure_future(stall.watch(
                 spec.hang.timeout, run_id, targets, self.activity, self._console, fail=spec.hang.action == "fail",
-                job=self._on_demand.job, recorder=self._recorder))
+                job=self._on_demand.job, recorder=self._recorder, events=self._events))
 
     @property
     def stalled(self) -> Awaitable[str]:
@@ -108,6 +118,10 @@ class AttemptWatch:
         """Every worker is reaped: ``stacks.txt`` stays in a rank's log folder only where stacks were taken."""
         for dump_file in self._dump_files:
             drop_if_unused(dump_file)
+
+    def finished(self, outcome: GroupOutcome) -> None:
+        """The attempt is over, every worker gone and its output delivered: ``workers.end`` with how it ended."""
+        self._events.emit(WorkersEnd(self._attempt, workers_outcome(outcome)))
 
 
 def _recorder(spec: LaunchSpec, attempt_dir: Path | None, console: Console) -> Recorder | None:
@@ -133,9 +147,10 @@ class OnDemand:
         self._sampler = Sampler()
         self._sampled = float("-inf")
 
-    def attempt(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str) -> AttemptWatch:
-        """The observers of one attempt, made before its workers start (their ``env``)."""
-        return AttemptWatch(spec, attempt_dir, console, host, self)
+    def attempt(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str, *,
+                events: EventStream, attempt: int) -> AttemptWatch:
+        """The observers of attempt number ``attempt``, made before its workers start (their ``env``)."""
+        return AttemptWatch(spec, attempt_dir, console, host, self, events=events, attempt=attempt)
 
     @contextlib.contextmanager
     def round(self, exchange: Exchange) -> Iterator[None]:

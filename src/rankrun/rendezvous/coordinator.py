@@ -87,6 +87,8 @@ class Coordinator:
         self._restarts = 0
         self._min_since: float | None = None
         self._results: dict[str, Result] = {}
+        # what ended the last round (why, its first failure's root cause, the nodes lost): told with the next round
+        self._news: tuple[str, dict[str, object] | None, tuple[str, ...]] = ("", None, ())
         self._spares: set[str] = set()  # told they wait as spares in the current round
         self._arrived: list[str] = []  # nodes that joined since the last decision
         self._events: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
@@ -217,21 +219,34 @@ class Coordinator:
         spare = Spare(self._round).value()
         writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
         await self._put_all(writes)
-        await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts).value())
+        reason, failure, lost = self._news
+        await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts, reason, failure=failure,
+                                                    lost=lost).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
 
     async def _reform(self, step: Regroup | Restart) -> None:
         if isinstance(step, Restart):
             self._restarts += 1
-        await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason).value())
+        self._news = (step.reason, self._first_failure(), step.lost)
+        await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason,
+                                                    failure=self._news[1], lost=step.lost).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
 
+    def _first_failure(self) -> dict[str, object] | None:
+        """The root cause of the round's first failure (by the store's revision), where its node said it."""
+        first = min((r for r in self._results.values() if not r.ok), key=lambda r: r.revision, default=None)
+        return dict(first.root) if first is not None and first.root is not None else None
+
     async def _finish(self, step: Finish) -> None:
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
         cause = failures[0][1] if failures else ""
-        word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded)
+        failure, lost = self._first_failure(), step.lost
+        if self._phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
+            failure, lost = failure or self._news[1], lost or self._news[2]
+        word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded,
+                         failure, lost)
         await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, word.value())
         self._phase = Phase.ENDED

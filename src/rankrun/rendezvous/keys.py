@@ -29,6 +29,7 @@ are the stacks exchange's (``rankrun.stacks.wire``); the ``values/`` and ``failu
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -182,26 +183,34 @@ class RoundWord:
     ok: bool = False  # for "ended"
     cause: str = ""  # for a failed end: the job's first failure, in a few lines
     stranded: bool = False  # for a failed end: too few nodes were left (not the workers' failure)
+    # What ended the round before (re-forming, and the next round's running word) or this one (ended), for every
+    # node's events: the first failure's root cause (its ``failure`` event's keys), the nodes lost.
+    failure: dict[str, Any] | None = None
+    lost: tuple[str, ...] = ()
 
     def value(self) -> bytes:
         """The round key's value: what ``parse`` reads."""
-        return _dump(asdict(self) | {"phase": self.phase.value})
+        return _dump(asdict(self) | {"phase": self.phase.value, "lost": list(self.lost)})
 
     @classmethod
     def parse(cls, value: bytes) -> RoundWord:
         d = _load(value)
+        failure = d.get("failure")
         return cls(int(d.get("round", 0)), _phase(d.get("phase")), int(d.get("restarts", 0)), str(d.get("reason", "")),
-                   bool(d.get("ok", False)), str(d.get("cause", "")), bool(d.get("stranded", False)))
+                   bool(d.get("ok", False)), str(d.get("cause", "")), bool(d.get("stranded", False)),
+                   dict(failure) if isinstance(failure, dict) else None, tuple(str(n) for n in d.get("lost", ())))
 
 
-def result_value(ok: bool, summary: str = "") -> bytes:
-    """A node's ``result/<round>/<node>`` key: how its workers ended (its failure in a few lines)."""
-    return _dump({"ok": ok, "summary": summary})
+def result_value(ok: bool, summary: str = "", root: Mapping[str, object] | None = None) -> bytes:
+    """A node's ``result/<round>/<node>`` key: how its workers ended (its failure in a few lines, and its root cause's
+    event keys)."""
+    return _dump({"ok": ok, "summary": summary} | ({"root": dict(root)} if root is not None else {}))
 
 
 def result_from(value: bytes, revision: int) -> Result:
     d = _load(value)
-    return Result(bool(d.get("ok")), revision, str(d.get("summary", "")))
+    root = d.get("root")
+    return Result(bool(d.get("ok")), revision, str(d.get("summary", "")), dict(root) if isinstance(root, dict) else None)
 
 
 def closed_value(ok: bool) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rankrun.clock import seconds
@@ -32,6 +33,7 @@ class Member:
         self.info = info
         self.lease = lease
         self.job = job  # a shared store: the job lease, which this node helps keep alive and writes results on
+        self.word: RoundWord | None = None  # the round key's word that came with the last ``next_round``
 
     @classmethod
     async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float, job: Lease | None = None) -> Member:
@@ -72,7 +74,10 @@ class Member:
         if assign is None or word is None or word.phase is not Phase.RUNNING:
             return None
         place = place_from(assign)
-        return place if after < place.round == word.round else None
+        if after < place.round == word.round:
+            self.word = word
+            return place
+        return None
 
     async def round_changed(self, round_: int) -> RoundWord:
         """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
@@ -95,8 +100,8 @@ class Member:
                 await watch.close()
         raise StoreUnavailable("the round watch ended")
 
-    async def report(self, round_: int, ok: bool, summary: str = "") -> None:
-        await self.store.put(self.keys.result(round_, self.info.id), result_value(ok, summary),
+    async def report(self, round_: int, ok: bool, summary: str = "", root: Mapping[str, object] | None = None) -> None:
+        await self.store.put(self.keys.result(round_, self.info.id), result_value(ok, summary, root),
                              lease=self.job.id if self.job is not None else 0)
 
     async def status(self) -> Status:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rankrun.policy import Action, Failed, decide
 from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
@@ -55,6 +55,7 @@ class Result:
     ok: bool
     revision: int  # when the store got it: "first failure" is decided by the store, never by clocks
     summary: str = ""  # the failure in a few lines (rank, host, exit, exception)
+    root: Mapping[str, object] | None = None  # the root cause's event keys (rank, host, exit_code, signal, exception)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Regroup:
     """Stop the running round and form the next one; not counted against --max-restarts."""
 
     reason: str
+    lost: tuple[str, ...] = field(default=(), compare=False)  # the nodes lost, as the reason names them (told, not decided)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class Restart:
     """A worker failed somewhere: stop every node's workers, run the round again (counted once, for the job)."""
 
     reason: str
+    lost: tuple[str, ...] = field(default=(), compare=False)  # the nodes lost, as the reason names them (told, not decided)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class Finish:
     ok: bool
     reason: str
     stranded: bool = False  # not the workers' doing: too few nodes were left to go on (an infrastructure error)
+    lost: tuple[str, ...] = field(default=(), compare=False)  # the nodes lost, as the reason names them (told, not decided)
 
 
 Step = Wait | Start | Regroup | Restart | Finish
@@ -189,6 +193,11 @@ def _lost(view: View, lost: list[str]) -> str:
     return f"node {name} was lost{more}" + (f": {why}" if why else "")
 
 
+def _names(view: View, lost: list[str]) -> tuple[str, ...]:
+    """The lost nodes as the reasons name them (``id at addr``)."""
+    return tuple((view.gone or {}).get(node, (node, ""))[0] for node in lost)
+
+
 def _running(view: View, settings: Settings) -> Step:
     alive = {n.id for n in view.nodes}
     results = view.results or {}
@@ -197,10 +206,10 @@ def _running(view: View, settings: Settings) -> Step:
     if failures or (lost and settings.static):
         why = f"node {failures[0][1]} reported a worker failure" if failures else _lost(view, lost)
         if decide(Failed(), view.restarts, settings.max_restarts) is Action.RESTART:  # the one budget rule, as one node's
-            return Restart(why)
-        return Finish(False, why)
+            return Restart(why, _names(view, lost))
+        return Finish(False, why, lost=_names(view, lost))
     if lost:
-        return Regroup(_lost(view, lost))
+        return Regroup(_lost(view, lost), _names(view, lost))
     if all(m in results for m in view.members):
         return Finish(True, "every node's workers succeeded")
     members = set(view.members)

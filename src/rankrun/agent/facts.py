@@ -1,0 +1,79 @@
+"""The lifecycle facts the agent emits, built from what it already holds (pure): the job's options, how a group
+ended, the root cause of a failed attempt, how the job ended. Each is one record of ``rankrun.events.records``; the
+agent hands it to the job's ``EventStream`` at the place that decides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rankrun.errors import ending
+from rankrun.events.records import Failure, JobOutcome, JobStart, WorkersOutcome
+from rankrun.proc.group import GroupOutcome
+from rankrun.report.cause import blocks
+from rankrun.report.failure import WorkerResult, signal_name
+from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous
+
+
+def job_start(spec: LaunchSpec) -> JobStart:
+    """The options that shape the job."""
+    rdzv = spec.rendezvous
+    nnodes = str(rdzv.min_nodes) if rdzv.min_nodes == rdzv.max_nodes else f"{rdzv.min_nodes}:{rdzv.max_nodes}"
+    entry = spec.worker.entry
+    backend = rdzv.backend if isinstance(rdzv, DynamicRendezvous) else \
+        "static" if isinstance(rdzv, StaticRendezvous) else "standalone"
+    return JobStart(spec.worker.nproc, nnodes, spec.restart.max_restarts, backend,
+                    entry.title if entry.kind is not EntryKind.RUN_PATH else entry.script)
+
+
+def workers_outcome(outcome: GroupOutcome) -> WorkersOutcome:
+    """How this node's group ended, in the schema's words (a signal first: it stopped whatever else happened)."""
+    if outcome.interrupted_by is not None:
+        return "interrupted"
+    if outcome.regrouped is not None:
+        return "moved_on"
+    if outcome.stalled is not None:
+        return "stalled"
+    return "failed" if outcome.failed else "succeeded"
+
+
+def exception_of(result: WorkerResult) -> str | None:
+    """``Type: message`` of the exception that ended a worker: its error file's first line, else the exception line
+    of the last traceback in its output; None for a death by signal, or when neither says."""
+    if result.status < 0:
+        return None
+    if result.error is not None and result.error.message.strip():
+        return result.error.message.strip().split("\n")[0]
+    tracebacks = [b for b in blocks(result.stderr_tail) if b.kind == "traceback"]
+    if not tracebacks:
+        return None
+    return next((line.strip() for line in reversed(tracebacks[-1].lines) if line.strip()), None)
+
+
+def failure(result: WorkerResult, attempt: int, host: str) -> Failure:
+    """The root cause of a failed attempt, as the ``failure`` event states it."""
+    status = result.status
+    return Failure(attempt, result.rank, host, status if status >= 0 else None,
+                   signal_name(-status) if status < 0 else None, exception_of(result))
+
+
+def failure_value(fact: Failure) -> dict[str, object]:
+    """A failure as the rendezvous carries it to the other nodes (the keys of its event)."""
+    return {"rank": fact.rank, "host": fact.host, "exit_code": fact.exit_code, "signal": fact.signal,
+            "exception": fact.exception}
+
+
+def failure_from(value: Mapping[str, object], attempt: int) -> Failure | None:
+    """The failure another node published (``failure_value``), for this node's ``attempt``; None if malformed."""
+    rank, host = value.get("rank"), value.get("host")
+    code, sig, exc = value.get("exit_code"), value.get("signal"), value.get("exception")
+    if not isinstance(rank, int) or not isinstance(host, str):
+        return None
+    return Failure(attempt, rank, host, code if isinstance(code, int) else None, sig if isinstance(sig, str) else None,
+                   exc if isinstance(exc, str) else None)
+
+
+def job_outcome(code: int, error: bool = False) -> JobOutcome:
+    """How the job ended, from its exit code (``error``: the launcher's own error ended it)."""
+    word = "error" if error else ending(code)
+    return word if word in ("succeeded", "failed", "interrupted") else "error"  # type: ignore[return-value]

@@ -1,0 +1,99 @@
+"""The job's consumers of its event stream that the options ask for, for as long as the job runs on this node.
+
+``--events PATH`` is the ``EventLog`` (``rankrun.events.log``), opened before anything starts (a path that cannot
+be written is the user's error: nothing has started). ``--metrics-port PORT`` is the ``Metrics`` fold and its
+``MetricsServer`` (``rankrun.events.metrics``), bound once this node's address is known (one node: ``--local-addr``
+or 127.0.0.1, at once; several: the address the rendezvous knows, once the session is open, so it answers while the
+round forms), and announced in one line. Neither module is imported unless its option is given (a plain launch
+imports no ``json``).
+
+``begin(node)`` emits ``job.start``; ``end`` emits ``job.end``, whatever ended the job, then closes the consumers:
+the log says once what it dropped, and the endpoint stops listening (a scrape that came after ``job.end`` was
+folded saw ``rankrun_up 0``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from rankrun.agent.facts import job_outcome, job_start
+from rankrun.errors import StoreError, UsageError
+from rankrun.events.records import JobEnd, Record, as_json
+from rankrun.events.stream import EventStream
+from rankrun.spec import LaunchSpec
+
+if TYPE_CHECKING:
+    from rankrun.events.log import EventLog
+    from rankrun.events.metrics import Metrics, MetricsServer
+
+
+class _Fold:
+    """The metrics take the events in their JSON-object form."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def on_event(self, event: Record) -> None:
+        self._metrics.on_event(as_json(event))
+
+
+class JobObservers:
+    """``open`` (before anything starts), ``begin`` (this node's address known), ``end`` (the exit code known).
+    ``say`` writes one whole line of the launcher's own (``rankrun: ...``) on its stderr."""
+
+    def __init__(self, spec: LaunchSpec, events: EventStream, say: Callable[[str], None]) -> None:
+        self._spec, self._events, self._say = spec, events, say
+        self._log: EventLog | None = None
+        self._server: MetricsServer | None = None
+        self._begun = self._ended = False
+
+    def open(self) -> None:
+        """The ``--events`` log, added to the stream; ``UsageError`` naming the flag when PATH cannot be written."""
+        path = self._spec.observe.events
+        if path is not None:
+            from rankrun.events.log import EventLog  # noqa: PLC0415 - imports json: only a job with --events pays
+
+            self._log = EventLog.open(path, self._say)
+            self._events.add(self._log)
+
+    async def begin(self, node: str) -> None:
+        """This node's address is ``node``: serve the metrics there (``UsageError`` when the port is taken), and emit
+        ``job.start``. Once."""
+        if self._begun:
+            return
+        self._events.node = node
+        port = self._spec.observe.metrics_port
+        if port is not None:
+            from rankrun.events.metrics import Metrics, MetricsServer, announcement  # noqa: PLC0415 - --metrics-port only
+
+            metrics = Metrics(self._events.run)
+            server = MetricsServer(metrics, node, port)
+            try:
+                bound = await server.start()
+            except StoreError as exc:
+                cause = exc.__cause__
+                reason = os.strerror(cause.errno) if isinstance(cause, OSError) and cause.errno else str(exc)
+                raise UsageError("--metrics-port", port, f"cannot listen on {node}: {reason}") from None
+            self._server = server
+            self._events.add(_Fold(metrics))
+            self._say(announcement(node, bound))
+        self._begun = True
+        self._events.emit(job_start(self._spec))
+
+    async def end(self, code: int, *, error: bool = False, node: str = "") -> None:
+        """``job.end`` (after ``job.start`` if the job ended before this node's address was known: then ``node``),
+        then the consumers closed. Once."""
+        if self._ended:
+            return
+        self._ended = True
+        if not self._begun:
+            self._begun = True
+            self._events.node = self._events.node or node
+            self._events.emit(job_start(self._spec))
+        self._events.emit(JobEnd(code, job_outcome(code, error)))
+        if self._log is not None:
+            self._log.close()
+        if self._server is not None:
+            await self._server.close()
