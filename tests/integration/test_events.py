@@ -9,6 +9,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -226,12 +228,14 @@ def test_a_taken_metrics_port_is_one_line_and_nothing_starts(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = run_cli("--nproc-per-node", "1", "--metrics-port", str(port), WORKER,
-                       env=env_for(tmp_path, TEST_PID_DIR=str(marker)), cwd=tmp_path)
+        done = run_cli("--nproc-per-node", "1", "--metrics-port", str(port), "--events", str(tmp_path / "e.jsonl"),
+                       WORKER, env=env_for(tmp_path, TEST_PID_DIR=str(marker)), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"rankrun: error: --metrics-port {port}: cannot listen on 127.0.0.1: "
                                         "Address already in use"]
     assert list(marker.iterdir()) == []
+    found = read_events(tmp_path / "e.jsonl")  # the launcher's error ends the job: still told, last
+    assert names(found) == ["job.start", "job.end"] and own(found[1]) == {"exit_code": 2, "outcome": "error"}
 
 
 @pytest.mark.parametrize(("value", "reason"), [("http", "expected a port number (0: the OS picks)"),
@@ -241,3 +245,30 @@ def test_a_bad_metrics_port_is_one_line(tmp_path, value, reason):
     assert done.returncode == 2
     shown = repr(value) if not value.isdigit() else value
     assert re.fullmatch(rf"rankrun: error: --metrics-port {re.escape(shown)}: {re.escape(reason)}\n", done.stderr)
+
+
+def test_a_stall_report_is_one_stall_event_with_its_first_line(launch, tmp_path):
+    events = tmp_path / "events.jsonl"
+    run = launch("--nproc-per-node", "2", "--hang-timeout", "1", "--events", str(events), payload("stall.py"),
+                 env=env_for(tmp_path))
+    (line,) = run.wait_for(r"rankrun: job \S+ stalled: ", timeout=30)
+    run.wait_for(r"in wait_for_peers$")  # the whole report has been printed
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 128 + signal.SIGTERM
+    found = read_events(events)
+    (stall,) = [e for e in found if e["event"] == "stall"]
+    assert own(stall) == {"ranks": "0-1", "title": line}
+    assert names(found)[-1] == "job.end"
+
+
+def test_the_python_api_takes_events_as_a_keyword(tmp_path):
+    events = tmp_path / "api.jsonl"
+    driver = tmp_path / "driver.py"
+    driver.write_text("import os, sys\nimport rankrun\n\n\ndef rank():\n    return int(os.environ['RANK'])\n\n\n"
+                      "if __name__ == '__main__':\n    print(rankrun.launch(rank, nproc_per_node=2, events=sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, str(driver), str(events)], cwd=tmp_path, env=clean_environ(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout) == (0, "{0: 0, 1: 1}\n"), done.stderr
+    found = read_events(events)
+    assert names(found) == ["job.start", "workers.start", "workers.end", "job.end"]
+    assert found[0]["entry"] == "rankrun.launch(rank)"
