@@ -146,3 +146,23 @@ def test_the_survivor_tells_the_lost_node_before_the_next_round(tmp_path):
     assert len(lost.nodes) == 1 and lost.nodes[0].endswith(" at 127.0.0.2")  # type: ignore[union-attr]
     assert "was lost" in lost.reason  # type: ignore[union-attr]
     assert [r.outcome for r in host.of(WorkersEnd)] == ["moved_on", "succeeded"]  # type: ignore[attr-defined]
+
+
+def test_when_the_budget_is_spent_every_node_tells_the_root_cause_and_no_restart(tmp_path):
+    def failing(attempt: int, rank: int) -> Behaviour:
+        return Behaviour(exit_status=7, stderr=RAISED)
+
+    def waiting(attempt: int, rank: int) -> Behaviour:
+        return Behaviour()
+
+    tolds = [Told(), Told()]
+
+    async def attach(store, agents) -> None:
+        del store
+        _with_consumers(agents, tolds)
+
+    ends, _, _ = _scenario(tmp_path, _multinode_spec(tmp_path, "2"), [waiting, failing], during=attach)
+    assert [e.exit_code for e in ends] == [1, 1]
+    for told in tolds:
+        assert told.names == ["rdzv.round", "workers.start", "workers.end", "failure"]
+    assert {(f.attempt, f.rank, f.exit_code) for t in tolds for f in t.of(Failure)} == {(0, 1, 7)}  # type: ignore[attr-defined]
