@@ -272,3 +272,16 @@ def test_the_python_api_takes_events_as_a_keyword(tmp_path):
     found = read_events(events)
     assert names(found) == ["job.start", "workers.start", "workers.end", "job.end"]
     assert found[0]["entry"] == "rankrun.launch(rank)"
+
+
+def test_a_rendezvous_that_times_out_ends_the_file_with_an_error(tmp_path):
+    events = tmp_path / "events.jsonl"
+    addr = fresh_loopback()
+    done = run_cli("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:29400", "--rdzv-id", "alone",
+                   "--rdzv-conf", "join_timeout=1", "--events", str(events), WORKER,
+                   env=env_for(tmp_path, RANKRUN_RDZV_SECRET="events-secret"), cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    found = read_events(events)
+    assert names(found) == ["job.start", "job.end"]
+    assert found[0]["node"] == addr and own(found[0])["nnodes"] == "2"
+    assert own(found[1]) == {"exit_code": 3, "outcome": "error"}

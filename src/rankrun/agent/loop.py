@@ -56,7 +56,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
         final, kept = await _run(spec, deps, stops, observers)
     except Exception as exc:  # the launcher's error (or a bug) ended the job: job.end says so, last
         await observers.end(exc.exit_code if isinstance(exc, RankrunError) else LauncherError.exit_code, error=True,
-                            node=spec.local_addr or deps.host)
+                            node=spec.local_addr or (deps.host if spec.multi_node else LOCAL_ADDRESS))
         raise
     finally:
         detach(catcher, loop)  # still caught (and counted) while the loop closes and the console flushes
