@@ -473,7 +473,7 @@ def _hang(ns: argparse.Namespace) -> HangSpec:
     return HangSpec(timeout, ns.hang_action)
 
 
-def _observe(ns: argparse.Namespace) -> ObserveSpec:
+def _observe(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> ObserveSpec:
     port: int | None = None
     if ns.metrics_port is not None:
         try:
@@ -483,7 +483,15 @@ def _observe(ns: argparse.Namespace) -> ObserveSpec:
         check_port("--metrics-port", port)
     if ns.events is not None and not ns.events:
         raise UsageError("--events", "", "expected a path (a file, a FIFO, /dev/stderr)")
-    return ObserveSpec(ns.events, port)
+    dcgm_dir = env.get("DCGM_HPC_JOB_MAPPING_DIR") or None  # dcgm-exporter's own variable for its mapping directory
+    gpus: tuple[str | None, ...] = ()
+    if dcgm_dir is not None:
+        from rankrun.events.dcgm import gpu_ids  # noqa: PLC0415 - only a node that dcgm-exporter watches
+
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        uuids = [g.uuid for g in devices.driver_gpus()] if visible is not None and "GPU-" in visible else []
+        gpus = gpu_ids(visible, nproc, uuids)
+    return ObserveSpec(ns.events, port, torchelastic=ns.event_log_handler == "console", dcgm_dir=dcgm_dir, dcgm_gpus=gpus)
 
 
 def _unsupported(ns: argparse.Namespace) -> None:
@@ -521,7 +529,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
         secret=_secret(rdzv, env),
         etcd_password=_etcd_files(rdzv),
         hang=_hang(ns),
-        observe=_observe(ns),
+        observe=_observe(ns, env, nproc),
     )
 
 

@@ -218,10 +218,14 @@ class HangSpec:
 
 @record
 class ObserveSpec:
-    """``--events`` / ``--metrics-port``: where the job's events go, and the port of its Prometheus endpoint."""
+    """Who consumes the job's events: ``--events``, ``--metrics-port``, torchelastic's own lines on stderr
+    (``--event-log-handler console``) and dcgm-exporter's GPU-to-job files (``DCGM_HPC_JOB_MAPPING_DIR``)."""
 
     events: str | None = None  # a file, a FIFO or /dev/stderr; None: no events file
     metrics_port: int | None = None  # 0: the OS picks; None: no endpoint
+    torchelastic: bool = False  # --event-log-handler console
+    dcgm_dir: str | None = None  # DCGM_HPC_JOB_MAPPING_DIR; None: no files
+    dcgm_gpus: tuple[str | None, ...] = ()  # each local rank's GPU as DCGM numbers it (None: no file for it)
 
 
 @record

@@ -64,9 +64,9 @@ def test_a_restart_is_told_once_in_the_order_it_is_decided(tmp_path):
 
     rc, told = _run(tmp_path, FakeSpawner(plan), "--nproc-per-node", "2", "--max-restarts", "2")
     assert rc == 0
-    assert told.names == ["job.start", "workers.start", "workers.end", "failure", "restart", "workers.start",
-                          "workers.end", "job.end"]
-    start, first, end0, failure, restart, second, end1, job_end = told.records
+    assert told.names == ["job.start", "rdzv.round", "workers.start", "workers.end", "failure", "restart", "rdzv.round",
+                          "workers.start", "workers.end", "job.end"]
+    start, _, first, end0, failure, restart, _, second, end1, job_end = told.records
     assert isinstance(start, JobStart) and (start.nproc_per_node, start.max_restarts) == (2, 2)
     assert isinstance(first, WorkersStart) and (first.attempt, first.ranks, first.pids) == (0, "0-1", (10000, 10001))
     assert isinstance(second, WorkersStart) and (second.attempt, second.ranks) == (1, "0-1")
@@ -87,8 +87,8 @@ def test_each_failed_attempt_has_one_failure_and_the_job_ends_failed(tmp_path):
 
     rc, told = _run(tmp_path, FakeSpawner(plan), "--nproc-per-node", "2", "--max-restarts", "1")
     assert rc == 1
-    assert told.names == ["job.start", "workers.start", "workers.end", "failure", "restart", "workers.start",
-                          "workers.end", "failure", "job.end"]
+    assert told.names == ["job.start", "rdzv.round", "workers.start", "workers.end", "failure", "restart", "rdzv.round",
+                          "workers.start", "workers.end", "failure", "job.end"]
     failures = told.of(Failure)
     assert [(f.attempt, f.rank, f.exit_code, f.signal, f.exception) for f in failures] == [  # type: ignore[union-attr]
         (0, 0, None, "SIGKILL", None), (1, 0, None, "SIGKILL", None)]

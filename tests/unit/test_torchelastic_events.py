@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import GOLDEN_DIR
-from rankrun.events.torchelastic import TorchelasticEvents, expand_ranks
+from rankrun.events.torchelastic import TorchelasticEvents
 
 RUN = "job-te"
 # every state torch's agent records: its phases (record_duration), START, the final states (a WorkerState's value),
@@ -179,12 +179,6 @@ def test_every_name_is_one_torch_records_and_other_events_write_nothing():
     assert {n.removeprefix("torchelastic.worker.status.") for n in names} <= TORCH_STATES
     assert {line["name"] for golden in ("succeeded", "failed") for line in _golden(golden)} <= {
         f"torchelastic.worker.status.{s}" for s in TORCH_STATES}
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [("", []), ("3", [3]), ("0-3", [0, 1, 2, 3]), ("0,2,4", [0, 2, 4]),
-                                                 ("0-1,8-9", [0, 1, 8, 9])])
-def test_expand_ranks(ranks, expected):
-    assert expand_ranks(ranks) == expected
 
 
 def test_torchs_own_event_class_reads_every_line_back_to_the_same_text():

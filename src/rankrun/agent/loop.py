@@ -20,7 +20,7 @@ from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.watch import DONE, STARTING
 from rankrun.errors import LauncherError, RankrunError, exit_code
-from rankrun.events.records import Restart
+from rankrun.events.records import RdzvRound, Restart
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -48,8 +48,10 @@ LOCAL_ADDRESS = "127.0.0.1"  # one node's address for its events and metrics, wi
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
     loop = asyncio.get_running_loop()
     deps.events.run = spec.rendezvous.run_id
+    watchdog = deps.watchdog
     observers = JobObservers(spec, deps.events, lambda line: deps.console.write_blocking(deps.console.stderr_fd,
-                                                                                        f"{line}\n".encode()))
+                                                                                        f"{line}\n".encode()),
+                             (watchdog.own_file, watchdog.disown_file) if watchdog is not None else None)
     observers.open()  # a bad --events path: the user's error, before anything starts
     stops = attach(catcher, loop, spec.signals)
     try:
@@ -119,7 +121,11 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
             when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
             deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
             return Outcome.signalled(early.signum, restarts)
+        formed = asyncio.get_running_loop().time()
         await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
+        # one node's rendezvous is the fresh keyspace: a round per attempt, as torchrun has one per restart
+        deps.events.emit(RdzvRound(attempt + 1, membership.group_world_size, membership.ranks.world_size,
+                                   membership.group_rank, round(asyncio.get_running_loop().time() - formed, 6)))
         plan = AttemptPlan(attempt, restarts, membership)
         attempt_dir = logs.attempt_dir(attempt, spec.worker.nproc)
         result = await run_attempt(spec, plan, attempt_dir, deps, stops)

@@ -4,8 +4,10 @@
 be written is the user's error: nothing has started). ``--metrics-port PORT`` is the ``Metrics`` fold and its
 ``MetricsServer`` (``rankrun.events.metrics``), bound once this node's address is known (one node: ``--local-addr``
 or 127.0.0.1, at once; several: the address the rendezvous knows, once the session is open, so it answers while the
-round forms), and announced in one line. Neither module is imported unless its option is given (a plain launch
-imports no ``json``).
+round forms), and announced in one line. ``--event-log-handler console`` is ``TorchelasticEvents`` (torchelastic's
+own lines on stderr), and ``DCGM_HPC_JOB_MAPPING_DIR`` is ``DcgmMapping`` (dcgm-exporter's GPU-to-job files, which
+the watchdog removes if the launcher is killed). No consumer's module is imported unless it is asked for (a plain
+launch imports no ``json``).
 
 ``begin(node)`` emits ``job.start``; ``end`` emits ``job.end``, whatever ended the job, then closes the consumers:
 the log says once what it dropped, and the endpoint stops listening (a scrape that came after ``job.end`` was
@@ -15,8 +17,8 @@ folded saw ``rankrun_up 0``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rankrun.agent.facts import job_outcome, job_start
 from rankrun.errors import StoreError, UsageError
@@ -26,25 +28,35 @@ from rankrun.spec import LaunchSpec
 
 if TYPE_CHECKING:
     from rankrun.events.log import EventLog
-    from rankrun.events.metrics import Metrics, MetricsServer
+    from rankrun.events.metrics import MetricsServer
 
 
-class _Fold:
-    """The metrics take the events in their JSON-object form."""
+class _AsJson:
+    """A consumer of the events' JSON-object form (the metrics, torchelastic's lines, the DCGM files)."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    def __init__(self, consumer: _TakesJson) -> None:
+        self._consumer = consumer
 
     def on_event(self, event: Record) -> None:
-        self._metrics.on_event(as_json(event))
+        self._consumer.on_event(as_json(event))
+
+
+class _TakesJson(Protocol):
+    def on_event(self, event: Mapping[str, Any]) -> None: ...
+
+
+def _nothing(*_args: str) -> None:
+    return None
 
 
 class JobObservers:
     """``open`` (before anything starts), ``begin`` (this node's address known), ``end`` (the exit code known).
     ``say`` writes one whole line of the launcher's own (``rankrun: ...``) on its stderr."""
 
-    def __init__(self, spec: LaunchSpec, events: EventStream, say: Callable[[str], None]) -> None:
-        self._spec, self._events, self._say = spec, events, say
+    def __init__(self, spec: LaunchSpec, events: EventStream, say: Callable[[str], None],
+                 owned: tuple[Callable[[str, str], None], Callable[[str], None]] | None = None) -> None:
+        """``owned``: the watchdog's ``own_file``/``disown_file``, so DCGM's files go even after ``kill -9``."""
+        self._spec, self._events, self._say, self._owned = spec, events, say, owned
         self._log: EventLog | None = None
         self._server: MetricsServer | None = None
         self._begun = self._ended = False
@@ -57,6 +69,16 @@ class JobObservers:
 
             self._log = EventLog.open(path, self._say)
             self._events.add(self._log)
+        observe = self._spec.observe
+        if observe.torchelastic:
+            from rankrun.events.torchelastic import TorchelasticEvents  # noqa: PLC0415 - imports json: asked for only
+
+            self._events.add(_AsJson(TorchelasticEvents(self._say)))
+        if observe.dcgm_dir is not None:
+            from rankrun.events.dcgm import DcgmMapping  # noqa: PLC0415 - only a node that dcgm-exporter watches
+
+            on_file, off_file = self._owned if self._owned is not None else (_nothing, _nothing)
+            self._events.add(_AsJson(DcgmMapping(observe.dcgm_dir, observe.dcgm_gpus, on_file, off_file, self._say)))
 
     async def begin(self, node: str) -> None:
         """This node's address is ``node``: serve the metrics there (``UsageError`` when the port is taken), and emit
@@ -77,7 +99,7 @@ class JobObservers:
                 reason = os.strerror(cause.errno) if isinstance(cause, OSError) and cause.errno else str(exc)
                 raise UsageError("--metrics-port", port, f"cannot listen on {node}: {reason}") from None
             self._server = server
-            self._events.add(_Fold(metrics))
+            self._events.add(_AsJson(metrics))
             self._say(announcement(node, bound))
         self._begun = True
         self._events.emit(job_start(self._spec))

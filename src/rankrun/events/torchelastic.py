@@ -30,19 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankrun.events.fields import float_of, int_of, str_of
+from rankrun.events.ranges import parse_ranges
 
 PREFIX = "torchelastic.worker.status."
 ROLE = "default"  # torchrun's only role
-
-
-def expand_ranks(ranks: str) -> list[int]:
-    """A range string's ranks, one by one (``"0-2,5"``: 0, 1, 2, 5): torch's events are one per worker, and so
-    is this node's share of them."""
-    out: list[int] = []
-    for part in filter(None, ranks.split(",")):
-        first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
-    return out
 
 
 @dataclass
@@ -117,7 +108,7 @@ class TorchelasticEvents:
         if attempt is None or ranks is None:
             return
         try:
-            global_ranks = expand_ranks(ranks)
+            global_ranks = parse_ranges(ranks)  # torch's events are one per worker
         except ValueError:
             return
         pid_list = [p if isinstance(p, int) else None for p in pids] if isinstance(pids, list) else []

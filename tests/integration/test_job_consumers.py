@@ -1,0 +1,72 @@
+"""The event stream's other consumers on real launchers: torchelastic's own lines (``--event-log-handler console``)
+and dcgm-exporter's GPU-to-job files (``DCGM_HPC_JOB_MAPPING_DIR``), after a clean end and after ``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import alive, clean_environ, payload, run_cli, wait_gone
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
+WORKER = payload("events_worker.py")
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+STATES = "torchelastic.worker.status."
+
+
+def _torch_lines(stderr: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{") and STATES in line]
+
+
+def test_event_log_handler_console_prints_torchelastics_events_with_real_timestamps(tmp_path):
+    before = time.time() * 1000
+    done = run_cli("--event-log-handler", "console", "--nproc-per-node", "2", WORKER, env=clean_environ(), cwd=tmp_path)
+    after = time.time() * 1000
+    assert done.returncode == 0, done.stderr
+    mine = _torch_lines(done.stderr)
+    golden = [json.loads(line) for line in (GOLDEN / "torchelastic_events_succeeded.jsonl").read_text().splitlines()]
+    assert [e["name"] for e in mine] == [e["name"] for e in golden]  # torchrun's events, in torchrun's order
+    assert [list(e) for e in mine] == [list(e) for e in golden]  # and its fields, in its order
+    stamps = [e["timestamp"] for e in mine]
+    assert all(before <= t <= after for t in stamps)  # type: ignore[operator]  # real times, in ms (torchrun writes 0)
+
+
+def test_without_console_there_are_no_torchelastic_lines(tmp_path):
+    done = run_cli("--nproc-per-node", "1", WORKER, env=clean_environ(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _torch_lines(done.stderr) == []
+
+
+def test_dcgm_files_name_each_gpu_with_the_run_while_the_workers_run_and_go_with_them(launch, tmp_path):
+    mapping = tmp_path / "dcgm"
+    mapping.mkdir()
+    env = clean_environ() | {"DCGM_HPC_JOB_MAPPING_DIR": str(mapping), "CUDA_VISIBLE_DEVICES": "3,5",
+                             "WAIT_FILE": str(tmp_path / "go")}
+    run = launch("--nproc-per-node", "2", WORKER, env=env)
+    run.wait_for(r"READY rank \d attempt 0", count=2)
+    assert sorted(p.name for p in mapping.iterdir()) == ["3", "5"]  # CUDA_VISIBLE_DEVICES' entries, by local rank
+    (run_id,) = {p.read_text() for p in mapping.iterdir()}  # one line, the run id (standalone: a fresh uuid)
+    assert run_id.endswith("\n") and len(run_id.strip()) == 36
+    (tmp_path / "go").touch()
+    assert run.finish() == 0
+    assert list(mapping.iterdir()) == []
+
+
+def test_dcgm_files_go_with_a_launcher_killed_with_sigkill(launch, tmp_path):
+    mapping = tmp_path / "dcgm"
+    mapping.mkdir()
+    env = clean_environ() | {"DCGM_HPC_JOB_MAPPING_DIR": str(mapping), "WAIT_FILE": str(tmp_path / "never")}
+    run = launch("--nproc-per-node", "2", WORKER, env=env)
+    run.wait_for(r"READY rank \d attempt 0", count=2)
+    assert sorted(p.name for p in mapping.iterdir()) == ["0", "1"]  # no CUDA_VISIBLE_DEVICES: LOCAL_RANK
+    run.kill()  # SIGKILL: the launcher cleans nothing; its watchdog does
+    assert wait_gone([run.proc.pid], 10) == []
+    deadline = time.monotonic() + 10
+    while any(mapping.iterdir()) and time.monotonic() < deadline:  # the watchdog's sweep: no event says it is done
+        time.sleep(0.02)
+    assert list(mapping.iterdir()) == []
+    assert not alive(run.proc.pid)
