@@ -63,8 +63,10 @@ def test_dcgm_files_go_with_a_launcher_killed_with_sigkill(launch, tmp_path):
     run = launch("--nproc-per-node", "2", WORKER, env=env)
     run.wait_for(r"READY rank \d attempt 0", count=2)
     assert sorted(p.name for p in mapping.iterdir()) == ["0", "1"]  # no CUDA_VISIBLE_DEVICES: LOCAL_RANK
+    workers = [int(p.read_text()) for p in (tmp_path / "pids").glob("w*")]
+    assert len(workers) == 2
     run.kill()  # SIGKILL: the launcher cleans nothing; its watchdog does
-    assert wait_gone([run.proc.pid], 10) == []
+    assert wait_gone([run.proc.pid, *workers], 10) == []  # the workers die with it
     deadline = time.monotonic() + 10
     while any(mapping.iterdir()) and time.monotonic() < deadline:  # the watchdog's sweep: no event says it is done
         time.sleep(0.02)
