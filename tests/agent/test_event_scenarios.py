@@ -64,9 +64,9 @@ def test_a_restart_is_told_once_in_the_order_it_is_decided(tmp_path):
 
     rc, told = _run(tmp_path, FakeSpawner(plan), "--nproc-per-node", "2", "--max-restarts", "2")
     assert rc == 0
-    assert told.names == ["job.start", "rdzv.round", "workers.start", "workers.end", "failure", "restart", "rdzv.round",
-                          "workers.start", "workers.end", "job.end"]
-    start, _, first, end0, failure, restart, _, second, end1, job_end = told.records
+    assert told.names == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "failure", "restart", "rdzv.round",
+                          "workers.start", "startup", "workers.end", "job.end"]
+    start, _, first, _, end0, failure, restart, _, second, _, end1, job_end = told.records
     assert isinstance(start, JobStart) and (start.nproc_per_node, start.max_restarts) == (2, 2)
     assert isinstance(first, WorkersStart) and (first.attempt, first.ranks, first.pids) == (0, "0-1", (10000, 10001))
     assert isinstance(second, WorkersStart) and (second.attempt, second.ranks) == (1, "0-1")
@@ -87,8 +87,8 @@ def test_each_failed_attempt_has_one_failure_and_the_job_ends_failed(tmp_path):
 
     rc, told = _run(tmp_path, FakeSpawner(plan), "--nproc-per-node", "2", "--max-restarts", "1")
     assert rc == 1
-    assert told.names == ["job.start", "rdzv.round", "workers.start", "workers.end", "failure", "restart", "rdzv.round",
-                          "workers.start", "workers.end", "failure", "job.end"]
+    assert told.names == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "failure", "restart", "rdzv.round",
+                          "workers.start", "startup", "workers.end", "failure", "job.end"]
     failures = told.of(Failure)
     assert [(f.attempt, f.rank, f.exit_code, f.signal, f.exception) for f in failures] == [  # type: ignore[union-attr]
         (0, 0, None, "SIGKILL", None), (1, 0, None, "SIGKILL", None)]
@@ -120,8 +120,8 @@ def test_two_nodes_both_tell_the_jobs_root_cause_and_restart(tmp_path, monkeypat
     outcomes = [[r.outcome for r in t.of(WorkersEnd)] for t in tolds]  # type: ignore[attr-defined]
     assert outcomes == [["moved_on", "succeeded"], ["failed", "succeeded"]]
     for told in tolds:
-        assert told.names == ["rdzv.round", "workers.start", "workers.end", "failure", "restart", "rdzv.round",
-                              "workers.start", "workers.end"]
+        assert told.names == ["rdzv.round", "workers.start", "startup", "workers.end", "failure", "restart", "rdzv.round",
+                              "workers.start", "startup", "workers.end"]
     failures = [t.of(Failure)[0] for t in tolds]
     assert {(f.attempt, f.rank, f.host, f.exit_code, f.exception) for f in failures} == {  # type: ignore[attr-defined]
         (0, 1, "", 2, "ValueError: bad lr 0.5")}  # run_multinode alone: no address was given to the stream
@@ -140,8 +140,8 @@ def test_the_survivor_tells_the_lost_node_before_the_next_round(tmp_path):
     spec = _multinode_spec(tmp_path, "1:2", "--rdzv-conf", "last_call_timeout=0.1")
     _scenario(tmp_path, spec, [_until_stopped_then_ok, _until_stopped_then_ok], during=lose)
     host = tolds[0]
-    assert host.names == ["rdzv.round", "workers.start", "workers.end", "node.lost", "rdzv.round", "workers.start",
-                          "workers.end"]
+    assert host.names == ["rdzv.round", "workers.start", "startup", "workers.end", "node.lost", "rdzv.round", "workers.start",
+                          "startup", "workers.end"]
     (lost,) = host.of(NodeLost)
     assert len(lost.nodes) == 1 and lost.nodes[0].endswith(" at 127.0.0.2")  # type: ignore[union-attr]
     assert "was lost" in lost.reason  # type: ignore[union-attr]
@@ -164,5 +164,5 @@ def test_when_the_budget_is_spent_every_node_tells_the_root_cause_and_no_restart
     ends, _, _ = _scenario(tmp_path, _multinode_spec(tmp_path, "2"), [waiting, failing], during=attach)
     assert [e.exit_code for e in ends] == [1, 1]
     for told in tolds:
-        assert told.names == ["rdzv.round", "workers.start", "workers.end", "failure"]
+        assert told.names == ["rdzv.round", "workers.start", "startup", "workers.end", "failure"]
     assert {(f.attempt, f.rank, f.exit_code) for t in tolds for f in t.of(Failure)} == {(0, 1, 7)}  # type: ignore[attr-defined]

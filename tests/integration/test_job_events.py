@@ -56,9 +56,9 @@ def test_a_restart_is_told_in_order_once_with_ranks_as_ranges(tmp_path):
                    env=env_for(tmp_path, FAIL_RANK="1"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     found = read_events(events)
-    assert names(found) == ["job.start", "rdzv.round", "workers.start", "workers.end", "failure", "restart",
-                            "rdzv.round", "workers.start", "workers.end", "job.end"]
-    start, round0, first, end0, fail, restart, round1, second, end1, job_end = found
+    assert names(found) == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "failure", "restart",
+                            "rdzv.round", "workers.start", "startup", "workers.end", "job.end"]
+    start, round0, first, _, end0, fail, restart, round1, second, _, end1, job_end = found
     assert [(r["round"], r["nodes"], r["world_size"], r["group_rank"]) for r in (round0, round1)] == [(1, 1, 2, 0), (2, 1, 2, 0)]
     assert own(start) == {"nproc_per_node": 2, "nnodes": "1", "max_restarts": 1, "rdzv_backend": "standalone",
                           "entry": WORKER}
@@ -85,8 +85,8 @@ def test_the_job_end_is_the_last_line_after_sigterm(launch, tmp_path):
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish() == 128 + signal.SIGTERM
     found = read_events(events)
-    assert names(found) == ["job.start", "rdzv.round", "workers.start", "workers.end", "job.end"]
-    assert found[3]["outcome"] == "interrupted"
+    assert names(found) == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "job.end"]
+    assert found[4]["outcome"] == "interrupted"
     assert own(found[-1]) == {"exit_code": 128 + signal.SIGTERM, "outcome": "interrupted"}
 
 
@@ -94,7 +94,7 @@ def test_pet_events_names_the_file_and_the_agent_adds_nothing_without_it(tmp_pat
     events = tmp_path / "from-env.jsonl"
     done = run_cli("--nproc-per-node", "1", WORKER, env=env_for(tmp_path, PET_EVENTS=str(events)), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert names(read_events(events)) == ["job.start", "rdzv.round", "workers.start", "workers.end", "job.end"]
+    assert names(read_events(events)) == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "job.end"]
     plain = run_cli("--nproc-per-node", "1", WORKER, env=env_for(tmp_path), cwd=tmp_path)
     assert plain.returncode == 0 and "metrics" not in plain.stderr
 
@@ -162,7 +162,7 @@ def test_a_fifo_nobody_reads_never_holds_the_job_and_the_drops_are_said_once(tmp
                    timeout=60)
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "dropped" in line]
-    assert said == [f"rankrun: --events {fifo}: 5 events dropped (no reader, or it does not keep up)"]
+    assert said == [f"rankrun: --events {fifo}: 6 events dropped (no reader, or it does not keep up)"]
 
 
 def _scrape(address: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -271,7 +271,7 @@ def test_the_python_api_takes_events_as_a_keyword(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     assert (done.returncode, done.stdout) == (0, "{0: 0, 1: 1}\n"), done.stderr
     found = read_events(events)
-    assert names(found) == ["job.start", "rdzv.round", "workers.start", "workers.end", "job.end"]
+    assert names(found) == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "job.end"]
     assert found[0]["entry"] == "rankrun.launch(rank)"
 
 

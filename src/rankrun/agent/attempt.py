@@ -147,7 +147,8 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
 ) -> AttemptResult:
     """One attempt of the worker group; ``moved_on`` ends (with why) when its rendezvous round is over."""
     console = deps.console
-    watch = deps.on_demand.attempt(spec, attempt_dir, console, deps.host, events=deps.events, attempt=plan.attempt)
+    watch = deps.on_demand.attempt(spec, attempt_dir, console, deps.host, events=deps.events, plan=plan,
+                                   store=None if spec.multi_node else lambda: deps.worker_store.first_requests)
     workers: list[_Worker] = []
     relays: list[TerminalRelay] = []
     layout = _Layout(prefix_template(spec.logs, spec.worker.nproc), console, attempt_dir, _filtered_files(spec, attempt_dir))

@@ -124,9 +124,10 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         formed = asyncio.get_running_loop().time()
         await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
         # one node's rendezvous is the fresh keyspace: a round per attempt, as torchrun has one per restart
+        took = round(asyncio.get_running_loop().time() - formed, 6)
         deps.events.emit(RdzvRound(attempt + 1, membership.group_world_size, membership.ranks.world_size,
-                                   membership.group_rank, round(asyncio.get_running_loop().time() - formed, 6)))
-        plan = AttemptPlan(attempt, restarts, membership)
+                                   membership.group_rank, took))
+        plan = AttemptPlan(attempt, restarts, membership, rendezvous=took)
         attempt_dir = logs.attempt_dir(attempt, spec.worker.nproc)
         result = await run_attempt(spec, plan, attempt_dir, deps, stops)
         event = group_ended(result.outcome)

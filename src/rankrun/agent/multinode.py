@@ -109,11 +109,11 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             return Outcome.signalled(pending.signum, restarts)
         told = member.word if placed is not None and word.round == placed.round + 1 else None  # what ended its round
         _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
-        deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank,
-                                   round(loop.time() - joined, 6)))
+        took = round(loop.time() - joined, 6)
+        deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank, took))
         attempt += 1
         restarts = word.restarts
-        plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra)
+        plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra, rendezvous=took)
         placed = word
         last = await _run_round(spec, deps, stops, logs, member, word, plan)
         outcome = last.outcome

@@ -33,6 +33,7 @@ class AttemptPlan:
     restarts: int
     membership: Membership
     extra_env: tuple[tuple[str, str], ...] = ()  # what the agent adds to every worker's environment
+    rendezvous: float = 0.0  # seconds the round took (its rdzv.round's), for the start-up timeline
 
     @property
     def identities(self) -> list[WorkerIdentity]:

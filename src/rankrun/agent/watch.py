@@ -6,11 +6,13 @@ the launcher does while none run. For each attempt it makes an ``AttemptWatch``,
 in order and acts on them:
 
 - ``env``: each worker's variables before it starts: the stack-dump shim (``stacks.channel``) and torch's Flight
-  Recorder (``stacks.flight``);
-- ``started``: the workers run: ``workers.start`` goes to the job's event stream, ``--stacks`` samples them, and the
-  ``--hang-timeout`` watch (``agent.stall``) starts; ``stalled`` ends with the stall's cause, only for
-  ``--hang-action fail``;
-- ``ended``: the group ends: the watch stops and ``--stacks`` says no workers run;
+  Recorder (``stacks.flight``); the first call starts the start-up timeline's spawn phase (``agent.startup``);
+- ``started``: the workers run: ``workers.start`` goes to the job's event stream, ``--stacks`` samples them, the
+  ``--hang-timeout`` watch (``agent.stall``) starts, and so does the look for the workers' signs of life, which
+  emits the attempt's ``startup`` (and its line) once they are known; ``stalled`` ends with the stall's cause,
+  only for ``--hang-action fail``;
+- ``ended``: the group ends: the watch stops, ``--stacks`` says no workers run, and the ``startup`` event comes
+  now with what is known if it has not come;
 - ``close``: every worker is reaped: a ``stacks.txt`` that holds no dump is removed;
 - ``finished``: the attempt is over: ``workers.end``, with how the group ended.
 
@@ -21,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rankrun.agent import stall
 from rankrun.agent.env import WorkerIdentity
 from rankrun.agent.facts import workers_outcome
+from rankrun.agent.startup import StartupWatch
 from rankrun.errors import StoreUnavailable
 from rankrun.events.ranges import range_string
 from rankrun.events.records import WorkersEnd, WorkersStart
@@ -42,6 +45,7 @@ from rankrun.stacks.report import RankSample, render, request_title
 from rankrun.stacks.sampler import Sampler, Target
 
 if TYPE_CHECKING:  # one node never imports the exchange
+    from rankrun.agent.plan import AttemptPlan
     from rankrun.proc.group import GroupOutcome
     from rankrun.proc.spawn import WorkerHandle
     from rankrun.stacks.exchange import Exchange
@@ -68,9 +72,10 @@ class AttemptWatch:
     """One attempt's observers (from ``OnDemand.attempt``); see the module docstring for the facts it is told."""
 
     def __init__(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str, on_demand: OnDemand, *,
-                 events: EventStream, attempt: int) -> None:
+                 events: EventStream, plan: AttemptPlan, store: Callable[[], Sequence[float]] | None) -> None:
         self._spec, self._attempt_dir, self._console, self._host = spec, attempt_dir, console, host
-        self._on_demand, self._events, self._attempt = on_demand, events, attempt
+        self._on_demand, self._events, self._attempt = on_demand, events, plan.attempt
+        self._startup = StartupWatch(events, console.say, attempt=plan.attempt, rendezvous=plan.rendezvous, store=store)
         self._python = spec.worker.entry.kind is not EntryKind.BINARY  # a --no-python program has no dump file
         self._dump_files: list[Path] = []
         loop = asyncio.get_running_loop()
@@ -83,6 +88,7 @@ class AttemptWatch:
         stall report or ``--stacks`` can show where it is; a ``--no-python`` program is described from /proc
         instead, and its environment left exactly as torchrun's. Where the user turned torch's Flight Recorder on,
         its dump file and pipe go into the attempt's directory."""
+        self._startup.spawning()
         dump_file = RunLogs.stacks_file(self._attempt_dir, who.local_rank)
         if dump_file is not None and self._python:
             env = channel_env(env, str(dump_file))
@@ -98,6 +104,7 @@ class AttemptWatch:
         self._on_demand.running(run_id, targets, self._recorder)
         self._events.emit(WorkersStart(self._attempt, range_string(w.who.rank for w in workers),
                                        tuple(w.handle.pid for w in workers)))
+        self._startup.started({t.rank: t.dump_file for t in targets})
         if spec.hang.timeout > 0:
             self._stalled = asyncio.ensure_future(stall.watch(
                 spec.hang.timeout, run_id, targets, self.activity, self._console, fail=spec.hang.action == "fail",
@@ -113,6 +120,7 @@ class AttemptWatch:
         """The group ends (stopping, or gone): the stall watch stops, and ``--stacks`` says no workers run."""
         self._stalled.cancel()
         self._on_demand.running(self._spec.rendezvous.run_id, [], None)
+        self._startup.ended()
 
     def close(self) -> None:
         """Every worker is reaped: ``stacks.txt`` stays in a rank's log folder only where stacks were taken."""
@@ -148,9 +156,12 @@ class OnDemand:
         self._sampled = float("-inf")
 
     def attempt(self, spec: LaunchSpec, attempt_dir: Path | None, console: Console, host: str, *,
-                events: EventStream, attempt: int) -> AttemptWatch:
-        """The observers of attempt number ``attempt``, made before its workers start (their ``env``)."""
-        return AttemptWatch(spec, attempt_dir, console, host, self, events=events, attempt=attempt)
+                events: EventStream, plan: AttemptPlan,
+                store: Callable[[], Sequence[float]] | None = None) -> AttemptWatch:
+        """The observers of ``plan``'s attempt, made before its workers start (their ``env``); ``store``: the first
+        requests the workers' store saw this attempt (``TCPStoreServer.first_requests``), where it sees this node's
+        workers alone (one node)."""
+        return AttemptWatch(spec, attempt_dir, console, host, self, events=events, plan=plan, store=store)
 
     @contextlib.contextmanager
     def round(self, exchange: Exchange) -> Iterator[None]:

@@ -22,7 +22,7 @@ SHIM_DIR = str(Path(__file__).parent / "shim")
 # A real-time signal: SIGUSR1/SIGUSR2 belong to the job (Lightning and submitit requeue on them). Its default
 # action ends a process, so it is sent only to a worker that catches it (see the sampler).
 DUMP_SIGNAL = signal.SIGRTMIN + 4
-_HEADER_MAX = 128  # bytes: "rankrun-stacks main=0x<16 hex digits> pid=<pid>\n" is under 64; a dump is longer
+_HEADER_MAX = 128  # bytes: "rankrun-stacks main=0x<16 hex digits> pid=<pid> up=<seconds>\n" is under 90; a dump is longer
 
 
 def channel_env(env: Mapping[str, str], dump_file: str) -> dict[str, str]:

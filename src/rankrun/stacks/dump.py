@@ -10,9 +10,10 @@ Format (CPython 3.11 to 3.13, ``faulthandler.register(signum, file, all_threads=
       File "/tmp/train.py", line 6 in step
 
 ``Current`` is whichever thread ran the signal handler, not necessarily the main thread: the shim that
-registers the handler (``rankrun.stacks.shim``) writes ``rankrun-stacks main=0x... pid=N`` once, first, so
-the main thread is known. Frames arrive innermost first; ``Frame`` tuples here are outermost first, the
-order of the report. A dump cut short (the process died while writing) keeps the threads it finished.
+registers the handler (``rankrun.stacks.shim``) writes ``rankrun-stacks main=0x... pid=N up=T`` once, first, so
+the main thread is known (and when the interpreter came up, ``up_time``). Frames arrive innermost first;
+``Frame`` tuples here are outermost first, the order of the report.
+A dump cut short (the process died while writing) keeps the threads it finished.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 from rankrun.record import record
 
 HEADER = "rankrun-stacks"
-_HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)$")
+_HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)(?: up=(\d+\.\d+))?$")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 
@@ -62,6 +63,13 @@ def main_thread(header: str) -> int | None:
     """The main thread's id from the shim's header line, or None if ``header`` is not one."""
     m = _HEADER.match(header.strip())
     return int(m.group(1), 16) if m else None
+
+
+def up_time(header: str) -> float | None:
+    """When the worker's interpreter came up (its monotonic clock, the machine's), from a whole header line (one that
+    ends in a newline: a line still being written is not one); None otherwise."""
+    m = _HEADER.match(header.rstrip("\n")) if header.endswith("\n") else None
+    return float(m.group(3)) if m and m.group(3) else None
 
 
 def parse(text: str, main_ident: int | None) -> Dump:

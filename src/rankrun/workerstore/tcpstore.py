@@ -52,6 +52,7 @@ import enum
 import logging
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -82,6 +83,7 @@ _CLOSE_GRACE_S = 5.0
 _BUFFER_SIZE = 16 * 1024  # per connection; torch's requests are tens of bytes, gloo's address blobs ~200
 _MIN_FREE = 4 * 1024  # grow or compact before a read would get less room than this
 _FLUSH_AT = 64 * 1024  # a reply this large is written at once (flow control can then pause reading)
+_FIRST_REQUESTS_MAX = 1 << 16  # connections whose first request is noted per attempt; a client looping on connect stops here
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -400,6 +402,9 @@ class _Connection(asyncio.BufferedProtocol):
         if magic != MAGIC:
             raise _ProtocolError(f"bad magic {magic:#x}")
         self._table = _HANDLERS
+        seen = self._server.first_requests
+        if len(seen) < _FIRST_REQUESTS_MAX:
+            seen.append(time.monotonic())
         return pos + 5
 
     def _op_set(self, mv: memoryview, pos: int, end: int) -> int:
@@ -605,6 +610,9 @@ class TCPStoreServer:
         self._port: int | None = None
         self._closed = False
         self._connections: dict[_Connection, None] = {}
+        self.first_requests: list[float] = []
+        """When each connection served since the last ``reset`` made its first request (its VALIDATE), in
+        ``time.monotonic()`` seconds, in order: the start-up timeline's store phase (``rankrun.agent.startup``)."""
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port (port 0 = let the OS pick), start serving; return the port.
@@ -633,6 +641,7 @@ class TCPStoreServer:
         for connection in connections:
             connection.abort()  # unparsed requests are discarded, never applied
         self._keyspace = Keyspace()
+        self.first_requests = []
         lost = [c.lost for c in connections if not c.lost.done()]
         if lost:  # abort() closes the sockets on the loop's next turn
             await asyncio.wait(lost, timeout=_CLOSE_GRACE_S)

@@ -5,7 +5,13 @@ rankrun puts this folder first on the worker's ``PYTHONPATH`` and says in ``RANK
 file when the signal comes, from C, so it works while the main thread holds the GIL in a C call (a
 regex, a blocked collective) where no Python handler would run. No chaining: at start-up the signal's
 previous action is the default one, which ``chain=True`` would re-raise, ending the worker after its dump.
-The header line names the main thread (faulthandler marks the thread that ran the handler).
+The header line names the main thread (faulthandler marks the thread that ran the handler), and says when
+the interpreter came up (``up=``, ``time.monotonic()``: CLOCK_MONOTONIC, one clock for every process on the
+machine, so the launcher reads it on its own clock): the rank's first sign of life for the start-up timeline
+(``rankrun.agent.startup``), taken just before the interpreter runs the user's script (or, with ``-m``, finds
+its module). It costs the worker nothing more than the header it already wrote: no other file, no other
+syscall, one ``write`` of under 128 bytes to a file opened for appending, which the launcher reads only once it
+ends in a newline (a read that races the write sees no line, and looks again later).
 
 Then it leaves no trace: the two variables are removed, ``PYTHONPATH`` is put back as the user set it
 (``RANKRUN_USER_PYTHONPATH``; absent: it was not set), this folder leaves ``sys.path``, and the user's own
@@ -15,6 +21,7 @@ by ``site`` as usual). Only builtin modules are imported here: every worker's st
 
 import os
 import sys
+import time  # builtin, and already imported by the interpreter's start-up (zipimport): a dict look-up
 
 
 def _install() -> None:
@@ -34,7 +41,8 @@ def _install() -> None:
 
             channel = open(path, "ab", buffering=0)  # noqa: SIM115 - faulthandler keeps it for the process's life
             faulthandler.register(int(signum), file=channel, all_threads=True, chain=False)
-            channel.write(f"rankrun-stacks main=0x{_thread.get_ident():016x} pid={os.getpid()}\n".encode())
+            channel.write(f"rankrun-stacks main=0x{_thread.get_ident():016x} pid={os.getpid()} "
+                          f"up={time.monotonic():.6f}\n".encode())
         except (OSError, ValueError, RuntimeError):
             pass  # no dumps for this worker: rankrun then shows its /proc state instead
     _chain()
