@@ -31,8 +31,9 @@ SLACK = 0.002  # seconds: the launcher reads the clock a few statements before o
 # makes one TCPStore request as torch's client does (VALIDATE, then a PING), and waits for the test's word to end
 # (its pid in argv[2], for the reaper).
 STORE_WORKER = """\
-import os, socket, struct, sys, time
-began = time.monotonic()
+import time
+began = time.monotonic()  # first: what comes before it, after the shim, is the interpreter's own
+import os, socket, struct, sys
 with open(os.path.join(sys.argv[2], os.environ["RANK"]), "w") as fh:
     fh.write(str(os.getpid()))
 before = time.monotonic()
@@ -120,7 +121,6 @@ def test_a_job_whose_workers_reach_the_store_says_its_start_up_once_in_a_line_an
     assert all(began - SLACK <= began + fact.script_p50 <= t[0] + SLACK for t in mine.values())
     assert min(t[1] for t in mine.values()) - SLACK <= began + fact.store_p50  # the store saw it after a worker asked,
     assert began + fact.store_max <= max(t[2] for t in mine.values()) + SLACK  # and before the last one had its reply
-    assert startup["mono"] <= max(t[2] for t in mine.values()) + 1.0  # told while the workers ran, not at their end
 
 
 def test_a_no_python_job_has_no_script_phase_and_tells_its_start_up_as_an_event_at_its_end(tmp_path):
