@@ -124,6 +124,14 @@ def test_two_nodes_agree_on_the_round_and_the_root_cause(launch, tmp_path):
         assert told.index("failure") < told.index("restart") < len(told) - told[::-1].index("rdzv.round") - 1
         restart = next(e for e in f if e["event"] == "restart")
         assert (restart["attempt"], restart["restarts_left"]) == (1, 0)
+    for node_rank, f in enumerate(found):  # each attempt's start-up, this node's ranks' (the store: one node only)
+        startups = [e for e in f if e["event"] == "startup"]
+        assert [e["attempt"] for e in startups] == [0, 1]
+        assert [e["rendezvous"] for e in startups] == [e["seconds"] for e in f if e["event"] == "rdzv.round"]
+        mine = (2 * node_rank, 2 * node_rank + 1)
+        assert startups[0]["script_slowest"] in (None, *mine)  # a worker may be stopped before it came up
+        assert startups[1]["script_slowest"] in mine  # every worker ran to its end
+        assert all(e["store_p50"] is None and e["store_max"] is None for e in startups)
 
 
 def test_the_survivors_file_says_a_killed_node_was_lost(launch, tmp_path):
