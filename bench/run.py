@@ -28,6 +28,7 @@ import console_bench
 import failure_bench
 import faults_bench
 import launch_bench
+import observe_bench
 import rendezvous_bench
 import rss_bench
 import stacks
@@ -51,7 +52,7 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe")
 
 
 @dataclass(frozen=True)
@@ -67,14 +68,16 @@ class Plan:
     faults_reps: int
     stacks_reps: int
     api_reps: int
+    observe_reps: int
+    observe_fail_reps: int
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
-            rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5)
+            rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=5)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
-             rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2)
+             rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2)
 
 
 @dataclass
@@ -196,8 +199,13 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = api_bench.run(plan.api_reps)
         return api_bench.rows(r), api_bench.details(r, plan.api_reps)
 
+    def observe() -> tuple[list[Row], list[str]]:
+        r = observe_bench.run(plan.observe_reps, plan.observe_fail_reps)
+        return observe_bench.rows(r), observe_bench.details(r)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
-            "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api}
+            "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
+            "observe": observe}
 
 
 def warm_up() -> None:
@@ -274,7 +282,8 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
            if any(o > 0.10 for o, _ in outcome.load.values()) else ""),
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
-        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}, api {plan.api_reps}",
+        f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}, api {plan.api_reps}, "
+        f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps})",
         "",
         "## Summary (medians)",
         "",
