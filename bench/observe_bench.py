@@ -2,10 +2,11 @@
 
 ``python bench/observe_bench.py [--reps 31] [--fail-reps 5]``. Four parts:
 
-- **launch**: ``rankrun --nproc-per-node 8 --no-python true``, plain and with both options (a fresh events file
-  each run), interleaved in rotating order in the same repetitions; wall from exec to exit and CPU of the launcher
-  and its workers; medians, and the median of the per-repetition differences (drift hits both alike). torchrun's
-  ``--no-python true`` beside it, in the first few repetitions only (2 s a run), for reference.
+- **launch**: ``rankrun --nproc-per-node 8 --no-python true``, plain, with both options (a fresh events file
+  each run) and with each alone, interleaved in rotating order in the same repetitions; wall from exec to exit and
+  CPU of the launcher and its workers; medians, and the median of the per-repetition differences (drift hits both
+  alike). torchrun's ``--no-python true`` beside it, in the first few repetitions only (2 s a run), for reference.
+  And the import time (``-X importtime``) of the modules only a job with the options imports.
 - **failure of 512 ranks**: one node, ``--nproc-per-node 512 --no-python sh -c ...``: every worker sleeps but the last
   one started (local rank 511), which exits 1 at once; from exec of the launcher to its exit (non-zero), which
   includes the node's round, spawning 512 workers, the failure, stopping the 511 others. Plain and with both options,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +35,18 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "src"))
 
-from harness import RANKRUN, TORCHRUN, BenchError, Samples, cpu_mark, foreign_load, log, run_timed, scratch  # noqa: E402
+from harness import (  # noqa: E402
+    RANKRUN,
+    TORCHRUN,
+    BenchError,
+    Samples,
+    bench_env,
+    cpu_mark,
+    foreign_load,
+    log,
+    run_timed,
+    scratch,
+)
 from rankrun.events.log import EventLog  # noqa: E402
 from rankrun.events.metrics import Metrics  # noqa: E402
 from rankrun.events.ranges import range_string  # noqa: E402
@@ -62,6 +75,12 @@ FAIL_NODE, FAIL_LOCAL = 17, 3
 EMITS = 20_000
 FAIL_SCRIPT = f'[ "$LOCAL_RANK" = {FAIL_NPROC - 1} ] && exit 1; exec sleep 300'
 KINDS = ("plain", "observe")
+LAUNCH_KINDS = ("plain", "observe", "events", "metrics")  # the last two: each option alone, to tell their shares
+OPTIONS = {"plain": (), "observe": ("--events", "{events}", "--metrics-port", "0"), "events": ("--events", "{events}"),
+           "metrics": ("--metrics-port", "0"), "torchrun": ()}
+# What only a job with the options imports (agent/observers.py imports them lazily), against what every job does
+BASE_IMPORTS = "import rankrun.__main__, rankrun.agent.observers"
+OPTION_IMPORTS = "rankrun.events.log, rankrun.events.metrics"
 
 
 @dataclass
@@ -75,11 +94,12 @@ class Result:
     sizes: dict[str, int] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
     worst_exception: int = 0  # node 255's bytes with a 500-character exception
+    import_us: list[int] = field(default_factory=list)  # self time of the modules only the options import
     load: dict[str, tuple[float, float]] = field(default_factory=dict)  # part -> (others' CPU share, steal share)
 
 
 def _argv(kind: str, nproc: int, events: Path, program: Sequence[str]) -> list[str]:
-    observe = ["--events", str(events), "--metrics-port", "0"] if kind == "observe" else []
+    observe = [o.format(events=events) for o in OPTIONS[kind]]
     launcher = TORCHRUN if kind == "torchrun" else RANKRUN
     return [*launcher.argv, "--nproc-per-node", str(nproc), *observe, "--no-python", *program]
 
@@ -91,7 +111,7 @@ def _launch(kind: str, tmp: Path) -> tuple[float, float]:
     timed = run_timed(argv, timeout=180)
     if timed.rc != 0:
         raise BenchError(f"{' '.join(argv)} exited {timed.rc}; stderr tail:\n{timed.stderr_tail}")
-    if kind == "observe" and events.read_text().count('"event":"job.end"') != 1:
+    if kind in ("observe", "events") and events.read_text().count('"event":"job.end"') != 1:
         raise BenchError(f"{events}: no job.end line")
     return timed.wall * 1000, timed.cpu * 1000
 
@@ -112,11 +132,11 @@ def _fail(kind: str, tmp: Path) -> float:
 
 def measure_launch(result: Result) -> None:
     with scratch("observe") as tmp:
-        for kind in (*KINDS, "torchrun"):  # unrecorded: the page cache, the bytecode cache
+        for kind in (*LAUNCH_KINDS, "torchrun"):  # unrecorded: the page cache, the bytecode cache
             _launch(kind, tmp)
         mark = cpu_mark()
         for rep in range(result.reps):
-            kinds = [*KINDS, *(["torchrun"] if rep < TORCH_REPS else [])]
+            kinds = [*LAUNCH_KINDS, *(["torchrun"] if rep < TORCH_REPS else [])]
             k = rep % len(kinds)
             for kind in kinds[k:] + kinds[:k]:
                 wall, cpu = _launch(kind, tmp)
@@ -126,6 +146,21 @@ def measure_launch(result: Result) -> None:
                 log(f"  observe launch rep {rep + 1}/{result.reps}: plain {result.wall.median('plain'):.0f} ms, "
                     f"observe {result.wall.median('observe'):.0f} ms (medians so far)")
         result.load["launch"] = foreign_load(mark, cpu_mark())
+
+
+def _import_us() -> int:
+    """Microseconds (``-X importtime``, self) of the modules a job with the options imports and one without does not."""
+    def times(extra: str) -> dict[str, int]:
+        done = subprocess.run([sys.executable, "-X", "importtime", "-c", BASE_IMPORTS + extra], env=bench_env(),
+                              capture_output=True, text=True, timeout=60, check=True)
+        out = {}
+        for line in done.stderr.splitlines():
+            head, _, name = line.rpartition("|")
+            if line.startswith("import time:") and head.split(":")[1].split("|")[0].strip().isdigit():
+                out[name.strip()] = int(head.split(":")[1].split("|")[0])
+        return out
+    base, more = times(""), times(", " + OPTION_IMPORTS)
+    return sum(v for k, v in more.items() if k not in base)
 
 
 def measure_failure(result: Result) -> None:
@@ -244,12 +279,14 @@ def run(reps: int, fail_reps: int) -> Result:
     measure_emit(result)
     log("  observe emit: " + ", ".join(f"{k} {v:.1f} us" for k, v in result.emit_us.items()))
     measure_launch(result)
+    result.import_us = sorted(_import_us() for _ in range(5))
+    log(f"  observe: the options' imports {statistics.median(result.import_us) / 1000:.1f} ms (self, median of 5)")
     measure_failure(result)
     return result
 
 
-def _paired(samples: Samples) -> list[float]:
-    return [o - p for p, o in zip(samples.by_launcher["plain"], samples.by_launcher["observe"], strict=True)]
+def _paired(samples: Samples, kind: str = "observe") -> list[float]:
+    return [o - p for p, o in zip(samples.by_launcher["plain"], samples.by_launcher[kind], strict=True)]
 
 
 def rows(result: Result) -> list[Row]:
@@ -290,6 +327,12 @@ def details(result: Result) -> list[str]:
         p, o = s.median("plain"), s.median("observe")
         lines.append(f"| {name} | {p:.1f} | {o:.1f} | {o - p:+.1f} | {statistics.median(_paired(s)):+.1f} | {o / p:.3f}x | "
                      f"{fmt_samples(s.by_launcher['plain'])} | {fmt_samples(s.by_launcher['observe'])} |")
+    lines += ["", "Each option alone, in the same repetitions (median of the paired differences against *without*): "
+              + "; ".join(f"`{' '.join(OPTIONS[k]).format(events='FILE')}` wall {statistics.median(_paired(wall, k)):+.1f} ms, "
+                          f"CPU {statistics.median(_paired(cpu, k)):+.1f} ms" for k in ("events", "metrics"))
+              + f". What the options import that a job without them does not (`{OPTION_IMPORTS}`, and `json` with "
+              f"them; `-X importtime`, self times, median of {len(result.import_us)}): "
+              f"{statistics.median(result.import_us) / 1000:.1f} ms ({fmt_samples([v / 1000 for v in result.import_us], 1)})."]
     lines += ["", f"torchrun `--nproc-per-node {NPROC} --no-python true`, for reference ({len(wall.by_launcher['torchrun'])} "
               f"runs among the first repetitions): wall median {wall.median('torchrun'):,.0f} ms "
               f"({fmt_samples(wall.by_launcher['torchrun'])}), CPU median {cpu.median('torchrun'):,.0f} ms.", ""]
@@ -341,7 +384,7 @@ def details(result: Result) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=31)
-    parser.add_argument("--fail-reps", type=int, default=5)
+    parser.add_argument("--fail-reps", type=int, default=7)
     args = parser.parse_args(argv)
     result = run(args.reps, args.fail_reps)
     print("\n".join(details(result)))
