@@ -297,18 +297,19 @@ def rows(result: Result) -> list[Row]:
                         lambda _r: cpu_d <= LAUNCH_TARGET_MS)
     size_target = Target("≤ 4 KB a node", lambda r: r.rankrun <= SIZE_TARGET)
     return [
-        Row(f"launch, {NPROC} --no-python true workers, with --events FILE --metrics-port 0 (wall, exec→exit; "
+        Row(f"observing, --events FILE --metrics-port 0: launch of {NPROC} --no-python true workers (wall, exec→exit; "
             "torchrun column: torchrun --no-python true)", "ms", rankrun=result.wall.median("observe"),
             torchrun=result.wall.median("torchrun"), baseline=result.wall.median("plain"), baseline_label="without",
             target=launch_target, decimals=1),
-        Row(f"launch, {NPROC} --no-python true workers, with --events FILE --metrics-port 0 (CPU of the launcher and its "
-            "workers; torchrun column: torchrun --no-python true)", "ms", rankrun=result.cpu.median("observe"),
+        Row(f"observing, --events FILE --metrics-port 0: launch of {NPROC} --no-python true workers (CPU of the launcher "
+            "and its workers; torchrun column: torchrun --no-python true)", "ms", rankrun=result.cpu.median("observe"),
             torchrun=result.cpu.median("torchrun"), baseline=result.cpu.median("plain"), baseline_label="without",
             target=cpu_target, decimals=1),
-        Row(f"{FAIL_NPROC} ranks on one node, the last one fails: exec→exit, with --events FILE --metrics-port 0",
+        Row(f"observing, --events FILE --metrics-port 0: {FAIL_NPROC} ranks on one node, the last one fails (exec→exit)",
             "ms", rankrun=result.fail.median("observe"), torchrun=float("nan"), baseline=result.fail.median("plain"),
             baseline_label="without", compare=False),
-        Row(f"--events file of one node, {NODES} nodes x {RANKS} ranks, one failure and one restart (largest node file)",
+        Row(f"observing: --events file of one node, {NODES} nodes x {RANKS} ranks, one failure and one restart "
+            "(largest node file)",
             "bytes", rankrun=float(max(result.sizes.values())), torchrun=float("nan"), target=size_target, compare=False),
     ]
 
