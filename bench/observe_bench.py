@@ -90,6 +90,7 @@ class Result:
     wall: Samples = field(default_factory=lambda: Samples("ms"))
     cpu: Samples = field(default_factory=lambda: Samples("ms"))
     fail: Samples = field(default_factory=lambda: Samples("ms"))
+    fail_cpu: Samples = field(default_factory=lambda: Samples("ms"))
     emit_us: dict[str, float] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
@@ -116,7 +117,7 @@ def _launch(kind: str, tmp: Path) -> tuple[float, float]:
     return timed.wall * 1000, timed.cpu * 1000
 
 
-def _fail(kind: str, tmp: Path) -> float:
+def _fail(kind: str, tmp: Path) -> tuple[float, float]:
     events = tmp / "events.jsonl"
     events.unlink(missing_ok=True)
     argv = _argv(kind, FAIL_NPROC, events, ["sh", "-c", FAIL_SCRIPT])
@@ -127,7 +128,7 @@ def _fail(kind: str, tmp: Path) -> float:
         text = events.read_text()
         if text.count('"event":"failure"') != 1 or '"ranks":"0-511"' not in text:
             raise BenchError(f"{events}: expected one failure and ranks 0-511:\n{text[-2000:]}")
-    return timed.wall * 1000
+    return timed.wall * 1000, timed.cpu * 1000
 
 
 def measure_launch(result: Result) -> None:
@@ -168,7 +169,9 @@ def measure_failure(result: Result) -> None:
         mark = cpu_mark()
         for rep in range(result.fail_reps):
             for kind in KINDS[rep % 2:] + KINDS[:rep % 2]:
-                result.fail.add(kind, _fail(kind, tmp))
+                wall, cpu = _fail(kind, tmp)
+                result.fail.add(kind, wall)
+                result.fail_cpu.add(kind, cpu)
             log(f"  observe failure, {FAIL_NPROC} ranks, rep {rep + 1}/{result.fail_reps}: "
                 f"plain {result.fail.by_launcher['plain'][-1]:.0f} ms, observe {result.fail.by_launcher['observe'][-1]:.0f} ms")
         result.load["failure"] = foreign_load(mark, cpu_mark())
@@ -308,6 +311,9 @@ def rows(result: Result) -> list[Row]:
         Row(f"observing, --events FILE --metrics-port 0: {FAIL_NPROC} ranks on one node, the last one fails (exec→exit)",
             "ms", rankrun=result.fail.median("observe"), torchrun=float("nan"), baseline=result.fail.median("plain"),
             baseline_label="without", compare=False),
+        Row(f"observing, --events FILE --metrics-port 0: {FAIL_NPROC} ranks on one node, the last one fails (CPU of the "
+            "launcher and its workers)", "ms", rankrun=result.fail_cpu.median("observe"), torchrun=float("nan"),
+            baseline=result.fail_cpu.median("plain"), baseline_label="without", compare=False),
         Row(f"observing: --events file of one node, {NODES} nodes x {RANKS} ranks, one failure and one restart "
             "(largest node file)",
             "bytes", rankrun=float(max(result.sizes.values())), torchrun=float("nan"), target=size_target, compare=False),
@@ -345,7 +351,6 @@ def details(result: Result) -> list[str]:
     lines += ["", f"torchrun `--nproc-per-node {NPROC} --no-python true`, for reference ({len(wall.by_launcher['torchrun'])} "
               f"runs among the first repetitions): wall median {wall.median('torchrun'):,.0f} ms "
               f"({fmt_samples(wall.by_launcher['torchrun'])}), CPU median {cpu.median('torchrun'):,.0f} ms.", ""]
-    p, o = fail.median("plain"), fail.median("observe")
     lines += [
         f"**A {FAIL_NPROC}-rank job's round and failure**, one node (the simulated-node rendezvous of *Rendezvous* above "
         "drives the store directly, not an agent, so it has no events to cost): `rankrun --nproc-per-node "
@@ -356,8 +361,10 @@ def details(result: Result) -> list[str]:
         "| 512 ranks, one fails | without | with | with - without (medians) | median of paired differences | ratio | "
         "samples without | samples with |",
         "|---|---|---|---|---|---|---|---|",
-        f"| exec → exit (ms) | {p:,.0f} | {o:,.0f} | {o - p:+.0f} | {statistics.median(_paired(fail)):+.0f} | {o / p:.3f}x | "
-        f"{fmt_samples(fail.by_launcher['plain'])} | {fmt_samples(fail.by_launcher['observe'])} |",
+        *(f"| {name} | {s.median('plain'):,.0f} | {s.median('observe'):,.0f} | {s.median('observe') - s.median('plain'):+.0f} | "
+          f"{statistics.median(_paired(s)):+.0f} | {s.median('observe') / s.median('plain'):.3f}x | "
+          f"{fmt_samples(s.by_launcher['plain'])} | {fmt_samples(s.by_launcher['observe'])} |"
+          for name, s in (("exec → exit (ms)", fail), ("CPU, launcher + workers (ms)", result.fail_cpu))),
         "",
         f"**An event's cost, a round's share**: the real `EventStream` emitting {EMITS:,} `rdzv.round` records "
         f"(best of {EMIT_ROUNDS} rounds): "
