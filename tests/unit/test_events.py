@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rankrun.events import schema_path
-from rankrun.events.log import encode
+from rankrun.events.log import _json, encode
 from rankrun.events.ranges import parse_ranges, range_string, runs
 from rankrun.events.records import (
     COMMON,
@@ -275,3 +275,17 @@ def test_runs_are_the_runs_as_written_and_refuse_what_parse_ranges_refuses():
     for bad in ("3-1", "1-", " 1", "-1", "1,,2"):
         with pytest.raises(ValueError, match="rank"):
             runs(bad)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(), lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=5), inner, max_size=4), max_leaves=12))
+def test_the_encoder_writes_what_json_dumps_writes(value):
+    """The events file is written without importing json (start-up): the same text as json.dumps, every time."""
+    assert _json(value) == json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), [1.0, float("nan")], object()])
+def test_the_encoder_refuses_what_json_cannot_say(value):
+    with pytest.raises(ValueError, match="JSON"):
+        _json(value)
