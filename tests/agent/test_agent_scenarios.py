@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from rankrun.cli import spec_from_args
 from rankrun.errors import SpawnError
 from rankrun.logs.console import Console
 from rankrun.proc.early import EarlyCatcher
+from rankrun.proc.group import supervise
 from rankrun.proc.output import OutputReader
 from rankrun.proc.signals import attach, detach
 from rankrun.proc.spawn import Command, WorkerHandle
@@ -381,3 +383,25 @@ def test_a_membership_change_stops_the_group_and_nobody_counts_as_failed():
     assert outcome.regrouped == "node 3 joined" and outcome.interrupted_by is None
     assert not outcome.failed and all(e.after_stop for e in outcome.exits.values())
     assert handles[0].signals[0] == signal.SIGTERM and handles[1].signals[:2] == [signal.SIGTERM, signal.SIGKILL]
+
+
+def test_exits_heard_together_keep_the_order_the_kernel_told_them():
+    """On a loaded machine one turn of the loop hears several exits: rank 1 raised, and rank 0's collective failed
+    because of it. The root cause is the one heard first, not the lowest rank of the batch (which named rank 0's
+    gloo error as the job's cause)."""
+    async def main():
+        handles = [FakeHandle(100 + i, Command(("w",), {}), Behaviour()) for i in range(3)]
+        never: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        ticks = count()
+        run = asyncio.ensure_future(supervise(handles, lambda: never, 5.0, lambda: float(next(ticks))))
+        for _ in range(5):  # supervise starts, then every wait of it is waiting (a few turns of the loop)
+            await asyncio.sleep(0)
+        handles[1]._finish(1)  # one turn: rank 1's exit, then rank 0's, as the kernel reported them
+        handles[0]._finish(1)
+        await asyncio.sleep(0)
+        handles[2]._finish(-15)
+        return await asyncio.wait_for(run, 10)
+
+    outcome = asyncio.run(main())
+    assert outcome.exits[1].at < outcome.exits[0].at
+    assert not outcome.exits[0].after_stop and not outcome.exits[1].after_stop  # both failed by themselves

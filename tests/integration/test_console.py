@@ -346,8 +346,9 @@ def _suspend_and_resume(shell: PtyLauncher, resume: str, tmp_path: Path, reaper:
     shell.send(command.encode() + b"\r")
     shell.wait_screen(r"^name\?$")
     (launcher,) = _children(shell.proc.pid)
+    # rank 0 asked, but on a loaded machine rank 1 may still be between its fork and its exec (named as the launcher)
+    shell.wait_until("both workers to run job.py", lambda: len(_children_named(launcher, "job.py")) == 2, 10.0)
     workers = _children_named(launcher, "job.py")
-    assert len(workers) == 2
     reaper.pids.update([launcher, *workers])
     everyone = [launcher, *workers]
     shell.send(b"\x1a")

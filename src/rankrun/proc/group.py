@@ -90,7 +90,7 @@ async def supervise(
 ) -> GroupOutcome:
     """Until every worker has exited; ``ended``, when it completes, stops the group (SIGTERM, then the deadline)."""
     outcome = GroupOutcome()
-    waits = {asyncio.ensure_future(_wait(h)): i for i, h in enumerate(handles)}
+    waits = {asyncio.ensure_future(_wait(h, wall)): i for i, h in enumerate(handles)}
     sig_task: asyncio.Future[Interrupted] = asyncio.ensure_future(next_stop())
     round_task: asyncio.Future[GroupEnd] | None = asyncio.ensure_future(ended) if ended is not None else None
     stop = _Stop()
@@ -100,12 +100,14 @@ async def supervise(
             pending = [t for t in (sig_task, round_task) if t is not None and not (t is sig_task and t.done())]
             watched: set[asyncio.Future[Any]] = {*waits, *pending}
             done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            # Exits noticed together happened before anything we do now: none of them was "stopped".
-            stopping, now = stop.deadline is not None, wall()
-            exited = sorted((waits.pop(t), int(t.result())) for t in done if t in waits)
-            for index, status in exited:
-                outcome.exits[index] = Exit(index, status, now, after_stop=stop.caused(index))
-            if not stopping and any(status != 0 for _, status in exited):
+            # Exits noticed together happened before anything we do now: none of them was "stopped". Each keeps the
+            # time its own exit was heard, in the order the kernel told them (a loaded machine hears several at once,
+            # and the first failure, the root cause, must not be the lowest rank of the batch).
+            stopping = stop.deadline is not None
+            exited = sorted((waits.pop(t), *t.result()) for t in done if t in waits)
+            for index, status, at in exited:
+                outcome.exits[index] = Exit(index, status, at, after_stop=stop.caused(index))
+            if not stopping and any(status != 0 for _, status, _ in exited):
                 _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
             if round_task is not None and round_task in done:
                 _on_ended(round_task.result(), handles, waits, outcome, stop, shutdown_timeout)
@@ -117,7 +119,7 @@ async def supervise(
             if stop.deadline is not None and not stop.killed and asyncio.get_running_loop().time() >= stop.deadline:
                 _kill(handles, waits, stop)
             if stop.killed and waits:
-                outcome.unkillable = await _wait_killed(waits, outcome, stop, wall)
+                outcome.unkillable = await _wait_killed(waits, outcome, stop)
                 break
     finally:
         await _cancelled(round_task)
@@ -133,7 +135,7 @@ async def supervise(
 def _on_ended(  # noqa: PLR0917 - private helper of supervise()
     end: GroupEnd,
     handles: Sequence[WorkerHandle],
-    waits: dict[asyncio.Task[int], int],
+    waits: dict[asyncio.Task[tuple[int, float]], int],
     outcome: GroupOutcome,
     stop: _Stop,
     shutdown_timeout: float,
@@ -150,7 +152,7 @@ def _on_ended(  # noqa: PLR0917 - private helper of supervise()
 def _on_stop(  # noqa: PLR0917 - private helper of supervise()
     request: Interrupted,
     handles: Sequence[WorkerHandle],
-    waits: dict[asyncio.Task[int], int],
+    waits: dict[asyncio.Task[tuple[int, float]], int],
     outcome: GroupOutcome,
     stop: _Stop,
     shutdown_timeout: float,
@@ -169,7 +171,7 @@ def _on_stop(  # noqa: PLR0917 - private helper of supervise()
 
 
 def _begin_stop(
-    signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop, grace: float
+    signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[tuple[int, float]], int], stop: _Stop, grace: float
 ) -> None:
     """Signal every worker not yet heard of to stop. One that had ended by itself already (two ranks failing on
     the same bad argument: the first exit heard starts the stop, the other's event is still on its way) is told
@@ -185,19 +187,20 @@ def _begin_stop(
         handles[index].signal_group(signum)  # its own children may still run
 
 
-def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[int], int], stop: _Stop) -> None:
+def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[tuple[int, float]], int], stop: _Stop) -> None:
     stop.killed = True
     for index in waits.values():
         handles[index].signal_group(signal.SIGKILL)
 
 
 async def _wait_killed(
-    waits: dict[asyncio.Task[int], int], outcome: GroupOutcome, stop: _Stop, wall: Callable[[], float]
+    waits: dict[asyncio.Task[tuple[int, float]], int], outcome: GroupOutcome, stop: _Stop
 ) -> list[int]:
     done, pending = await asyncio.wait(set(waits), timeout=KILL_WAIT)
     for task in done:
         index = waits.pop(task)
-        outcome.exits[index] = Exit(index, task.result(), wall(), after_stop=stop.caused(index))
+        status, at = task.result()
+        outcome.exits[index] = Exit(index, status, at, after_stop=stop.caused(index))
     for task in pending:
         task.cancel()
     return sorted(waits[t] for t in pending)
@@ -210,5 +213,8 @@ async def _cancelled(task: asyncio.Future[Any] | None) -> None:
             await task
 
 
-async def _wait(handle: WorkerHandle) -> int:
-    return await handle.wait()
+async def _wait(handle: WorkerHandle, wall: Callable[[], float]) -> tuple[int, float]:
+    """Its exit status and when it was heard: the watcher resolves exits in the order the kernel reports them, and
+    each wait resumes in that order, so the times keep it."""
+    status = await handle.wait()
+    return status, wall()
