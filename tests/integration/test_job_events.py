@@ -124,6 +124,10 @@ def test_two_nodes_agree_on_the_round_and_the_root_cause(launch, tmp_path):
         assert told.index("failure") < told.index("restart") < len(told) - told[::-1].index("rdzv.round") - 1
         restart = next(e for e in f if e["event"] == "restart")
         assert (restart["attempt"], restart["restarts_left"]) == (1, 0)
+    host = found[1][0]["node"]
+    for run in runs:  # every node says the restart in one line, the root cause its reason (the console: a consumer)
+        said = [line for line in run.err if "restarting workers" in line]
+        assert said == [f"rankrun: attempt 0 failed: rank 3 on {host} exited 7; restarting workers (1/1 restarts used)"]
     for node_rank, f in enumerate(found):  # each attempt's start-up, this node's ranks' (the store: one node only)
         startups = [e for e in f if e["event"] == "startup"]
         assert [e["attempt"] for e in startups] == [0, 1]

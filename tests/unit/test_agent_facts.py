@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from rankrun.agent.facts import exception_of, failure, failure_from, failure_value, job_outcome, workers_outcome
+from rankrun.agent.facts import (
+    exception_of,
+    failure,
+    failure_from,
+    failure_line,
+    failure_value,
+    job_outcome,
+    workers_outcome,
+)
 from rankrun.events.records import Failure
 from rankrun.proc.group import Exit, GroupOutcome
 from rankrun.rendezvous.keys import RoundWord, result_from, result_value
@@ -69,3 +77,11 @@ def test_a_nodes_result_carries_its_root_cause():
 ])
 def test_how_the_job_ended_from_its_exit_code(code, error, word):
     assert job_outcome(code, error) == word
+
+
+def test_a_failure_in_one_line_as_another_node_says_it():
+    assert failure_line(Failure(0, 5, "node-3", 1, None, "ValueError: bad lr")) == \
+        "rank 5 on node-3 exited 1: ValueError: bad lr"
+    assert failure_line(Failure(2, 0, "10.0.0.1", None, "SIGKILL", None)) == "rank 0 on 10.0.0.1 killed by SIGKILL"
+    assert failure_line(Failure(0, 7, "", 3, None, None)) == "rank 7 exited 3"
+    assert failure_line(Failure(0, 7, "h", None, None, None)) == "rank 7 on h failed"

@@ -16,6 +16,7 @@ import signal
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
+from rankrun.agent.lines import ConsoleLines
 from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.watch import DONE, STARTING
@@ -48,6 +49,7 @@ LOCAL_ADDRESS = "127.0.0.1"  # one node's address for its events and metrics, wi
 async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) -> int:
     loop = asyncio.get_running_loop()
     deps.events.run = spec.rendezvous.run_id
+    deps.events.add(ConsoleLines(deps.console.say, spec.restart.max_restarts))
     watchdog = deps.watchdog
     observers = JobObservers(spec, deps.events, lambda line: deps.console.write_blocking(deps.console.stderr_fd,
                                                                                         f"{line}\n".encode()),
@@ -136,8 +138,7 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         if root is not None:  # the job's root cause: this node is the job
             deps.events.emit(failure(root, attempt, deps.events.node))
         if action is Action.RESTART:
-            why = _say_restart(deps.console, result, restarts, spec.restart.max_restarts)
-            deps.events.emit(Restart(attempt + 1, why, spec.restart.max_restarts - restarts - 1))
+            deps.events.emit(Restart(attempt + 1, _restart_reason(result), spec.restart.max_restarts - restarts - 1))
             restarts += 1
             continue
         if isinstance(event, Signalled):
@@ -148,14 +149,12 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         return Outcome.succeeded(restarts)
 
 
-def _say_restart(console: Console, attempt: AttemptResult, restarts: int, max_restarts: int) -> str:
-    """The restart's line; what failed (the ``restart`` event's reason)."""
-    root = root_cause(attempt.results)
-    what = one_line(root) if root else "workers failed"
+def _restart_reason(attempt: AttemptResult) -> str:
+    """What failed, the ``restart`` event's reason (its console line is ``agent.lines``')."""
     if attempt.outcome.stalled is not None:
-        what = f"the workers stalled ({attempt.outcome.stalled})"
-    console.say(f"attempt {restarts} failed: {what}; restarting workers ({restarts + 1}/{max_restarts} restarts used)")
-    return what
+        return f"the workers stalled ({attempt.outcome.stalled})"
+    root = root_cause(attempt.results)
+    return one_line(root) if root else "workers failed"
 
 
 def _say_interrupted(console: Console, attempt: AttemptResult) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
-from rankrun.agent.facts import failure, failure_from, failure_value
+from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
@@ -144,8 +144,8 @@ def _tell(deps: AgentDeps, word: RoundWord | None, attempt: int, restarts_left: 
     fact = failure_from(word.failure, attempt) if word.failure is not None else None
     if fact is not None:
         deps.events.emit(fact)
-    if restarts_left is not None:
-        deps.events.emit(Restart(attempt + 1, word.reason, restarts_left))
+    if restarts_left is not None:  # the root cause says more than the coordinator's "node N reported a failure"
+        deps.events.emit(Restart(attempt + 1, failure_line(fact) if fact is not None else word.reason, restarts_left))
 
 
 def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:

@@ -1,0 +1,24 @@
+"""The console's lines that say a lifecycle fact, made from the event alone (agent/lines.py)."""
+
+from __future__ import annotations
+
+from rankrun.agent.lines import ConsoleLines, restart_line
+from rankrun.events.records import Failure, Restart, Stall
+from rankrun.events.stream import EventStream
+
+
+def test_a_restart_says_the_failed_attempt_its_reason_and_the_restarts_used():
+    assert restart_line(Restart(1, "rank 1 (pid 7) exited 2", 2), 3) == \
+        "attempt 0 failed: rank 1 (pid 7) exited 2; restarting workers (1/3 restarts used)"
+    assert restart_line(Restart(4, "the workers stalled (no output for 30 s)", 0), 4) == \
+        "attempt 3 failed: the workers stalled (no output for 30 s); restarting workers (4/4 restarts used)"
+
+
+def test_the_stream_says_each_restart_once_and_nothing_else():
+    said: list[str] = []
+    stream = EventStream("run", "node", [ConsoleLines(said.append, 2)])
+    stream.emit(Failure(0, 1, "node", 1, None, "ValueError: x"))
+    stream.emit(Stall("0-1", "stalled"))
+    assert said == []
+    stream.emit(Restart(1, "rank 1 on node exited 1: ValueError: x", 1))
+    assert said == ["attempt 0 failed: rank 1 on node exited 1: ValueError: x; restarting workers (1/2 restarts used)"]
