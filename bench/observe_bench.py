@@ -49,7 +49,6 @@ from harness import (  # noqa: E402
 )
 from rankrun.events.log import EventLog  # noqa: E402
 from rankrun.events.metrics import Metrics  # noqa: E402
-from rankrun.events.ranges import range_string  # noqa: E402
 from rankrun.events.records import (  # noqa: E402
     Failure,
     JobEnd,
@@ -63,6 +62,7 @@ from rankrun.events.records import (  # noqa: E402
     as_json,
 )
 from rankrun.events.stream import EventStream  # noqa: E402
+from rankrun.ranges import range_string  # noqa: E402
 from report import Row, Target, fmt_samples  # noqa: E402
 
 NPROC = 8

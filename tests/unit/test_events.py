@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from rankrun.events import schema_path
 from rankrun.events.log import _json, encode
-from rankrun.events.ranges import parse_ranges, range_string, runs
 from rankrun.events.records import (
     COMMON,
     EVENTS,
@@ -36,6 +35,7 @@ from rankrun.events.records import (
     keys,
 )
 from rankrun.events.stream import EventStream
+from rankrun.ranges import parse_ranges, range_string, runs
 
 pytestmark = pytest.mark.unit
 

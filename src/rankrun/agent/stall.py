@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 from rankrun.clock import seconds
 from rankrun.errors import StoreUnavailable
-from rankrun.events.ranges import range_string
 from rankrun.events.records import Stall
 from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
+from rankrun.ranges import range_string
 from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
 

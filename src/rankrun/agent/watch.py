@@ -32,12 +32,12 @@ from rankrun.agent.env import WorkerIdentity
 from rankrun.agent.facts import workers_outcome
 from rankrun.agent.startup import StartupWatch
 from rankrun.errors import StoreUnavailable
-from rankrun.events.ranges import range_string
 from rankrun.events.records import WorkersEnd, WorkersStart
 from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
 from rankrun.logs.pump import Activity
+from rankrun.ranges import range_string
 from rankrun.spec import EntryKind, LaunchSpec
 from rankrun.stacks.channel import channel_env, drop_if_unused
 from rankrun.stacks.flight import FOLDER, Recorder, enabled, flight_env

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rankrun.events.fields import float_of, int_of
-from rankrun.events.ranges import runs
 from rankrun.listen import listen
+from rankrun.ranges import runs
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PATH = "/metrics"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankrun.events.fields import float_of, int_of, str_of
-from rankrun.events.ranges import parse_ranges
+from rankrun.ranges import parse_ranges
 
 PREFIX = "torchelastic.worker.status."
 ROLE = "default"  # torchrun's only role

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from rankrun.ranges import range_string as ranges  # CPU lists in Cpus_allowed_list's form
 from rankrun.record import record
 
 MODES = ("node", "socket", "exclusive", "core-complex")
@@ -140,15 +141,3 @@ def parse_ranges(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def ranges(cpus: Iterable[int]) -> str:
-    """The inverse of ``parse_ranges``: ``{0, 1, 2, 4}`` → ``0-2,4`` (the form of ``Cpus_allowed_list``)."""
-    out: list[str] = []
-    ordered = sorted(cpus)
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(out)

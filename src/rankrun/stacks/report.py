@@ -11,8 +11,9 @@ not on how many ranks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
+from rankrun.ranges import range_string as ranges
 from rankrun.record import record
 from rankrun.stacks.dump import Dump, Frame
 
@@ -45,17 +46,6 @@ class RankSample:
     proc: ProcState | None  # None: the process is gone
     answered: bool = True  # False: it has the dump handler but nothing came back in time
     children: tuple[Child, ...] = ()
-
-
-def ranges(numbers: Iterable[int]) -> str:
-    """``[0, 1, 2, 4, 6, 7]`` → ``"0-2,4,6-7"``."""
-    spans: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def who(ranks: Sequence[int]) -> str:

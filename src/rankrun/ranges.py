@@ -1,4 +1,5 @@
-"""Ranks as the event schema writes them: ``[0, 1, 2, 3, 8, 10]`` ↔ ``"0-3,8,10"`` (pure).
+"""Ranks (or CPUs) as a range string: ``[0, 1, 2, 3, 8, 10]`` ↔ ``"0-3,8,10"`` (pure): the event schema's ranks, the
+stack reports' rank lists, ``--numa-binding``'s CPU lists.
 
 Sorted, de-duplicated, comma-separated runs; a run of two or more consecutive ranks is ``a-b``; no ranks is ``""``.
 A set of any size that has no gaps is one run, so a 16,384-rank job's ``"0-16383"`` is as short as a 2-rank one's.
