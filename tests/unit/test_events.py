@@ -289,3 +289,8 @@ def test_the_encoder_writes_what_json_dumps_writes(value):
 def test_the_encoder_refuses_what_json_cannot_say(value):
     with pytest.raises(ValueError, match="JSON"):
         _json(value)
+
+
+def test_the_encoder_names_the_type_it_cannot_say():
+    with pytest.raises(ValueError, match="^not JSON: bytes$"):
+        _json({"k": b"x"})
