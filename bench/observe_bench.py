@@ -381,9 +381,8 @@ def details(result: Result) -> list[str]:
         "`agent/watch.py`, `agent/observers.py`): `job.start`; per attempt `rdzv.round`, `workers.start` (ranks as "
         "a range, 8 pids), `startup`; after attempt 0 `workers.end` (`failed` on node 17, `moved_on` on the others), "
         "`failure` and `restart` (the round's word tells every node); `workers.end` of attempt 1; `job.end`. No "
-        "`node.lost` (no node is lost: a failure restarts the round with every node). A `startup` per attempt is "
-        "counted although this commit's agent does not emit it yet (item 5), so the figure holds once it does. Long "
-        "values throughout: a c10d-style run id (39 digits), node addresses like "
+        "`node.lost` (no node is lost: a failure restarts the round with every node). Long values throughout: a "
+        "c10d-style run id (39 digits), node addresses like "
         f"`{host(255)}`, the script `/shared/home/alice/llm/train_llama.py`, 7-digit pids.",
         "",
         "| node | lines | bytes |",
