@@ -11,6 +11,7 @@ caller, as Python APIs do::
     ├── UsageError                    2   bad flag or value; the message names both
     │   ├── ArgumentError             2   argparse's own message (unknown option, bad type)
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
+    ├── NodeExcluded                  4   this node is unhealthy (its check, or blamed too often): drain or reschedule it
     └── LauncherError                 3   the launcher's own machinery failed
         ├── StoreError                3   a listening socket could not be bound (``rankrun.listen``)
         ├── SpawnError                3   a worker process could not be started
@@ -35,6 +36,7 @@ EXIT_SUCCESS = 0
 EXIT_WORKERS_FAILED = 1
 EXIT_USAGE = 2
 EXIT_LAUNCHER = 3
+EXIT_UNHEALTHY = 4  # this node was excluded from its job: a scheduler should drain it, not start it there again
 EXIT_SIGNAL_BASE = 128
 
 
@@ -91,6 +93,13 @@ class ArgumentError(UsageError):
 
 class NotSupportedYetError(UsageError):
     """A well-formed request that this version of rankrun does not implement."""
+
+
+class NodeExcluded(RankrunError):
+    """This node was excluded from the job (its health check failed, or it was blamed for ``--max-node-failures``
+    failures), or it came back to a job that had excluded it: it runs no worker in this job again."""
+
+    exit_code = EXIT_UNHEALTHY
 
 
 class LauncherError(RankrunError):
