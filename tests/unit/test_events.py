@@ -292,5 +292,5 @@ def test_the_encoder_refuses_what_json_cannot_say(value):
 
 
 def test_the_encoder_names_the_type_it_cannot_say():
-    with pytest.raises(ValueError, match="^not JSON: bytes$"):
+    with pytest.raises(ValueError, match=r"^not JSON: bytes$"):
         _json({"k": b"x"})
