@@ -24,8 +24,8 @@ ALLOWED = {
     "os.environ": {"cli.py", "__main__.py", "proc/early.py", "fsutil.py", "run_path.py", "api/launch.py", "api/worker.py",
                    "stacks/shim/sitecustomize.py"},  # the worker-side shim: takes its own variables out again
     "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py", "api/worker.py"},
-    # signalling and reaping processes: only rankrun.proc
-    "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py"},
+    # signalling and reaping processes: only rankrun.proc, and the --health-check runner, which kills its check's group
+    "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "health/check.py"},
     "os.kill": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "proc/early.py"},
     "os.waitpid": {"proc/watchdog.py"},
     "os.fork": {"proc/watchdog.py"},
@@ -33,8 +33,9 @@ ALLOWED = {
     "signal.signal": {"proc/early.py", "proc/watchdog.py"},
     # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT, SIGCHLD's orphan reaping
     "add_signal_handler": {"proc/signals.py", "proc/terminal.py", "proc/watchdog.py"},
-    # worker processes: started only by the spawner (asyncio's subprocess_exec, create_subprocess_exec/_shell)
-    "subprocess_exec": {"proc/spawn.py"},
+    # worker processes: started only by the spawner (asyncio's subprocess_exec, create_subprocess_exec/_shell); the
+    # --health-check command by its runner (rankrun.health is below the agent and cannot use the spawner)
+    "subprocess_exec": {"proc/spawn.py", "health/check.py"},
     # any other process (subprocess.Popen/run/call/check_*, os.system/popen/posix_spawn): the caller's launcher, started
     # from the Python API in the caller's process, and nvidia-smi -L when the driver has no /proc entry
     "subprocess": {"api/launch.py", "devices.py"},

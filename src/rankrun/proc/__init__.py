@@ -1,6 +1,7 @@
 """Processes: the only package that starts workers, and the only one that signals or reaps the launcher's processes.
 
-Two modules outside it run a process of their own: ``rankrun.api.launch`` starts the launcher from the caller's
-process, and interrupts, kills and waits for it there; ``rankrun.devices`` runs ``nvidia-smi -L``. Each use is
-allowed by name in ``tests/unit/test_claims.py``.
+Three modules outside it run a process of their own: ``rankrun.api.launch`` starts the launcher from the caller's
+process, and interrupts, kills and waits for it there; ``rankrun.devices`` runs ``nvidia-smi -L``;
+``rankrun.health.check`` runs the ``--health-check`` command in a process group of its own and kills that group.
+Each use is allowed by name in ``tests/unit/test_claims.py``.
 """

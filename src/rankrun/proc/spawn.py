@@ -1,4 +1,5 @@
-"""Start worker processes: the only user of ``subprocess_exec`` (``tests/unit/test_claims.py`` checks it).
+"""Start worker processes: the only user of ``subprocess_exec`` but for the ``--health-check`` command's runner
+(``rankrun.health.check``; ``tests/unit/test_claims.py`` checks it).
 
 Each worker runs in its own session and process group (so a signal to the group reaches
 everything it started that stayed in the group) with ``PR_SET_PDEATHSIG=SIGKILL`` (so it
