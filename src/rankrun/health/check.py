@@ -116,7 +116,10 @@ async def run_check(cmd: str, env: Mapping[str, str], timeout: float, *,
         if on_spawn is not None:
             on_spawn(proc.pid)
         done, _ = await asyncio.wait([waiter], timeout=timeout)
-        _kill_group(proc.pid)  # ended or not, nothing it started stays: kill first, then drain
+        # ended or not, nothing it started stays: kill first, then drain. The shell may be reaped already: its pid,
+        # the group's id, goes to no new process while the group has members, and to reuse it once the group is empty
+        # the pid space would have to wrap in the microseconds since
+        _kill_group(proc.pid)
         await _bounded(asyncio.shield(waiter), DRAIN_BOUND)  # a shell in uninterruptible sleep is not waited for
         await _bounded(tail.eof.wait(), DRAIN_BOUND)
     except BaseException:  # cancelled (the launcher is stopping): leave nothing running
