@@ -30,6 +30,7 @@ from rankrun.spec import (
     EntryKind,
     EntrySpec,
     HangSpec,
+    HealthSpec,
     LaunchSpec,
     LogSpec,
     ObserveSpec,
@@ -143,6 +144,11 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--hang-action", "--hang_action"), "HANG_ACTION",
      {"default": "report", "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
       "failure: --max-restarts applies)"}),
+    (("--health-check", "--health_check"), "HEALTH_CHECK",
+     {"default": None, "metavar": "CMD", "help": "run CMD (/bin/sh -c) on every node before each round; a non-zero exit "
+      "or a timeout makes the node unhealthy: excluded from the job, exit 4"}),
+    (("--health-check-timeout", "--health_check_timeout"), "HEALTH_CHECK_TIMEOUT",
+     {"default": "60", "metavar": "SECONDS", "help": "kill a --health-check still running after SECONDS (default 60)"}),
     (("--events",), "EVENTS", {"default": None, "metavar": "PATH",
                                "help": "append the job's events as JSON lines to PATH (a file, a FIFO, /dev/stderr)"}),
     (("--metrics-port",), "METRICS_PORT", {"default": None, "metavar": "PORT",
@@ -183,7 +189,8 @@ def build_parser(env: Mapping[str, str], *, legacy: bool = False) -> argparse.Ar
         prog=LEGACY if legacy else "rankrun",
         usage=f"{LEGACY if legacy else 'rankrun'} [options] SCRIPT [ARGS...]",
         description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun.",
-        epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 128+N stopped by signal N",
+        epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 4 this node unhealthy "
+        "(excluded: drain it), 128+N stopped by signal N",
         formatter_class=_Formatter,
     )
     for names, pet, kwargs in _OPTIONS:
@@ -473,6 +480,18 @@ def _hang(ns: argparse.Namespace) -> HangSpec:
     return HangSpec(timeout, ns.hang_action)
 
 
+def _health(ns: argparse.Namespace) -> HealthSpec:
+    try:
+        timeout = float(ns.health_check_timeout)
+    except ValueError:
+        raise UsageError("--health-check-timeout", ns.health_check_timeout, "expected seconds (a number)") from None
+    if not 0 < timeout < float("inf"):
+        raise UsageError("--health-check-timeout", ns.health_check_timeout, "must be more than 0")
+    if ns.health_check is not None and not ns.health_check.strip():
+        raise UsageError("--health-check", ns.health_check, "expected a command")
+    return HealthSpec(ns.health_check, timeout)
+
+
 def _observe(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> ObserveSpec:
     port: int | None = None
     if ns.metrics_port is not None:
@@ -530,6 +549,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
         etcd_password=_etcd_files(rdzv),
         hang=_hang(ns),
         observe=_observe(ns, env, nproc),
+        health=_health(ns),
     )
 
 

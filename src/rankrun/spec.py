@@ -217,6 +217,14 @@ class HangSpec:
 
 
 @record
+class HealthSpec:
+    """``--health-check CMD`` / ``--health-check-timeout``: the command a node runs before each round it joins."""
+
+    check: str | None = None  # run with /bin/sh -c; None: no check
+    timeout: float = 60.0  # seconds before the check (its whole process group) is killed and the node unhealthy
+
+
+@record
 class ObserveSpec:
     """Who consumes the job's events: ``--events``, ``--metrics-port``, torchelastic's own lines on stderr
     (``--event-log-handler console``) and dcgm-exporter's GPU-to-job files (``DCGM_HPC_JOB_MAPPING_DIR``)."""
@@ -254,6 +262,7 @@ class LaunchSpec:
     etcd_password: str | None = field(default=None, repr=False)  # --rdzv-conf password_file's content
     hang: HangSpec = HangSpec()
     observe: ObserveSpec = ObserveSpec()
+    health: HealthSpec = HealthSpec()
 
     @property
     def multi_node(self) -> bool:

@@ -16,11 +16,12 @@ import signal
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
+from rankrun.agent.gate import excluded, unhealthy
 from rankrun.agent.lines import ConsoleLines
 from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.watch import DONE, STARTING
-from rankrun.errors import LauncherError, RankrunError, exit_code
+from rankrun.errors import LauncherError, NodeExcluded, RankrunError, exit_code
 from rankrun.events.records import RdzvRound, Restart
 from rankrun.listen import hold
 from rankrun.logs.console import Console
@@ -118,11 +119,14 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
     restarts, attempt = 0, -1
     while True:
         attempt += 1
-        early = stops.take_pending()
+        sick = await unhealthy(spec, deps, stops)  # before every attempt, the first included (--health-check)
+        early = stops.take_pending()  # a stop during the check ended it: the stop wins
         if isinstance(early, Interrupted):
             when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
             deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
             return Outcome.signalled(early.signum, restarts)
+        if sick is not None:
+            raise NodeExcluded(excluded(deps.host, spec.rendezvous.run_id, sick))
         formed = asyncio.get_running_loop().time()
         await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
         # one node's rendezvous is the fresh keyspace: a round per attempt, as torchrun has one per restart

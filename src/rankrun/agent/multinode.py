@@ -27,10 +27,11 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
+from rankrun.agent.gate import excluded, unhealthy
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
-from rankrun.errors import LauncherError
+from rankrun.errors import LauncherError, NodeExcluded
 from rankrun.events.records import NodeLost, RdzvRound, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
@@ -60,6 +61,9 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
     if not etcd and spec.secret is None:
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
+    sick = await unhealthy(spec, deps, stops)  # a node that fails its first check never joins the job
+    if sick is not None:
+        raise NodeExcluded(excluded(deps.host, rdzv.run_id, sick))
     try:
         async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous) as session:
             if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it

@@ -43,7 +43,7 @@ import os
 import signal
 import subprocess
 import termios
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -260,6 +260,27 @@ class OsSpawner:
         self._on_spawn = on_spawn
         self.spawning = 0  # spawns under way: a fresh worker's pid is not in ``live`` yet
         self.live: set[int] = set()  # workers not yet reaped by the event loop's child watcher
+
+    @contextlib.contextmanager
+    def foreign(self) -> Iterator[Callable[[int], None]]:
+        """For a child started outside ``spawn`` (the ``--health-check`` command): a spawn under way until the block
+        is told its pid, then in ``live`` until the block ends (by when the event loop has reaped it), so the stray
+        reaper never takes the exit status the event loop waits for."""
+        started: list[int] = []
+
+        def told(pid: int) -> None:
+            if not started:
+                self.spawning -= 1
+            started.append(pid)
+            self.live.add(pid)
+
+        self.spawning += 1
+        try:
+            yield told
+        finally:
+            if not started:
+                self.spawning -= 1
+            self.live.difference_update(started)
 
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()

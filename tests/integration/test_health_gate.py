@@ -1,0 +1,117 @@
+"""``--health-check CMD``: run before each attempt on real launchers; an unhealthy node runs no worker and exits 4.
+
+Plain ``sh`` checks and ``--no-python`` workers: the launcher's behaviour is the point. Each check writes what it
+saw to a file of the test's own, so the tests count the checks and read their environment instead of guessing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import alive, clean_environ, run_cli, wait_gone
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
+WORKER = ["--no-python", "sh", "-c", 'echo "ran $RANK" >> "$OUT/workers"; echo "$TORCHELASTIC_RUN_ID" > "$OUT/run"; '
+          '[ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ -n "$FAIL_ONCE" ] && exit 5; exit 0']
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return clean_environ() | {"OUT": str(tmp_path)} | extra
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_an_unhealthy_node_runs_no_worker_and_exits_4_naming_the_checks_last_line(tmp_path):
+    check = 'echo "checking GPUs"; echo "GPU 3: uncorrectable ECC error" >&2; echo; exit 1'
+    done = run_cli("--nproc-per-node", "2", "--health-check", check, *WORKER, env=_env(tmp_path))
+    assert done.returncode == 4, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("rankrun")]
+    assert len(said) == 1 and "unhealthy: health check: GPU 3: uncorrectable ECC error" in said[0], done.stderr
+    assert "drain it" in said[0]
+    assert _lines(tmp_path / "workers") == []  # no worker ever started
+
+
+def test_the_check_runs_before_every_attempt_with_the_nodes_environment(tmp_path):
+    check = 'echo "$LOCAL_WORLD_SIZE $TORCHELASTIC_RUN_ID $KEPT" >> "$OUT/checks"'
+    done = run_cli("--nproc-per-node", "2", "--max-restarts", "1", "--health-check", check,
+                   *WORKER, env=_env(tmp_path, FAIL_ONCE="1", KEPT="from-the-launcher"))
+    assert done.returncode == 0, done.stderr
+    run = (tmp_path / "run").read_text().strip()  # the run id the workers saw
+    assert run and _lines(tmp_path / "checks") == [f"2 {run} from-the-launcher"] * 2  # attempt 0, and before the restart
+    assert sorted(_lines(tmp_path / "workers")) == ["ran 0", "ran 0", "ran 1", "ran 1"]
+
+
+def test_a_check_that_fails_before_the_restart_ends_the_job_there(tmp_path):
+    check = '[ -e "$OUT/checked" ] && { echo "NIC down" >&2; exit 1; }; touch "$OUT/checked"'
+    done = run_cli("--nproc-per-node", "2", "--max-restarts", "3", "--health-check", check, *WORKER,
+                   env=_env(tmp_path, FAIL_ONCE="1"))
+    assert done.returncode == 4, done.stderr
+    assert "health check: NIC down" in done.stderr
+    assert sorted(_lines(tmp_path / "workers")) == ["ran 0", "ran 1"]  # attempt 0 only
+
+
+def test_a_hanging_check_is_killed_at_its_timeout_with_its_whole_process_group(tmp_path):
+    check = 'sleep 300 & echo $! > "$OUT/child"; echo $$ > "$OUT/shell"; wait'
+    started = time.monotonic()
+    done = run_cli("--nproc-per-node", "1", "--health-check-timeout", "0.5", "--health-check", check, *WORKER,
+                   env=_env(tmp_path))
+    took = time.monotonic() - started
+    assert done.returncode == 4, done.stderr
+    assert "health check: timed out after 0.5 s" in done.stderr
+    pids = [int((tmp_path / name).read_text()) for name in ("child", "shell")]
+    assert wait_gone(pids, 5.0) == [], "the check's group outlived it"
+    assert took < 60, took  # not the default timeout
+    assert _lines(tmp_path / "workers") == []
+
+
+def test_sigterm_during_the_check_stops_it_and_the_launcher(launch, tmp_path):
+    check = 'echo $$ > "$OUT/shell.tmp"; mv "$OUT/shell.tmp" "$OUT/shell"; echo CHECKING; sleep 300'
+    run = launch("--nproc-per-node", "1", "--health-check", check, *WORKER, env=_env(tmp_path))
+    _wait_file(tmp_path / "shell")  # the check runs (its output is not the console's)
+    shell = int((tmp_path / "shell").read_text())
+    assert alive(shell)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=30) == 128 + signal.SIGTERM
+    assert wait_gone([shell], 5.0) == []
+    assert _lines(tmp_path / "workers") == []
+
+
+def _wait_file(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (("--health-check-timeout", "0"), "--health-check-timeout '0': must be more than 0"),
+    (("--health-check-timeout", "soon"), "--health-check-timeout 'soon': expected seconds"),
+    (("--health-check", ""), "--health-check '': expected a command"),
+])
+def test_bad_values_are_one_line_and_exit_2(tmp_path, args, named):
+    done = run_cli("--nproc-per-node", "1", *args, *WORKER, env=_env(tmp_path))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
+
+
+def test_pet_health_check_sets_it(tmp_path):
+    done = run_cli("--nproc-per-node", "1", *WORKER, env=_env(tmp_path, PET_HEALTH_CHECK="echo sick; exit 3"))
+    assert done.returncode == 4 and "health check: sick" in done.stderr, done.stderr
+    assert os.path.exists(tmp_path) and _lines(tmp_path / "workers") == []
+
+
+def test_kill_dash_nine_of_the_launcher_takes_the_check_along(launch, tmp_path):
+    check = 'sleep 300 & echo $! > "$OUT/child"; echo $$ > "$OUT/shell.tmp"; mv "$OUT/shell.tmp" "$OUT/shell"; wait'
+    run = launch("--nproc-per-node", "1", "--health-check", check, *WORKER, env=_env(tmp_path))
+    _wait_file(tmp_path / "shell")
+    pids = [int((tmp_path / name).read_text()) for name in ("shell", "child")]
+    run.proc.kill()
+    run.finish(timeout=30)
+    assert wait_gone(pids, 10.0) == [], "the launcher's watchdog left the check running"
