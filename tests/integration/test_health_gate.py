@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive, clean_environ, run_cli, wait_gone
+from conftest import alive, clean_environ, fresh_loopback, run_cli, wait_gone
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -115,3 +115,20 @@ def test_kill_dash_nine_of_the_launcher_takes_the_check_along(launch, tmp_path):
     run.proc.kill()
     run.finish(timeout=30)
     assert wait_gone(pids, 10.0) == [], "the launcher's watchdog left the check running"
+
+
+def test_on_several_nodes_a_node_whose_first_check_fails_never_joins(launch, tmp_path):
+    addr = fresh_loopback()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    common = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:29400", "--rdzv-id", "gate",
+              "--rdzv-conf", "last_call_timeout=0.2", "--nproc-per-node", "1"]
+    env = clean_environ() | {"RANKRUN_RDZV_SECRET": "gate-secret"}
+    sick = launch(*common, "--local-addr", "127.0.0.1", "--health-check", "echo 'no InfiniBand port is up'; exit 1",
+                  *WORKER, env=env | {"OUT": str(tmp_path / "b")})
+    assert sick.finish(timeout=30) == 4
+    assert any("unhealthy: health check: no InfiniBand port is up" in line for line in sick.err), sick.err
+    host = launch(*common, "--local-addr", addr, "--health-check", "true", *WORKER, env=env | {"OUT": str(tmp_path / "a")})
+    assert host.finish(timeout=60) == 0, host.err
+    assert _lines(tmp_path / "a" / "workers") == ["ran 0"]
+    assert _lines(tmp_path / "b" / "workers") == []
