@@ -217,11 +217,6 @@ def host(node: int) -> str:
     return f"gpu-node-{node:04d}.a100-pool-7.cluster.example.com"
 
 
-def node_id(node: int) -> str:
-    """A rendezvous node id as rankrun makes them: hostname, pid, 6 hex digits (``rendezvous/session.py``)."""
-    return f"{host(node)}-{4_000_000 + node}-{(node * 2654435761) % 0xFFFFFF:06x}"
-
-
 EXCEPTION = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
              "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5")
 
@@ -245,7 +240,7 @@ def node_facts(node: int, exception: str) -> list[Record]:
             facts += [
                 WorkersEnd(0, "failed" if node == FAIL_NODE else "moved_on"),
                 Failure(0, failed_rank, host(FAIL_NODE), 1, None, exception),
-                Restart(1, f"node {node_id(FAIL_NODE)} reported a worker failure", 0),
+                Restart(1, f"rank {failed_rank} on {host(FAIL_NODE)} exited 1: {exception}", 0),  # agent.facts.failure_line
             ]
         else:
             facts.append(WorkersEnd(1, "succeeded"))

@@ -18,6 +18,7 @@ from rankrun.events.log import _json, encode
 from rankrun.events.records import (
     COMMON,
     EVENTS,
+    REASON_LIMIT,
     TEXT_LIMIT,
     Failure,
     JobEnd,
@@ -194,6 +195,17 @@ def test_a_users_long_text_is_cut_so_a_line_fits_a_pipe_whole():
             assert len(encode(_stream().emit(fact))) <= select.PIPE_BUF
     exact = "y" * TEXT_LIMIT
     assert as_json(Stall(ranks="0", title=exact))["title"] == exact
+
+
+def test_a_restarts_reason_repeats_the_exception_and_is_cut_shorter():
+    for text in ("x" * 10_000, "\x00" * 10_000, "\U0001f525" * 10_000):
+        obj = as_json(_stream().emit(Restart(attempt=1, reason=text, restarts_left=0)))
+        assert obj["reason"] == text[: REASON_LIMIT - 1] + "…"
+        assert _errors(obj) == []
+    exact = "r" * REASON_LIMIT
+    assert as_json(Restart(attempt=1, reason=exact, restarts_left=0))["reason"] == exact
+    longer = as_json(Restart(attempt=1, reason=exact, restarts_left=0)) | {"reason": exact + "r"}
+    assert _errors(longer)  # the schema says so too
 
 
 def test_a_line_is_one_line_of_compact_utf8():

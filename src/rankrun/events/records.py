@@ -18,6 +18,7 @@ from rankrun.record import record
 VERSION = 1
 COMMON = ("ts", "mono", "run", "node")  # every record's last four fields, in this order; the emitter's to fill
 TEXT_LIMIT = 500  # characters of ``Failure.exception`` and ``Stall.title`` in the JSON (schema.json's maxLength)
+REASON_LIMIT = 200  # characters of ``Restart.reason`` in the JSON (schema.json's maxLength)
 
 WorkersOutcome = Literal["succeeded", "failed", "stopped", "interrupted", "moved_on", "stalled"]
 JobOutcome = Literal["succeeded", "failed", "interrupted", "error"]
@@ -179,7 +180,9 @@ EVENTS: dict[type[Record], str] = {
     JobEnd: "job.end",
 }
 _KINDS: dict[str, type[Record]] = {name: kind for kind, name in EVENTS.items()}
-_CUT = {(Failure, "exception"), (Stall, "title")}
+# the free text cut in the JSON, and to how many characters: a restart's reason repeats the failure's exception,
+# which its ``failure`` event already carries whole (to TEXT_LIMIT), so a node's file stays small
+_CUT = {(Failure, "exception"): TEXT_LIMIT, (Stall, "title"): TEXT_LIMIT, (Restart, "reason"): REASON_LIMIT}
 
 
 def keys(kind: type[Record]) -> tuple[str, ...]:
@@ -202,8 +205,8 @@ def as_json(fact: Record) -> dict[str, object]:
         value = getattr(fact, name)
         if isinstance(value, tuple):
             value = list(value)
-        elif isinstance(value, str) and (kind, name) in _CUT and len(value) > TEXT_LIMIT:
-            value = value[: TEXT_LIMIT - 1] + "…"
+        elif isinstance(value, str) and len(value) > _CUT.get((kind, name), len(value)):
+            value = value[: _CUT[kind, name] - 1] + "…"
         out[name] = value
     return out
 
