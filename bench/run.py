@@ -27,6 +27,7 @@ import api_bench
 import console_bench
 import failure_bench
 import faults_bench
+import health_bench
 import launch_bench
 import observe_bench
 import rendezvous_bench
@@ -52,7 +53,8 @@ from harness import (
 )
 from report import Row, markdown_table, text_table
 
-METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe")
+METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe",
+           "health")
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,17 @@ class Plan:
     api_reps: int
     observe_reps: int
     observe_fail_reps: int
+    health_reps: int
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
-            rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7)
+            rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
+            health_reps=21)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
-             rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2)
+             rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
+             health_reps=5)
 
 
 @dataclass
@@ -203,9 +208,13 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = observe_bench.run(plan.observe_reps, plan.observe_fail_reps)
         return observe_bench.rows(r), observe_bench.details(r)
 
+    def health() -> tuple[list[Row], list[str]]:
+        r = health_bench.run(plan.health_reps)
+        return health_bench.rows(r), health_bench.details(r)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
-            "observe": observe}
+            "observe": observe, "health": health}
 
 
 def warm_up() -> None:
@@ -283,7 +292,7 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
         f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}, api {plan.api_reps}, "
-        f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps})",
+        f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps}), health {plan.health_reps}",
         "",
         "## Summary (medians)",
         "",
