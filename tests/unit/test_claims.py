@@ -22,36 +22,43 @@ ALLOWED = {
     # The Python API is an entry point too: api/launch.py hands the caller's environment to the launcher it starts,
     # api/worker.py is a worker's main (its arguments, its RANK), as run_path.py is.
     "os.environ": {"cli.py", "__main__.py", "proc/early.py", "fsutil.py", "run_path.py", "api/launch.py", "api/worker.py",
-                   "stacks/shim/sitecustomize.py"},  # the worker-side shim: takes its own variables out again
+                   "stacks/shim/sitecustomize.py",  # the worker-side shim: takes its own variables out again
+                   "health/__main__.py"},  # python -m rankrun.health: LOCAL_WORLD_SIZE, PATH (nvidia-smi), its /proc seam
     "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py", "api/worker.py"},
-    # signalling and reaping processes: only rankrun.proc, and the --health-check runner, which kills its check's group
-    "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "health/check.py"},
+    # signalling and reaping processes: only rankrun.proc; the --health-check runner, which kills its check's group;
+    # python -m rankrun.health's probes (health/isolate.py), each forked in a process group of its own, killed with it
+    # at its timeout, reaped
+    "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "health/check.py", "health/isolate.py"},
     "os.kill": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "proc/early.py"},
-    "os.waitpid": {"proc/watchdog.py"},
-    "os.fork": {"proc/watchdog.py"},
-    # signal dispositions: the early catcher (and the watchdog's own child, which ignores them)
-    "signal.signal": {"proc/early.py", "proc/watchdog.py"},
+    "os.waitpid": {"proc/watchdog.py", "health/isolate.py"},
+    "os.fork": {"proc/watchdog.py", "health/isolate.py"},
+    # signal dispositions: the early catcher (and the watchdog's own child, which ignores them); the health command's
+    # stop signals (its probes' groups killed) and its probes' backstop timer
+    "signal.signal": {"proc/early.py", "proc/watchdog.py", "health/isolate.py"},
     # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT, SIGCHLD's orphan reaping
     "add_signal_handler": {"proc/signals.py", "proc/terminal.py", "proc/watchdog.py"},
     # worker processes: started only by the spawner (asyncio's subprocess_exec, create_subprocess_exec/_shell); the
     # --health-check command by its runner (rankrun.health is below the agent and cannot use the spawner)
     "subprocess_exec": {"proc/spawn.py", "health/check.py"},
     # any other process (subprocess.Popen/run/call/check_*, os.system/popen/posix_spawn): the caller's launcher, started
-    # from the Python API in the caller's process, and nvidia-smi -L when the driver has no /proc entry
-    "subprocess": {"api/launch.py", "devices.py"},
+    # from the Python API in the caller's process, nvidia-smi -L when the driver has no /proc entry, and the health
+    # command's nvidia-smi -L and -q (posix_spawnp, in a probe's process group)
+    "subprocess": {"api/launch.py", "devices.py", "health/isolate.py"},
     # a process object signalled by its method (.send_signal, .kill, .terminate): the Python API's launcher; rankrun.proc
     # signals with os.kill/os.killpg above
     ".send_signal": {"api/launch.py"},
     # the launcher's stdout and stderr: logs/console.py writes them with os.write once the job runs; before it only the
     # CLI prints (usage errors, notes, rankrun --stacks's answer). __main__.py flushes Python's own streams at exit, and
     # the Python API relays the launcher's output to its caller's streams. (The CLI also asks stdout's terminal width.)
-    # python -m rankrun.timeline, no launcher, prints its one line: the page it wrote, or its bad input.
-    "print": {"cli.py", "timeline/__main__.py"},
-    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py", "timeline/__main__.py"},
+    # python -m rankrun.timeline, no launcher, prints its one line: the page it wrote, or its bad input. python -m
+    # rankrun.health prints its failures (stdout) or its bad input (stderr).
+    "print": {"cli.py", "timeline/__main__.py", "health/__main__.py"},
+    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py", "timeline/__main__.py", "health/__main__.py"},
     "sys.stdout": {"cli.py", "__main__.py", "api/launch.py"},
     # an exit code given as a number: none of the launcher's; its exit codes are named (errors.py). The watchdog's
-    # forked child exits 0, and an API worker whose fn raised exits 1, as Python does for an uncaught exception.
-    "exit(<int>)": {"proc/watchdog.py", "api/worker.py"},
+    # forked child exits 0, as a health probe's forked child does, and an API worker whose fn raised exits 1, as Python
+    # does for an uncaught exception.
+    "exit(<int>)": {"proc/watchdog.py", "api/worker.py", "health/isolate.py"},
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
     "create_server": {"listen.py"},
     "start_server": set(),
@@ -215,9 +222,9 @@ def _derives_from_the_tree(node: ast.ClassDef) -> bool:
 def test_exit_codes_are_chosen_in_one_place():
     """The job's codes by ``Outcome``'s constructors (agent/attempt.py), a launcher error's and a signal's by errors.py,
     the fallback of the process by main.py, ``rankrun --stacks``'s success by cli.py, ``python -m rankrun.timeline``'s
-    by its main: "where are exit codes chosen" has one answer per kind. No exit code is a bare number (``exit(<int>)`` above; and here the returns of the functions
+    and ``python -m rankrun.health``'s by their mains: "where are exit codes chosen" has one answer per kind. No exit code is a bare number (``exit(<int>)`` above; and here the returns of the functions
     whose value is the process's exit code)."""
-    allowed = {"errors.py", "agent/attempt.py", "main.py", "cli.py", "timeline/__main__.py"}
+    allowed = {"errors.py", "agent/attempt.py", "main.py", "cli.py", "timeline/__main__.py", "health/__main__.py"}
     users = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -231,7 +238,8 @@ def test_exit_codes_are_chosen_in_one_place():
     assert literal == []
 
 
-EXIT_CODE_FUNCTIONS = [("cli.py", "main"), ("cli.py", "_stacks"), ("main.py", "launch"), ("timeline/__main__.py", "main")]
+EXIT_CODE_FUNCTIONS = [("cli.py", "main"), ("cli.py", "_stacks"), ("main.py", "launch"), ("timeline/__main__.py", "main"),
+                       ("health/__main__.py", "main")]
 
 
 def _returns_a_number(path: Path, function: str) -> bool:

@@ -1,0 +1,99 @@
+"""The pure rules of ``python -m rankrun.health``: sizes, the open-files rule, and what nvidia-smi's text says.
+
+The ``nvidia-smi -q`` excerpts are laid out as real drivers print them (a ``GPU <bus id>`` line opens each GPU's
+section; recent drivers print ``GPU Recovery Action`` and mark the older ``GPU Reset Status`` fields deprecated).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rankrun.health.probes import format_size, listed_gpus, nofile_needed, parse_size, pending_recovery
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("0", 0), ("1", 1), ("512", 512), ("1K", 1024), ("20G", 20 * 2**30), ("20g", 20 * 2**30), ("20GB", 20 * 2**30),
+    ("20GiB", 20 * 2**30), ("1.5M", 3 * 2**19), ("2T", 2 * 2**40), (" 3M ", 3 * 2**20), ("7B", 7),
+])
+def test_sizes_are_binary_with_an_optional_suffix(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "G", "-1", "-1G", "20X", "1e3", "20 G", "1.G", "20GG", "inf", "nan"])
+def test_a_size_that_is_not_one_is_refused(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("size", "shown"), [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (3 * 2**29, "1.5 GiB"), (20 * 2**30, "20.0 GiB"),
+    (2**40 - 1, "1024.0 GiB"), (2**40, "1.0 TiB"),
+])
+def test_sizes_are_shown_in_binary_units(size, shown):
+    assert format_size(size) == shown
+
+
+def test_the_open_files_rule_is_64_plus_32_per_local_worker():
+    assert [nofile_needed(n) for n in (0, 1, 8, 32)] == [64, 96, 320, 1088]
+
+
+LISTING = """\
+GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5d3e1c2a-0000-0000-0000-000000000000)
+GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-5d3e1c2a-0000-0000-0000-000000000001)
+  MIG 3g.40gb     Device  0: (UUID: MIG-11111111-0000-0000-0000-000000000000)
+  MIG 3g.40gb     Device  1: (UUID: MIG-11111111-0000-0000-0000-000000000001)
+GPU 10: NVIDIA H100 80GB HBM3 (UUID: GPU-5d3e1c2a-0000-0000-0000-00000000000a)
+"""
+
+
+def test_gpus_are_the_listings_gpu_lines_not_its_mig_devices():
+    assert listed_gpus(LISTING) == 3
+
+
+def test_a_listing_without_gpus_counts_none():
+    assert listed_gpus("No devices were found\n") == 0
+    assert listed_gpus("Unable to determine the device handle for GPU0000:18:00.0: Unknown Error\n") == 0
+
+
+def _section(bus: str, action: str, reset_required: str = "Requested functionality has been deprecated",
+             drain: str = "Requested functionality has been deprecated") -> str:
+    return (f"GPU {bus}\n"
+            "    Product Name                          : NVIDIA H200\n"
+            "    GPU Reset Status\n"
+            f"        Reset Required                    : {reset_required}\n"
+            f"        Drain and Reset Recommended       : {drain}\n"
+            f"    GPU Recovery Action                   : {action}\n"
+            "    GSP Firmware Version                  : 570.86.15\n"
+            "    PCI\n"
+            f"        Bus Id                            : {bus}\n")
+
+
+HEADER = "==============NVSMI LOG==============\n\nTimestamp                                 : Wed Dec  2 17:00:00 2026\nAttached GPUs                             : 2\n"
+
+
+def test_a_healthy_node_has_nothing_pending():
+    assert pending_recovery(HEADER + _section("00000000:18:00.0", "None") + _section("00000000:2A:00.0", "None")) == []
+
+
+@pytest.mark.parametrize("action", ["Reset", "Reboot", "Drain P2P", "Drain and Reset", "GPU_RESET", "Unknown Error"])
+def test_a_recovery_action_other_than_none_names_its_gpu(action):
+    text = HEADER + _section("00000000:18:00.0", "None") + _section("00000000:2A:00.0", action)
+    assert pending_recovery(text) == [f"GPU 00000000:2A:00.0: recovery action {action} (nvidia-smi -q)"]
+
+
+@pytest.mark.parametrize("action", ["N/A", "[N/A]", "Not Supported", "GPU_RECOVERY_ACTION_NONE", ""])
+def test_a_driver_that_cannot_tell_asks_for_nothing(action):
+    assert pending_recovery(HEADER + _section("00000000:18:00.0", action)) == []
+
+
+def test_an_older_drivers_reset_status_fields_count_when_yes():
+    text = (HEADER + _section("00000000:18:00.0", "N/A", reset_required="No", drain="No")
+            + _section("00000000:2A:00.0", "N/A", reset_required="Yes", drain="Yes"))
+    assert pending_recovery(text) == ["GPU 00000000:2A:00.0: reset required (nvidia-smi -q)",
+                                      "GPU 00000000:2A:00.0: drain and reset recommended (nvidia-smi -q)"]
+
+
+def test_every_gpu_pending_is_named():
+    text = HEADER + _section("00000000:18:00.0", "Reboot") + _section("00000000:2A:00.0", "Reboot")
+    assert pending_recovery(text) == ["GPU 00000000:18:00.0: recovery action Reboot (nvidia-smi -q)",
+                                      "GPU 00000000:2A:00.0: recovery action Reboot (nvidia-smi -q)"]
