@@ -224,6 +224,16 @@ def test_a_hung_probe_is_killed_with_its_process_group_at_its_timeout(tmp_path, 
     assert took < 15, took
 
 
+def test_a_probe_killed_before_it_answers_says_by_what(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nkill -9 $PPID\n")  # its probe's process dies, as by the OOM killer
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    proc = _run("--gpus", "8", "--nofile", "0", env=_env(bin_dir))
+    assert (proc.returncode, _lines(proc)) == (1, ["rankrun.health: gpus: ended by signal 9 before it answered",
+                                                   "rankrun.health: gpu-recovery: ended by signal 9 before it answered"])
+
+
 def _start_hung(tmp_path: Path, reaper: Reaper, timeout: str) -> tuple[subprocess.Popen[str], list[int]]:
     pids, _ = _hanging_stand_in(tmp_path / "bin", reaper.watch_dir(tmp_path / "pids"))
     proc = subprocess.Popen([*HEALTH, "--gpus", "8", "--timeout", timeout, "--nofile", "0"], env=_env(tmp_path / "bin"),
