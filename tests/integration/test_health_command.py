@@ -206,6 +206,16 @@ def test_without_nvidia_smi_gpus_are_the_drivers_entries(tmp_path):
         f"{tmp_path}/driver/nvidia/gpus does not exist (1 GPUs asked)"])
 
 
+def test_every_failure_is_a_line_the_hardware_last(tmp_path):
+    """A launcher quotes the last line as the node's reason: a GPU short says more than a setting."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    proc = _run("--gpus", "9", "--paths", str(tmp_path / "missing"), "--min-free", str(_free(tmp_path)[1] + 1),
+                "--min-shm", "0", "--log-dir", str(tmp_path), "--nofile", "100", env=_env(_stand_in(tmp_path / "bin")),
+                limit=(99, hard))
+    assert proc.returncode == 1, proc
+    assert [line.split(": ")[1] for line in _lines(proc)] == ["nofile", "free-space", f"path {tmp_path / 'missing'}", "gpus"]
+
+
 def test_a_hung_probe_is_killed_with_its_process_group_at_its_timeout(tmp_path, reaper: Reaper):
     pids, starts = _hanging_stand_in(tmp_path / "bin", reaper.watch_dir(tmp_path / "pids"))
     began = time.monotonic()
@@ -213,8 +223,8 @@ def test_a_hung_probe_is_killed_with_its_process_group_at_its_timeout(tmp_path, 
                 env=_env(tmp_path / "bin"))
     took = time.monotonic() - began
     assert (proc.returncode, _lines(proc)) == (1, [
-        "rankrun.health: gpus: timed out after 2.5 s", "rankrun.health: gpu-recovery: timed out after 2.5 s",
-        f"rankrun.health: path {tmp_path / 'missing'}: No such file or directory"])
+        f"rankrun.health: path {tmp_path / 'missing'}: No such file or directory",
+        "rankrun.health: gpus: timed out after 2.5 s", "rankrun.health: gpu-recovery: timed out after 2.5 s"])
     recorded = _read_pids(pids)
     assert len(recorded) == 4, recorded  # nvidia-smi -L and -q, each with its child
     assert wait_gone(recorded, 0.5) == []  # killed at the timeout, not by their own backstop (at 5 s)

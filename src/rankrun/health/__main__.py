@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -102,33 +103,30 @@ def _nofile(text: str | None, env: Mapping[str, str]) -> tuple[int, str]:
     return nofile_needed(workers), f"64 + 32 x LOCAL_WORLD_SIZE {workers}"
 
 
-def _bind(fn: Callable[..., list[str]], *args: object, **kwargs: object) -> Callable[[], list[str]]:
-    return lambda: fn(*args, **kwargs)
-
-
 def probes(args: argparse.Namespace, env: Mapping[str, str]) -> list[Probe]:
-    """The probes the command line asks for, in the order their failures are printed (the last line is the one a
-    launcher quotes: the node-wide ones, free space and open files, come last)."""
+    """The probes the command line asks for, in the order their failures are printed: the node's settings first,
+    its hardware last, because a launcher quotes the check's last line as the node's reason and a GPU that needs a
+    reset says more about a node than its open-files limit."""
     found: list[Probe] = []
-    gpus = _count("--gpus", args.gpus, "a number of GPUs") if args.gpus is not None else 0
-    if gpus:
-        found.append(Probe("gpus", _bind(gpus_probe, gpus, Path(env.get(PROC_ROOT_ENV) or "/proc"), env)))
-        found.append(Probe("gpu-recovery", _bind(gpu_recovery_probe, env)))
-    if args.paths is not None:
-        paths = [p for p in args.paths.split(",") if p]
-        if not paths:
-            raise BadInput(f"--paths {args.paths!r}: names no path")
-        found.extend(Probe(f"path {p}", _bind(path_probe, p)) for p in paths)
+    nofile, why = _nofile(args.nofile, env)
+    if nofile:
+        found.append(Probe("nofile", partial(nofile_probe, nofile, why)))
     free = _size("--min-free", args.min_free) if args.min_free is not None else None
     shm = _size("--min-shm", args.min_shm) if args.min_shm is not None else free
     if free is not None:
         log_dir = args.log_dir or str(temp_root())
-        found.append(Probe("free-space", _bind(free_space_probe, log_dir, free)))
+        found.append(Probe("free-space", partial(free_space_probe, log_dir, free)))
     if shm is not None:
-        found.append(Probe("free-space", _bind(free_space_probe, SHM, shm, optional=True)))
-    nofile, why = _nofile(args.nofile, env)
-    if nofile:
-        found.append(Probe("nofile", _bind(nofile_probe, nofile, why)))
+        found.append(Probe("free-space", partial(free_space_probe, SHM, shm, optional=True)))
+    if args.paths is not None:
+        paths = [p for p in args.paths.split(",") if p]
+        if not paths:
+            raise BadInput(f"--paths {args.paths!r}: names no path")
+        found.extend(Probe(f"path {p}", partial(path_probe, p)) for p in paths)
+    gpus = _count("--gpus", args.gpus, "a number of GPUs") if args.gpus is not None else 0
+    if gpus:
+        found.append(Probe("gpus", partial(gpus_probe, gpus, Path(env.get(PROC_ROOT_ENV) or "/proc"), env)))
+        found.append(Probe("gpu-recovery", partial(gpu_recovery_probe, env)))
     return found
 
 
