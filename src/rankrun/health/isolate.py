@@ -6,7 +6,8 @@ inside the process that blocks, so each runs in a child of its own; at the deadl
 programs it started too) and it is reported as timed out. Nothing is left behind in the other ways the command can
 end: a SIGTERM, SIGINT or SIGHUP kills every probe's group and ends ``run_probes`` with ``Stopped``; and each probe
 arms a timer at twice the timeout (at least a second past it) that kills its own group, for when the command was
-killed outright (SIGKILL, as a launcher's ``--health-check-timeout`` does) and nobody else will. A probe's stdin,
+killed outright (SIGKILL, as a launcher's ``--health-check-timeout`` does) and nobody else will (a probe itself
+waiting in the kernel, on a hung NFS server, runs that timer's handler only once the wait ends). A probe's stdin,
 stdout and stderr are /dev/null (its answer goes through a pipe of its own), so an orphaned probe holds none of the
 launcher's pipes open. Forking is safe here: the command has no threads.
 """
