@@ -200,10 +200,12 @@ def test_without_nvidia_smi_gpus_are_the_drivers_entries(tmp_path):
     assert _run("--gpus", "2", "--nofile", "0", env=env).returncode == 0
     proc = _run("--gpus", "3", "--nofile", "0", env=env)
     assert (proc.returncode, _lines(proc)) == (1, [f"rankrun.health: gpus: 2 GPUs visible ({gpus}), 3 asked"])
-    proc = _run("--gpus", "1", "--nofile", "0", env=_env(tmp_path / "empty", **{PROC_ROOT_ENV: str(tmp_path)}))
+    no_driver = _env(tmp_path / "empty", **{PROC_ROOT_ENV: str(tmp_path)})
+    proc = _run("--gpus", "1", "--nofile", "0", env=no_driver)
     assert (proc.returncode, _lines(proc)) == (1, [
         "rankrun.health: gpus: no NVIDIA driver: nvidia-smi is not on PATH and "
         f"{tmp_path}/driver/nvidia/gpus does not exist (1 GPUs asked)"])
+    assert _run("--gpus", "0", "--nofile", "0", env=no_driver).returncode == 0  # --gpus 0: a node without GPUs
 
 
 def test_every_failure_is_a_line_the_hardware_last(tmp_path):
