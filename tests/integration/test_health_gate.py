@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -132,3 +133,16 @@ def test_on_several_nodes_a_node_whose_first_check_fails_never_joins(launch, tmp
     assert host.finish(timeout=60) == 0, host.err
     assert _lines(tmp_path / "a" / "workers") == ["ran 0"]
     assert _lines(tmp_path / "b" / "workers") == []
+
+
+def test_the_check_rankrun_ships_names_the_nodes_fault_through_the_launcher(tmp_path):
+    missing = tmp_path / "scratch-not-mounted"
+    check = f"{sys.executable} -m rankrun.health --paths {tmp_path},{missing} --min-free 1K --timeout 5"
+    done = run_cli("--nproc-per-node", "2", "--health-check", check, *WORKER, env=_env(tmp_path))
+    assert done.returncode == 4, done.stderr
+    assert f"health check: rankrun.health: path {missing}:" in done.stderr, done.stderr
+    assert _lines(tmp_path / "workers") == []
+    fine = run_cli("--nproc-per-node", "2", "--health-check", check.replace(f",{missing}", ""), *WORKER,
+                   env=_env(tmp_path))
+    assert fine.returncode == 0, fine.stderr  # LOCAL_WORLD_SIZE 2: 128 open files needed, and a node has them
+    assert sorted(_lines(tmp_path / "workers")) == ["ran 0", "ran 1"]
