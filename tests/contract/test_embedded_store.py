@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeTimers
+from rankrun.proof import client_proof, server_proof
 from rankrun.rendezvous.listener import SharedListener
 from rankrun.store.api import AuthenticationFailed, EventKind, StoreUnavailable
 from rankrun.store.embedded import wire
@@ -101,7 +102,7 @@ def test_a_recorded_proof_cannot_be_replayed():
         recorded: list[str] = []
 
         def honest(challenge: bytes, nonce: bytes) -> str:
-            recorded.append(wire.client_proof(SECRET, challenge, nonce))
+            recorded.append(client_proof(SECRET, challenge, nonce))
             return recorded[-1]
 
         first_challenge, answer = await _raw_handshake(port, honest)
@@ -196,7 +197,7 @@ def test_an_impostor_host_without_the_secret_is_refused_by_the_client():
             writer.write(wire.frame({"version": wire.VERSION, "challenge": wire.b64(b"c" * 16), "auth": True}))
             while not frames.feed(await reader.read(4096)):
                 pass  # the client's proof: accepted, as an impostor would
-            writer.write(wire.frame({"ok": True, "proof": wire.server_proof(b"a guess", b"c" * 16, b"n" * 16)}))
+            writer.write(wire.frame({"ok": True, "proof": server_proof(b"a guess", b"c" * 16, b"n" * 16)}))
             await writer.drain()
             await reader.read()
             writer.close()

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.clock import seconds
+from rankrun.proof import client_proof, proof_matches, server_proof
 from rankrun.store.api import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, froze_for, tune_socket
@@ -188,12 +189,12 @@ class StoreClient:
                                        "(set RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH)")
         if not hello.get("auth") and secret is not None:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: it does not authenticate, but this node has a secret")
-        proof = wire.client_proof(secret, challenge, nonce) if secret is not None else ""
+        proof = client_proof(secret, challenge, nonce) if secret is not None else ""
         self._protocol.transport.write(wire.frame({"proof": proof}))
         answer = await self._handshake_frame()
         if not answer.get("ok"):
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: {answer.get('error', 'refused')}")
-        if secret is not None and not wire.proof_matches(wire.server_proof(secret, challenge, nonce), answer.get("proof")):
+        if secret is not None and not proof_matches(server_proof(secret, challenge, nonce), answer.get("proof")):
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: the server does not know this job's secret")
         self.ready = True
 

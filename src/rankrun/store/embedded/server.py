@@ -27,6 +27,7 @@ from typing import Any
 
 from rankrun.clock import seconds
 from rankrun.listen import listen
+from rankrun.proof import client_proof, proof_matches, server_proof
 from rankrun.store.api import Compacted, Event, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, tune_socket
@@ -152,14 +153,14 @@ class _Connection(asyncio.Protocol):
             self._send({"version": wire.VERSION, "challenge": wire.b64(self._challenge), "auth": self._server.secret is not None})
         elif self._state == "proof":
             secret = self._server.secret
-            expected = wire.client_proof(secret, self._challenge, self._nonce) if secret is not None else ""
-            if secret is not None and not wire.proof_matches(expected, msg.get("proof")):
+            expected = client_proof(secret, self._challenge, self._nonce) if secret is not None else ""
+            if secret is not None and not proof_matches(expected, msg.get("proof")):
                 self._server.rejected(self.peer)
                 self._send({"ok": False, "error": "authentication failed: this job's rendezvous needs its secret"})
                 self._close("")
                 return
             self._state = "ready"
-            proof = wire.server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
+            proof = server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
             self._send({"ok": True, "proof": proof})
 
     # -- requests

@@ -7,7 +7,8 @@ length, then that many bytes of UTF-8 JSON (one object). Byte strings (keys are 
 bytes) travel as base64. Never pickle.
 
 Handshake (versioned; with a per-job secret it is a mutual HMAC-SHA256 challenge-response,
-the secret is never sent, and each side's fresh nonce makes a recorded exchange useless)::
+the secret is never sent, and each side's fresh nonce makes a recorded exchange useless; the proofs are
+``rankrun.proof``'s)::
 
     client → server   RKRN {"hello": 1, "nonce": <16 random bytes>}
     server → client   {"version": 1, "challenge": <16 random bytes>, "auth": true|false}
@@ -23,8 +24,6 @@ and ``{"lease_lost": id}``.
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import struct
 from typing import Any
@@ -87,18 +86,6 @@ def unb64(text: object) -> bytes:
         return base64.b64decode(text, validate=True)
     except ValueError:
         raise FrameError("bad base64") from None
-
-
-def client_proof(secret: bytes, challenge: bytes, nonce: bytes) -> str:
-    return hmac.new(secret, b"rankrun-client" + challenge + nonce, hashlib.sha256).hexdigest()
-
-
-def server_proof(secret: bytes, challenge: bytes, nonce: bytes) -> str:
-    return hmac.new(secret, b"rankrun-server" + nonce + challenge, hashlib.sha256).hexdigest()
-
-
-def proof_matches(expected: str, given: object) -> bool:
-    return isinstance(given, str) and hmac.compare_digest(expected, given)
 
 
 def entry_to_wire(entry: Entry) -> dict[str, Any]:
