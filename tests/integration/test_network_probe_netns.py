@@ -2,14 +2,19 @@
 per host (``payloads/prober.py``, ``rankrun.health.probe``) measures its ring neighbour, the suspects are re-probed
 against a known-good node, and ``health.outliers`` names the slow host, or nobody.
 
-A slow host is made with a token bucket on its interface (``tc qdisc ... tbf``: the kernel here has no netem); every
-qdisc is removed, and checked removed, before the namespaces go."""
+The kernel here has no netem. A host of low throughput is made with a token bucket on its interface
+(``tc qdisc ... tbf``); a host whose packets are late, by holding each packet it receives 150 ms in a netfilter queue
+(``tests/nfqueue.py``; the rule that queues them is iptables' ``NFQUEUE`` target, since this kernel lacks nftables'
+``queue`` expression: that test skips where ``iptables`` is not installed). Every qdisc, rule and holder is removed,
+and checked removed, before the namespaces go."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +28,8 @@ HOSTS = 5
 SIZE = 1 << 20  # each way: a fast veth moves it in a few ms, the throttled host in ~0.2 s
 RATE = "40mbit"  # the slow host's egress: 5 MB/s, where a veth through a bridge moves hundreds of MB/s
 SECRET = "netns-probe-secret"
+DELAY = 0.150  # seconds each packet of the late host is held
+NFQUEUE = str(Path(__file__).resolve().parents[1] / "nfqueue.py")
 
 
 class Ring:
@@ -30,6 +37,7 @@ class Ring:
 
     def __init__(self, sw: netns.Switch, launch) -> None:
         self.sw = sw
+        self.size = SIZE
         env = clean_environ() | {"PROBE_SECRET": SECRET}
         self.probers = [launch(sw.addr(i), env=dict(env), cmd=(*sw.exec(i), PY, payload("prober.py")),
                                stdin=subprocess.PIPE) for i in range(HOSTS)]
@@ -40,7 +48,7 @@ class Ring:
         for a, b in pairs:
             stdin = self.probers[a].proc.stdin
             assert stdin is not None
-            stdin.write(f"measure {self.sw.addr(b)} {self.ports[b]} {SIZE}\n".encode())
+            stdin.write(f"measure {self.sw.addr(b)} {self.ports[b]} {self.size}\n".encode())
             stdin.flush()
         links: list[Link | None] = []
         for a, b in pairs:
@@ -101,3 +109,40 @@ def test_a_throttled_host_is_named_and_without_the_throttle_nobody(hosts):
     assert line.startswith(f"node 2 ({hosts.sw.addr(slow)}): network check: ") and "B/s throughput" in line
     ring, unhealthy = hosts.check()
     assert unhealthy == {}, ring  # the throttle gone, nobody again
+
+
+@contextlib.contextmanager
+def _delayed(sw: netns.Switch, host: int, launch) -> Iterator[None]:
+    """Every packet host ``host`` receives is held ``DELAY`` seconds (``tests/nfqueue.py``), until the block ends.
+    Received, not sent: a packet held on its sender's way out still counts against its socket's small queue (TCP
+    small queues), which then lets about two packets out per delay: 20 kB/s, and transfers that time out."""
+    holder = launch("0", str(DELAY), cmd=(*sw.exec(host), PY, NFQUEUE), stdin=subprocess.PIPE)
+    holder.wait_for(r"^READY$", timeout=30)
+    rule = ("INPUT", "-i", sw.dev(host), "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass")
+    iptables = ("ip", "netns", "exec", sw.names[host], "iptables")
+    subprocess.run([*iptables, "-A", *rule], check=True, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run([*iptables, "-D", *rule], check=True, capture_output=True, timeout=30)
+        listed = subprocess.run([*iptables, "-S", "INPUT"], check=True, capture_output=True, text=True, timeout=30)
+        assert "NFQUEUE" not in listed.stdout
+        assert holder.proc.stdin is not None
+        holder.proc.stdin.close()
+        assert holder.finish(timeout=30) == 0
+
+
+def test_a_host_whose_packets_are_late_is_named_by_its_round_trips(hosts, launch):
+    if shutil.which("iptables") is None:
+        pytest.skip("queueing a host's packets here needs iptables' NFQUEUE target (apt-get install iptables)")
+    hosts.size = 256 << 10  # slow start at 150 ms a round trip: keep the transfers short
+    late = 3
+    with _delayed(hosts.sw, late, launch):
+        ring, unhealthy = hosts.check()
+    touching = {late - 1, late}
+    assert all(ring[i].rtt >= DELAY for i in touching), ring
+    assert all(ring[i].rtt < DELAY / 3 for i in range(HOSTS) if i not in touching), ring
+    assert list(unhealthy) == [late], (ring, unhealthy)
+    assert " ms round trip to its neighbours (median " in unhealthy[late]
+    ring, unhealthy = hosts.check()
+    assert unhealthy == {}, ring
