@@ -1,29 +1,126 @@
-"""The ``health`` metric of bench/run.py: what ``--health-check`` costs a round.
+"""The ``health`` metric of bench/run.py: what ``--health-check`` costs a round, and a black-hole node.
 
 ``python bench/health_bench.py [--reps 21]``. One node: ``rankrun --nproc-per-node 8 --no-python true``, plain and
 with ``--health-check true`` (the check is ``/bin/sh -c true``: what the gate itself costs, not a check's own
 work), interleaved in rotating order in the same repetitions; wall from exec to exit and CPU of the launcher, its
 workers and the check; medians, and the median of the per-repetition differences (drift on a shared machine hits
 both alike). One round on one node is one attempt: the check runs once.
+
+**A black-hole node**: three agents on loopback (each its own ``--local-addr``, the endpoint on the first),
+``--nnodes 2:3 --max-restarts 3``, one worker a node; the third node's worker exits 1 at once on every attempt, the
+others' sleep ``WORK`` s and exit 0. torchrun restarts all three in place until its budget is spent; the run is
+bounded at ``BOUND`` s (torch's healthy agents then wait on its store for 300 s). rankrun (``--max-node-failures
+2``) excludes the node after its second failure: the time from that failure to the healthy nodes' workers running
+without it is read from the healthy nodes' ``--events`` files (the ``failure`` of attempt 1, the next
+``workers.start``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import select
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "src"))
 
-from harness import RANKRUN, BenchError, Samples, cpu_mark, foreign_load, log, run_timed  # noqa: E402
+from harness import (  # noqa: E402
+    RANKRUN,
+    TORCHRUN,
+    BenchError,
+    Samples,
+    cpu_mark,
+    finish,
+    foreign_load,
+    log,
+    run_timed,
+    start,
+    stop,
+)
 from report import Row, fmt_samples  # noqa: E402
 
 NPROC = 8
 KINDS = ("plain", "gate")
 OPTIONS = {"plain": (), "gate": ("--health-check", "true")}
+
+
+WORK = 3.0  # seconds a healthy node's worker runs
+BOUND = 40.0  # seconds a black-hole run may take
+BLACKHOLE = '[ "$BLACKHOLE" = 1 ] && exit 1; exec sleep {work}'
+
+
+@dataclass
+class BlackHole:
+    """One launcher's black-hole run: each node's exit code (the black hole last) and when it exited, seconds after
+    the first start (None: still running at BOUND, then stopped); rankrun's gap from the second failure to the
+    workers running without the node, and the restarts its job used."""
+
+    codes: list[int | None]
+    exited: list[float | None]
+    gap: float | None = None
+    restarts: int | None = None
+
+
+def _addresses() -> list[str]:
+    """Three fresh loopback addresses (not 127.0.0.x), the first the endpoint's."""
+    b, c = os.urandom(2)
+    return [f"127.{1 + b % 254}.{c}.{n}" for n in (1, 2, 3)]
+
+
+def blackhole(launcher: str) -> BlackHole:
+    addrs = _addresses()
+    argv0 = RANKRUN.argv if launcher == "rankrun" else TORCHRUN.argv
+    common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"{addrs[0]}:29400", "--rdzv-id", "blackhole"]
+    if launcher == "rankrun":
+        common += ["--max-node-failures", "2", "--rdzv-conf", "last_call_timeout=0.5"]
+    with tempfile.TemporaryDirectory(prefix="rankrun-bench-blackhole-") as tmp:
+        procs = []
+        t0 = time.perf_counter()
+        for n, addr in enumerate(addrs):
+            extra = ["--events", f"{tmp}/{n}.jsonl"] if launcher == "rankrun" else []
+            argv = [*argv0, *common, "--local-addr", addr, *extra, "--no-python", "sh", "-c",
+                    BLACKHOLE.format(work=WORK)]
+            env = {"BLACKHOLE": "1" if n == 2 else "0", "RANKRUN_RDZV_SECRET": "bench-blackhole"}
+            procs.append(start(argv, stderr=subprocess.DEVNULL, extra_env=env))
+        codes: list[int | None] = [None] * 3
+        exited: list[float | None] = [None] * 3
+        fds = {os.pidfd_open(proc.pid): n for n, proc in enumerate(procs)}
+        try:
+            while fds and (left := BOUND - (time.perf_counter() - t0)) > 0:
+                for fd in select.select(list(fds), [], [], left)[0]:
+                    n = fds.pop(fd)
+                    os.close(fd)
+                    exited[n] = time.perf_counter() - t0
+                    codes[n] = finish(procs[n], 10).rc
+        finally:
+            for fd, n in fds.items():
+                os.close(fd)
+                stop(procs[n])
+        result = BlackHole(codes, exited)
+        if launcher == "rankrun":
+            result.gap, result.restarts = _gap(Path(tmp) / "0.jsonl")
+    return result
+
+
+def _gap(path: Path) -> tuple[float | None, int | None]:
+    """From the healthy node 0's events: seconds from the failure of attempt 1 (the black hole's second) to the next
+    ``workers.start``, and the restarts the job used (``max_restarts`` minus the last ``restarts_left``)."""
+    events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    second = next((e for e in events if e["event"] == "failure" and e["attempt"] == 1), None)
+    if second is None:
+        return None, None
+    after = next((e for e in events if e["event"] == "workers.start" and e["mono"] > second["mono"]), None)
+    lefts = [e["restarts_left"] for e in events if e["event"] == "restart"]
+    return (after["mono"] - second["mono"] if after else None), (3 - min(lefts) if lefts else 0)
 
 
 @dataclass
