@@ -29,7 +29,6 @@ from rankrun.rendezvous.round import (
     blamed,
     next_step,
     over_limit,
-    place,
 )
 
 

@@ -294,8 +294,20 @@ def over_limit(view: View, settings: Settings, culprit: str | None) -> Exclusion
     if count < limit:
         return None
     result = (view.results or {}).get(culprit)
-    last = result.summary.split("\n")[0] if result is not None and result.summary else "its workers failed"
+    last = _said(result) if result is not None else "its workers failed"
     return Exclusion(culprit, f"blamed for {count} failures of the job (--max-node-failures {limit}); the last: {last}")
+
+
+def _said(result: Result) -> str:
+    """A failure in one line, from its root cause's keys where its node gave them (as every node's restart line says
+    it: ``rank 5 on HOST exited 1: Type: message``), else its summary's first line."""
+    root = result.root or {}
+    rank, host, code, sig, exc = (root.get(k) for k in ("rank", "host", "exit_code", "signal", "exception"))
+    if not isinstance(rank, int):
+        return result.summary.split("\n")[0] or "its workers failed"
+    how = f"killed by {sig}" if isinstance(sig, str) else f"exited {code}" if isinstance(code, int) else "failed"
+    where = f"rank {rank} on {host}" if isinstance(host, str) and host else f"rank {rank}"
+    return f"{where} {how}: {exc}" if isinstance(exc, str) and exc else f"{where} {how}"
 
 
 def _sick(view: View) -> tuple[Exclusion, ...]:

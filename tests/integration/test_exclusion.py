@@ -1,0 +1,85 @@
+"""A black-hole node excluded from a job of real launchers on loopback "nodes" (issue 23), each its own --local-addr.
+
+Three nodes ``--nnodes 2:3 --max-restarts 3``; one node's workers exit 1 at start on every attempt (a ``--no-python
+sh -c`` worker keyed on an environment variable only that node has). After ``--max-node-failures`` (2) failures it
+is excluded: its launcher says why and exits 4, the other two finish 0 on two restarts; started again, it is refused
+at join within 5 s and the running job is not re-formed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_environ, fresh_loopback
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
+# A failing node's worker says what a broken GPU says and exits 1 at once; a healthy one runs until the restart that
+# leaves the black hole out (stopped before), then until the test lets it finish.
+WORKER = (
+    'if [ -n "$BLACK_HOLE" ]; then echo "RuntimeError: CUDA error: uncorrectable ECC error encountered" >&2; exit 1; fi; '
+    'echo "READY rank $RANK world $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT"; '
+    'if [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then exec sleep 300; fi; '
+    'while [ ! -e "$FINISH" ]; do sleep 0.05; done'
+)
+
+
+def _node(endpoint: str, local: str, events: Path, *, host: bool) -> list[str]:
+    conf = f"is_host={int(host)},last_call_timeout=20,join_timeout=60"
+    return ["--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id", "exclusion",
+            "--rdzv-conf", conf, "--max-restarts", "3", "--local-addr", local, "--events", str(events),
+            "--nproc-per-node", "1", "--no-python", "sh", "-c", WORKER]
+
+
+def _events(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_black_hole_node_is_excluded_after_two_failures_refused_when_it_comes_back_and_the_others_finish(launch, tmp_path):
+    endpoint, b, hole_addr = fresh_loopback(), fresh_loopback(), fresh_loopback()
+    finish = tmp_path / "finish"
+    env = clean_environ() | {"RANKRUN_RDZV_SECRET": "exclusion-secret", "FINISH": str(finish)}
+    host = launch(*_node(endpoint, endpoint, tmp_path / "host.jsonl", host=True), env=dict(env))
+    other = launch(*_node(endpoint, b, tmp_path / "other.jsonl", host=False), env=dict(env))
+    hole = launch(*_node(endpoint, hole_addr, tmp_path / "hole.jsonl", host=False), env=env | {"BLACK_HOLE": "1"})
+
+    assert hole.finish(timeout=60) == 4, (hole.err, host.err, other.err)
+    assert re.fullmatch(rf"rankrun: this node \(\S+, {re.escape(hole_addr)}\) is excluded from job exclusion: blamed for 2 "
+                        rf"failures of the job \(--max-node-failures 2\); the last: rank \d on {re.escape(hole_addr)} exited 1"
+                        r"(: .*)?; drain it or reschedule elsewhere", hole.err[-1]), hole.err
+    for node in (host, other):
+        node.wait_for(r"READY rank [01] world 2 restart 2")
+
+    # the black hole's launcher started again (a scheduler's retry): refused at join, the job left as it is
+    started = time.monotonic()
+    again = launch(*_node(endpoint, hole_addr, tmp_path / "again.jsonl", host=False), env=env | {"BLACK_HOLE": "1"})
+    assert again.finish(timeout=30) == 4, again.err
+    took = time.monotonic() - started
+    assert took < 5.0, took
+    assert re.fullmatch(rf"rankrun: this node \(\S+, {re.escape(hole_addr)}\) was excluded from job exclusion at "
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: blamed for 2 failures of the job .*; drain it or reschedule "
+                        r"elsewhere", again.err[-1]), again.err
+    finish.touch()
+    assert [host.finish(timeout=60), other.finish(timeout=60)] == [0, 0], (host.err, other.err)
+
+    host_events = _events(tmp_path / "host.jsonl")
+    rounds = [e for e in host_events if e["event"] == "rdzv.round"]
+    assert [(e["round"], e["nodes"]) for e in rounds] == [(1, 3), (2, 3), (3, 2)]  # not re-formed by the comeback
+    assert [e["restarts_left"] for e in host_events if e["event"] == "restart"] == [2, 1]  # 2 of 3 restarts spent
+    (excluded,) = [e for e in host_events if e["event"] == "node.excluded"]
+    assert excluded["nodes"][0].endswith(f" at {hole_addr}") and str(excluded["reason"]).startswith("blamed for 2 failures")
+    assert any(re.search(rf"node \S+ at {re.escape(hole_addr)} is excluded from the job: blamed for 2 failures", line)
+               for line in host.err), host.err
+    assert not any(e["event"] == "workers.start" for e in _events(tmp_path / "again.jsonl"))
+    assert [e["exit_code"] for e in _events(tmp_path / "hole.jsonl") if e["event"] == "job.end"] == [4]
+
+    # the time from the black hole's second failure to the job running without it (one monotonic clock: one machine)
+    second = next(e["mono"] for e in _events(tmp_path / "hole.jsonl") if e["event"] == "workers.end" and e["attempt"] == 1)
+    running = next(e["mono"] for e in host_events if e["event"] == "workers.start" and e["attempt"] == 2)
+    print(f"second failure → running without the black hole: {running - second:.3f} s; refused comeback in {took:.3f} s")
+    assert 0 < running - second < 10
