@@ -25,8 +25,9 @@ from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import RdzvRound, Record
 from rankrun.logs.layout import RunLogs
 from rankrun.proc.signals import StopStream
-from rankrun.rendezvous.keys import Blocked, Excluded, Keys, node_value, place_from
-from rankrun.rendezvous.round import NodeInfo
+from rankrun.rendezvous.coordinator import Coordinator
+from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, node_value, place_from
+from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.rendezvous.session import Session
 from rankrun.spec import LaunchSpec
 from rankrun.store.api import EventKind
@@ -282,3 +283,36 @@ def test_nobody_is_excluded_with_max_node_failures_0(tmp_path):
     assert len(nodes[1].spawner.spawned) == 3
     assert store.scan(KEYS.blocklist)[0] == []
 
+
+
+def test_a_coordinator_taking_over_keeps_the_blocklist_it_finds_in_the_store():
+    """On etcd a coordinator elected mid-job starts its blame counts from zero, but the exclusions are the store's:
+    a node on the blocklist that joins is told it is excluded, and the round forms without it."""
+    async def main() -> tuple[object, object]:
+        store = MemoryStore(FakeTimers())
+        await store.put(KEYS.blocked("h9", "127.0.0.9"), Blocked("fake", "blamed for 2 failures of the job", 1.7e9).value())
+
+        async def fresh_keyspace() -> None:
+            return None
+
+        coordinator = Coordinator(store, KEYS, Settings(1, 3, 0.1, 3, max_node_failures=2),
+                                  master=lambda: ("127.0.0.1", 29500), before_round=fresh_keyspace)
+        running = asyncio.create_task(coordinator.run())
+        _, revision = await store.range(KEYS.assigns)
+        watch = await store.watch(KEYS.assigns, revision)
+        lease = await store.grant(60)
+        await store.put(KEYS.node("back"), node_value(NodeInfo("back", 0, 1, "default", "127.0.0.9", "h9")), lease=lease.id)
+        await store.put(KEYS.node("fine"), node_value(NodeInfo("fine", 0, 1, "default", "127.0.0.2", "h2")), lease=lease.id)
+        told: dict[str, object] = {}
+        async for event in watch:
+            told[event.key[len(KEYS.assigns):]] = place_from(event.value)
+            if len(told) == 2:
+                break
+        await watch.close()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        return told["back"], told["fine"]
+
+    back, fine = asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert back == Excluded("blamed for 2 failures of the job", 1.7e9)
+    assert isinstance(fine, Assignment) and fine.group_world_size == 1  # the round formed without it

@@ -68,9 +68,10 @@ def test_a_black_hole_node_is_excluded_after_two_failures_refused_when_it_comes_
     assert [host.finish(timeout=60), other.finish(timeout=60)] == [0, 0], (host.err, other.err)
 
     host_events = _events(tmp_path / "host.jsonl")
-    rounds = [e for e in host_events if e["event"] == "rdzv.round"]
-    assert [(e["round"], e["nodes"]) for e in rounds] == [(1, 3), (2, 3), (3, 2)]  # not re-formed by the comeback
-    assert [e["restarts_left"] for e in host_events if e["event"] == "restart"] == [2, 1]  # 2 of 3 restarts spent
+    # (a node still stopping its workers may skip a round that failed at once: it hears of the next one)
+    rounds = [(e["round"], e["nodes"]) for e in host_events if e["event"] == "rdzv.round"]
+    assert rounds[-1] == (3, 2) and all(nodes == 3 for _, nodes in rounds[:-1]), rounds  # no round after the comeback
+    assert [e["restarts_left"] for e in host_events if e["event"] == "restart"][-1] == 1  # 2 of 3 restarts spent
     (excluded,) = [e for e in host_events if e["event"] == "node.excluded"]
     assert excluded["nodes"][0].endswith(f" at {hole_addr}") and str(excluded["reason"]).startswith("blamed for 2 failures")
     assert any(re.search(rf"node \S+ at {re.escape(hole_addr)} is excluded from the job: blamed for 2 failures", line)
@@ -79,7 +80,7 @@ def test_a_black_hole_node_is_excluded_after_two_failures_refused_when_it_comes_
     assert [e["exit_code"] for e in _events(tmp_path / "hole.jsonl") if e["event"] == "job.end"] == [4]
 
     # the time from the black hole's second failure to the job running without it (one monotonic clock: one machine)
-    second = next(e["mono"] for e in _events(tmp_path / "hole.jsonl") if e["event"] == "workers.end" and e["attempt"] == 1)
-    running = next(e["mono"] for e in host_events if e["event"] == "workers.start" and e["attempt"] == 2)
+    second = [e["mono"] for e in _events(tmp_path / "hole.jsonl") if e["event"] == "workers.end"][-1]
+    running = [e["mono"] for e in host_events if e["event"] == "workers.start"][-1]
     print(f"second failure → running without the black hole: {running - second:.3f} s; refused comeback in {took:.3f} s")
     assert 0 < running - second < 10

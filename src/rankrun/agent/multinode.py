@@ -11,8 +11,9 @@ The session owns the backend (hosting the embedded store, joining it, or etcd) a
 Restarts are decided by the coordinator for the whole job (one budget); every node ends with the
 same outcome and the job's first failure in its report. The coordinator's word that starts a round (or ends the
 job) also says what ended the round before: the first failure's root cause and the nodes lost, which every node
-emits to its event stream (``failure``, ``node.lost``, ``node.excluded``, then ``restart`` when the restarts counted
-went up), before the new round's ``rdzv.round``.
+emits to its event stream (``node.lost``, ``failure``, then ``restart`` when the restarts counted went up), before the
+new round's ``rdzv.round``. Every word also lists the nodes the job has excluded so far: each node emits
+``node.excluded`` once for each, the first time it hears of it (even when it skipped the round that excluded it).
 
 A node the coordinator excluded (blamed for ``--max-node-failures`` failures, or unhealthy) reads it on its assign key
 and leaves with exit code 4 (``NodeExcluded``), a line naming why; the node hosting the job's store (or coordinating
@@ -92,7 +93,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     placed: Assignment | None = None  # this node's place in the last round it ran
     api = _api_node(spec, deps, logs, member)
     spare_said = False
-    excluded: dict[str, str] = {}  # every exclusion this node was told of: name → why (for its failure report)
+    excluded: dict[str, str] = {}  # every exclusion this node has heard of: name → why (for its failure report)
     while True:
         word = await _wait_for_word(spec, deps, stops, session, previous)
         if isinstance(word, Interrupted):
@@ -103,10 +104,11 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
                 return await _excluded(spec, deps, stops, session, word, restarts)
             if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
                 _tell(deps, word.word, attempt)
+            _tell_excluded(deps, word.word, excluded)
             # a spare was never given a place; a node whose place came as another node's failure ended the job (it
             # never got to start its workers) failed with the job
             return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed,
-                                excluded=excluded | dict(word.word.excluded))
+                                excluded=excluded)
         if isinstance(word, Spare):
             spare_said = spare_said or _say_spare(spec, deps)
             previous = word.round
@@ -115,8 +117,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         if pending is not None:
             return Outcome.signalled(pending.signum, restarts)
         told = member.word if placed is not None and word.round == placed.round + 1 else None  # what ended its round
-        excluded |= dict(member.word.excluded if member.word is not None else ())
         _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
+        _tell_excluded(deps, member.word, excluded)
         took = round(loop.time() - joined, 6)
         deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank, took))
         attempt += 1
@@ -155,13 +157,19 @@ def _tell(deps: AgentDeps, word: RoundWord | None, attempt: int, restarts_left: 
         return
     if word.lost:
         deps.events.emit(NodeLost(word.lost, word.reason))
-    for name, why in word.excluded:
-        deps.events.emit(ExcludedFact((name,), why))
     fact = failure_from(word.failure, attempt) if word.failure is not None else None
     if fact is not None:
         deps.events.emit(fact)
     if restarts_left is not None:  # the root cause says more than the coordinator's "node N reported a failure"
         deps.events.emit(Restart(attempt + 1, failure_line(fact) if fact is not None else word.reason, restarts_left))
+
+
+def _tell_excluded(deps: AgentDeps, word: RoundWord | None, heard: dict[str, str]) -> None:
+    """A ``node.excluded`` for each exclusion in ``word`` this node has not heard of yet (added to ``heard``)."""
+    for name, why in word.excluded if word is not None else ():
+        if name not in heard:
+            heard[name] = why
+            deps.events.emit(ExcludedFact((name,), why))
 
 
 def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:

@@ -113,7 +113,9 @@ class Coordinator:
         self._excluded: dict[str, str] = {}  # node id → why
         self._blocked: dict[str, Blocked] = {}  # "host@addr" → its blocklist record
         self._unhealthy: dict[str, str] = {}  # node id → why it says it is unhealthy (not excluded yet)
-        self._told: list[tuple[str, str]] = []  # exclusions not yet told in a round word: (name, why)
+        # every exclusion of the job, (name, why), in every round word: a node that skipped a round (a round that
+        # failed at once, while it still stopped its workers) hears of them all the same; a handful, not a list of nodes
+        self._exclusions: list[tuple[str, str]] = []
         self._pending: list[tuple[str, bytes]] = []  # writes decided while applying events (a blocklisted arrival)
 
     async def run(self) -> None:
@@ -271,20 +273,15 @@ class Coordinator:
             writes.append((self._keys.assign(node_id), Excluded(reason, at).value()))
             info = self._nodes.get(node_id)
             if info is None:
-                self._told.append((node_id, reason))
+                self._exclusions.append((node_id, reason))
                 continue
-            self._told.append((f"{node_id} at {info.addr}" if info.addr else node_id, reason))
+            self._exclusions.append((f"{node_id} at {info.addr}" if info.addr else node_id, reason))
             record = Blocked(self._keys.run_id, reason, at)
             self._blocked[f"{info.host}@{info.addr}"] = record
             writes.append((self._keys.blocked(info.host, info.addr), record.value()))
             logger.info("rendezvous: excluded %s at %s: %s", node_id, info.addr, reason)
         await self._put_all(writes)
         self._status_dirty = True
-
-    def _tell_excluded(self) -> tuple[tuple[str, str], ...]:
-        """The exclusions not yet told, for the round word being written (each is told once)."""
-        told, self._told = tuple(self._told), []
-        return told
 
     async def _start(self, step: Start) -> None:
         await self._before_round()
@@ -304,7 +301,7 @@ class Coordinator:
         await self._put_all(writes)
         reason, failure, lost = self._news
         await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts, reason, failure=failure,
-                                                    lost=lost, excluded=self._tell_excluded()).value())
+                                                    lost=lost, excluded=tuple(self._exclusions)).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
 
     async def _reform(self, step: Regroup | Restart) -> None:
@@ -313,9 +310,9 @@ class Coordinator:
             self._blamed(step.blamed)
         await self._exclude(step.excluded)
         self._news = (step.reason, self._first_failure(), step.lost)
-        # the exclusions are told with the next round (or the end), as the failure and the losses are
         await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason,
-                                                    failure=self._news[1], lost=step.lost, excluded=tuple(self._told)).value())
+                                                    failure=self._news[1], lost=step.lost,
+                                                    excluded=tuple(self._exclusions)).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
@@ -338,7 +335,7 @@ class Coordinator:
         if self._phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
             failure, lost = failure or self._news[1], lost or self._news[2]
         word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded,
-                         failure, lost, self._tell_excluded())
+                         failure, lost, tuple(self._exclusions))
         await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, word.value())
         self._phase = Phase.ENDED

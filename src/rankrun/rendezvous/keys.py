@@ -224,7 +224,7 @@ class RoundWord:
     # node's events: the first failure's root cause (its ``failure`` event's keys), the nodes lost.
     failure: dict[str, Any] | None = None
     lost: tuple[str, ...] = ()
-    excluded: tuple[tuple[str, str], ...] = ()  # the nodes excluded then (named as lost ones are), each with why
+    excluded: tuple[tuple[str, str], ...] = ()  # every node the job excluded so far (named as lost ones are), with why
 
     def value(self) -> bytes:
         """The round key's value: what ``parse`` reads."""
