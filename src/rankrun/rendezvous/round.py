@@ -5,6 +5,12 @@ round's results into the next step; every other node only reads its own assignme
 small round key. ``place`` orders a round's members, ``next_step`` says what to do about the
 round. Both are property-tested (ranks dense and unique, MIN/MAX respected, survivors keep their
 ranks, the host is group rank 0).
+
+Blame and exclusion are decided here too: ``blamed`` names the node held to account for a failed round (the first
+failure the store got), ``over_limit`` excludes it on its ``max_node_failures``-th blame, and a node that says it is
+unhealthy (``View.unhealthy``) is excluded at once. The steps carry the exclusions (``Restart``, ``Regroup``,
+``Finish``, or ``Exclude`` alone); the coordinator leaves an excluded node out of every later ``View``, so the
+placement never sees it again: a spare takes its place, or the job ends at once when too few nodes are left.
 """
 
 from __future__ import annotations
