@@ -3,7 +3,8 @@
 Three nodes ``--nnodes 2:3 --max-restarts 3``; one node's workers exit 1 at start on every attempt (a ``--no-python
 sh -c`` worker keyed on an environment variable only that node has). After ``--max-node-failures`` (2) failures it
 is excluded: its launcher says why and exits 4, the other two finish 0 on two restarts; started again, it is refused
-at join within 5 s and the running job is not re-formed.
+at join within 5 s and the running job is not re-formed. When the black hole is the node hosting the store, it serves
+the job without workers until it ends, and leaves with its exit code.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("private_tmpdir")
 # leaves the black hole out (stopped before), then until the test lets it finish.
 WORKER = (
     'if [ -n "$BLACK_HOLE" ]; then echo "RuntimeError: CUDA error: uncorrectable ECC error encountered" >&2; exit 1; fi; '
-    'echo "READY rank $RANK world $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT"; '
+    'echo "READY rank $RANK world $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT group $GROUP_RANK '
+    'master $MASTER_ADDR:$MASTER_PORT"; '
     'if [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then exec sleep 300; fi; '
     'while [ ! -e "$FINISH" ]; do sleep 0.05; done'
 )
@@ -84,3 +86,24 @@ def test_a_black_hole_node_is_excluded_after_two_failures_refused_when_it_comes_
     running = [e["mono"] for e in host_events if e["event"] == "workers.start"][-1]
     print(f"second failure → running without the black hole: {running - second:.3f} s; refused comeback in {took:.3f} s")
     assert 0 < running - second < 10
+
+
+def test_the_store_host_as_the_black_hole_serves_the_job_without_workers_and_leaves_with_its_exit_code(launch, tmp_path):
+    endpoint, b, c = fresh_loopback(), fresh_loopback(), fresh_loopback()
+    finish = tmp_path / "finish"
+    env = clean_environ() | {"RANKRUN_RDZV_SECRET": "exclusion-secret", "FINISH": str(finish)}
+    host = launch(*_node(endpoint, endpoint, tmp_path / "host.jsonl", host=True), env=env | {"BLACK_HOLE": "1"})
+    others = [launch(*_node(endpoint, addr, tmp_path / f"{addr}.jsonl", host=False), env=dict(env)) for addr in (b, c)]
+    host.wait_for(r"is excluded from job exclusion since .* UTC: blamed for 2 failures of the job .*; it keeps serving "
+                  r"the rendezvous and the workers' store, without workers, until the job ends")
+    ready = [node.wait_for(r"READY rank [01] world 2 restart 2")[0] for node in others]
+    # group rank 0 moved to another node; the workers' store is still the host's, where MASTER_ADDR points
+    assert sorted(line.split()[8] for line in ready) == ["0", "1"], ready
+    assert {line.split()[10] for line in ready} == {f"{endpoint}:29400"}, ready
+    finish.touch()
+    assert [node.finish(timeout=60) for node in others] == [0, 0], [node.err for node in others]
+    assert host.finish(timeout=60) == 0, host.err
+    assert any(line.startswith("rankrun: rendezvous exclusion: the job ended (succeeded); this node served it without "
+                               f"workers: excluded: blamed for 2 failures of the job (--max-node-failures 2); the last: rank 0 "
+                               f"on {endpoint} exited 1") for line in host.err), host.err
+    assert [e["event"] for e in _events(tmp_path / "host.jsonl")].count("workers.start") == 2
