@@ -69,6 +69,10 @@ class FakeHandle:
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
 
+    def exit(self, status: int) -> None:
+        """Exit now, by itself, with ``status`` (a scenario's trigger for a worker that was waiting)."""
+        self._finish(status)
+
     def close(self) -> None:
         self._out.feed_eof()
         if self._err is not None:

@@ -104,6 +104,9 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),
     (("--max-restarts", "--max_restarts"), "MAX_RESTARTS",
      {"default": 0, "type": int, "help": "restarts of the worker group after a failure (default 0)"}),
+    (("--max-node-failures", "--max_node_failures"), "MAX_NODE_FAILURES",
+     {"default": "2", "metavar": "K", "help": "several nodes: exclude a node from the job once it has been blamed for K "
+      "failures (its workers failed first); it exits 4 (default 2, 0: never)"}),
     (("--monitor-interval", "--monitor_interval"), "MONITOR_INTERVAL",
      {"default": 0.1, "type": float, "help": "accepted for compatibility; exits are events, not polled"}),
     (("--start-method", "--start_method"), "START_METHOD",
@@ -189,8 +192,8 @@ def build_parser(env: Mapping[str, str], *, legacy: bool = False) -> argparse.Ar
         prog=LEGACY if legacy else "rankrun",
         usage=f"{LEGACY if legacy else 'rankrun'} [options] SCRIPT [ARGS...]",
         description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun.",
-        epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 4 this node unhealthy "
-        "(excluded: drain it), 128+N stopped by signal N",
+        epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 4 this node was excluded from "
+               "the job (drain it), 128+N stopped by signal N",
         formatter_class=_Formatter,
     )
     for names, pet, kwargs in _OPTIONS:
@@ -441,7 +444,18 @@ def _restart(ns: argparse.Namespace, env: Mapping[str, str]) -> RestartPolicy:
             raise UsageError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raw, "expected whole seconds") from None
     if timeout < 0:
         raise UsageError("--shutdown-timeout", timeout, "must be 0 or more")
-    return RestartPolicy(max_restarts=ns.max_restarts, shutdown_timeout=float(timeout))
+    return RestartPolicy(max_restarts=ns.max_restarts, shutdown_timeout=float(timeout),
+                         max_node_failures=_max_node_failures(ns.max_node_failures))
+
+
+def _max_node_failures(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise UsageError("--max-node-failures", value, "expected a whole number (0: never exclude a node)") from None
+    if count < 0:
+        raise UsageError("--max-node-failures", value, "must be 0 or more")
+    return count
 
 
 # Test seam: the folder holding the sys/ (and proc/driver/nvidia/gpus) that --numa-binding reads instead of /.

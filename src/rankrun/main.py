@@ -21,7 +21,7 @@ from typing import Any
 from rankrun import procfs
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.loop import run_agent
-from rankrun.errors import EXIT_LAUNCHER, RankrunError, exit_code
+from rankrun.errors import EXIT_LAUNCHER, NodeExcluded, RankrunError, exit_code
 from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
@@ -55,7 +55,7 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher, *, note: str = "") -> int:
     try:
         code = asyncio.run(_serving_stacks(run_agent(spec, deps, catcher), deps, spawner))
     except RankrunError as exc:
-        console.say(f"error: {exc}")
+        console.say(str(exc) if isinstance(exc, NodeExcluded) else f"error: {exc}")  # a verdict on the node, not an error
         code = exc.exit_code
     finally:
         reap_orphans(exclude={watchdog.pid, *keep})

@@ -186,6 +186,7 @@ class StoreSpec:
 class RestartPolicy:
     max_restarts: int
     shutdown_timeout: float  # seconds between the polite signal and SIGKILL
+    max_node_failures: int = 2  # several nodes: a node blamed for this many of the job's failures is excluded (0: never)
 
 
 @record

@@ -32,6 +32,8 @@ CASES: list[tuple[list[str], str]] = [
     (["--rdzv-backend", "zookeeper", "ok.py"], "--rdzv-backend 'zookeeper': unknown rendezvous backend (known: static, c10d, etcd, etcd-v2)"),
     (["--max-restarts", "-1", "ok.py"], "--max-restarts -1: must be 0 or more"),
     (["--max-restarts", "x", "ok.py"], "argument --max-restarts/--max_restarts: invalid int value: 'x'"),
+    (["--max-node-failures", "-1", "ok.py"], "--max-node-failures '-1': must be 0 or more"),
+    (["--max-node-failures", "x", "ok.py"], "--max-node-failures 'x': expected a whole number (0: never exclude a node)"),
     (["--monitor-interval", "0", "ok.py"], "--monitor-interval 0.0: must be greater than 0"),
     (["--rdzv-conf", "timeout", "ok.py"], "--rdzv-conf 'timeout': 'timeout' is not key=value"),
     (["--logs-specs", "my_plugin", "ok.py"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rankrun.agent.lines import ConsoleLines, restart_line
-from rankrun.events.records import Failure, Restart, Stall
+from rankrun.events.records import Failure, NodeExcluded, Restart, Stall
 from rankrun.events.stream import EventStream
 
 
@@ -22,3 +22,11 @@ def test_the_stream_says_each_restart_once_and_nothing_else():
     assert said == []
     stream.emit(Restart(1, "rank 1 on node exited 1: ValueError: x", 1))
     assert said == ["attempt 0 failed: rank 1 on node exited 1: ValueError: x; restarting workers (1/2 restarts used)"]
+
+
+def test_an_exclusion_is_said_naming_the_node_and_why():
+    said: list[str] = []
+    stream = EventStream("run", "node", [ConsoleLines(said.append, 2)])
+    stream.emit(NodeExcluded(("h-7-1a2b3c at 127.0.0.3",), "blamed for 2 failures of the job (--max-node-failures 2)"))
+    assert said == ["node h-7-1a2b3c at 127.0.0.3 is excluded from the job: blamed for 2 failures of the job "
+                    "(--max-node-failures 2)"]

@@ -209,3 +209,14 @@ def test_filter_splitter_bounds_overlong_lines():
     assert splitter.feed(b"ghijkl") == b"abcdefghijkl\n"  # past the cap: emitted as a line of its own
     assert splitter.feed(b"mn\nop") == b"mn\n"
     assert splitter.flush() == b"op\n"
+
+
+def test_the_report_lists_the_excluded_nodes_with_why_before_the_jobs_first_failure(utc):
+    stopped = _result(0, Ending.STOPPED, -15, 1796002631.25)
+    text = render_report("train.py", "host1", 2, [stopped], job_cause="rank 5 on host3: exit code 1",
+                         excluded=[("h3-7-1a2b3c at 10.0.0.3", "blamed for 2 failures of the job (--max-node-failures 2)")])
+    lines = text.split("\n")
+    at = lines.index("Nodes excluded from the job (drain them or reschedule elsewhere):")
+    assert lines[at + 1] == "  h3-7-1a2b3c at 10.0.0.3: blamed for 2 failures of the job (--max-node-failures 2)"
+    assert lines.index("The job's first failure (on any node):") > at
+    assert "excluded" not in render_report("train.py", "host1", 2, [stopped], job_cause="rank 5 on host3: exit code 1")

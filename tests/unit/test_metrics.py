@@ -75,7 +75,7 @@ def test_a_failure_then_a_restart_of_8_workers() -> None:
     assert workers(m) == {"running": 8, "succeeded": 0, "failed": 0, "stopped": 0}
     assert value(m, "rankrun_restarts_left") == 3  # --max-restarts, before any restart
     assert value(m, "rankrun_world_size") == 8
-    assert value(m, "rankrun_nodes") == 1
+    assert value(m, "rankrun_nodes", state="member") == 1
     assert value(m, "rankrun_rendezvous_round") == 0
     assert value(m, "rankrun_rendezvous_seconds") == 0.25
     assert value(m, "rankrun_attempt") == 0
@@ -115,7 +115,7 @@ def test_a_root_cause_counts_as_failed_only_on_its_own_node(failed_rank: int, fa
     m = fold(job(8, nnodes=3, group_rank=1, failed_rank=failed_rank)[:6])  # this node holds ranks 8-15
     assert workers(m) == {"running": 0, "succeeded": 0, "failed": failed, "stopped": 8 - failed}
     assert value(m, "rankrun_world_size") == 24
-    assert value(m, "rankrun_nodes") == 3
+    assert value(m, "rankrun_nodes", state="member") == 3
     assert value(m, "rankrun_node_rank") == 1
 
 
@@ -156,6 +156,16 @@ def test_stalls_lost_nodes_and_the_start_up_phases() -> None:
               event("node.lost", nodes=["127.0.0.2", "127.0.0.3"], reason="heartbeat")])
     assert value(m, "rankrun_stalls_total") == 2
     assert value(m, "rankrun_nodes_lost_total") == 2
+    assert value(m, "rankrun_nodes", state="excluded") == 0
+
+
+def test_excluded_nodes_are_counted_in_their_own_state_and_with_the_lost() -> None:
+    m = fold([*job(8)[:4], event("node.excluded", nodes=["n-7 at 127.0.0.3"], reason="blamed for 2 failures"),
+              event("node.excluded", nodes=["n-9 at 127.0.0.4"], reason="unhealthy: disk"),
+              event("node.lost", nodes=["n-2 at 127.0.0.2"], reason="its lease ended")])
+    assert value(m, "rankrun_nodes", state="excluded") == 2
+    assert value(m, "rankrun_nodes", state="member") == 1
+    assert value(m, "rankrun_nodes_lost_total") == 3
     assert value(m, "rankrun_startup_seconds", phase="total") == 4.2
     assert value(m, "rankrun_startup_seconds", phase="script_max") == 3.8
     assert value(m, "rankrun_startup_seconds", phase="store_p50") is None  # unknown: no sample, not a made-up 0
@@ -167,8 +177,10 @@ def test_before_any_event_the_counters_are_zero_and_the_unknown_gauges_absent() 
     assert value(m, "rankrun_restarts_total") == 0
     assert value(m, "rankrun_stalls_total") == 0
     assert workers(m) == {"running": 0, "succeeded": 0, "failed": 0, "stopped": 0}
-    for name in ("rankrun_world_size", "rankrun_nodes", "rankrun_rendezvous_round", "rankrun_restarts_left"):
+    for name in ("rankrun_world_size", "rankrun_rendezvous_round", "rankrun_restarts_left"):
         assert value(m, name) is None, name
+    assert value(m, "rankrun_nodes", state="member") is None
+    assert value(m, "rankrun_nodes", state="excluded") == 0
 
 
 def test_events_it_does_not_show_or_cannot_read_leave_the_series_alone() -> None:

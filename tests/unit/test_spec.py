@@ -150,6 +150,17 @@ def test_an_empty_pet_variable_is_an_unset_one(tmp_path):
     assert requested_signals([], {"PET_SIGNALS_TO_HANDLE": " "}) == requested_signals([], {})
 
 
+def test_max_node_failures_defaults_to_2_and_takes_a_whole_number(tmp_path):
+    assert _spec(tmp_path).restart.max_node_failures == 2
+    assert _spec(tmp_path, "--max-node-failures", "5").restart.max_node_failures == 5
+    assert _spec(tmp_path, "--max_node_failures", "0").restart.max_node_failures == 0
+    with pytest.raises(UsageError, match=r"^--max-node-failures '-1': must be 0 or more$"):
+        _spec(tmp_path, "--max-node-failures", "-1")
+    assert _spec(tmp_path, env={"PET_MAX_NODE_FAILURES": "0"}).restart.max_node_failures == 0
+    with pytest.raises(UsageError, match=r"^--max-node-failures 'two': expected a whole number \(0: never exclude a node\)$"):
+        _spec(tmp_path, env={"PET_MAX_NODE_FAILURES": "two"})
+
+
 def test_unique_prefixes_like_torchrun(tmp_path):
     assert _spec(tmp_path, "--max-r", "2").restart.max_restarts == 2
     with pytest.raises(UsageError, match="ambiguous"):

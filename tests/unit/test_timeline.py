@@ -374,3 +374,14 @@ def test_bad_input_is_one_line_naming_it_and_exit_2(tmp_path, capsys, args, mess
     assert captured.out == ""
     assert captured.err == f"rankrun.timeline: {message.format(**fill)}\n"
     assert not (tmp_path / "node-a.html").exists()
+
+
+def test_an_exclusion_is_a_job_wide_mark_and_in_the_summary():
+    excluded = "h-7-1a2b3c at 127.0.0.5"
+    rows = [*job.node_events(job.A)]
+    rows.insert(8, job.event(job.A, 9.41, "node.excluded", nodes=[excluded], reason="blamed for 2 failures of the job"))
+    d = layout(events_of(job.A, rows))
+    (mark,) = [m for m in lane(d, job.A).marks if m.kind == "node.excluded"]
+    assert mark.label == f"excluded: {excluded}"
+    assert f"excluded: {excluded}" in d.summary[0]
+    assert "node excluded" in page(d)

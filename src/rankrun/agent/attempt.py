@@ -77,6 +77,7 @@ class Outcome:
     restarts: int
     report: AttemptResult | None = None  # this node's last attempt, when a failure report is due
     job_cause: str = ""  # several nodes: the job's first failure, from whichever node had it
+    excluded: tuple[tuple[str, str], ...] = ()  # several nodes: the nodes the job excluded, each with why
 
     # The job's exit codes are chosen by these three (and a launcher error's by ``rankrun.errors``), nowhere else.
 
@@ -85,8 +86,9 @@ class Outcome:
         return cls(EXIT_SUCCESS, restarts)
 
     @classmethod
-    def failed(cls, restarts: int, report: AttemptResult | None, job_cause: str = "") -> Outcome:
-        return cls(EXIT_WORKERS_FAILED, restarts, report, job_cause)
+    def failed(cls, restarts: int, report: AttemptResult | None, job_cause: str = "", *,
+               excluded: dict[str, str] | None = None) -> Outcome:
+        return cls(EXIT_WORKERS_FAILED, restarts, report, job_cause, tuple((excluded or {}).items()))
 
     @classmethod
     def signalled(cls, signum: int, restarts: int) -> Outcome:

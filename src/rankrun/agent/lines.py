@@ -3,14 +3,15 @@ never disagree, and a fact decided in one place is said in one place.
 
 A ``restart`` is said as ``attempt N failed: WHAT; restarting workers (U/M restarts used)``, where WHAT is the
 record's reason (the root cause's one line, or the stall). One node decides its restarts itself; with several, each
-node hears the restart in the coordinator's word for the next round, and says it then.
+node hears the restart in the coordinator's word for the next round, and says it then. A ``node.excluded`` is said as
+``node NAME is excluded from the job: WHY``, on every node that hears it (the excluded node says its own line).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rankrun.events.records import Record, Restart
+from rankrun.events.records import NodeExcluded, Record, Restart
 
 
 def restart_line(event: Restart, max_restarts: int) -> str:
@@ -28,3 +29,6 @@ class ConsoleLines:
     def on_event(self, event: Record) -> None:
         if isinstance(event, Restart):
             self._say(restart_line(event, self._max_restarts))
+        elif isinstance(event, NodeExcluded):
+            for name in event.nodes:
+                self._say(f"node {name} is excluded from the job: {event.reason}")

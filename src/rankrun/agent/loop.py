@@ -181,7 +181,7 @@ def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_ke
     stalled = final.report.outcome.stalled if final.report is not None else None
     slurm = job_words(spec.base_env)
     text = render_report(spec.worker.entry.title, deps.host, final.restarts, results, error_files_kept=error_files_kept,
-                         job_cause=final.job_cause, stalled=stalled, slurm=slurm)
+                         job_cause=final.job_cause, stalled=stalled, slurm=slurm, excluded=final.excluded)
     if not _report_json(spec, deps, text, results):  # rankrun.launch's caller raises it (WorkerError's text) instead
         deps.console.set_epilogue(text.encode())  # written by close(), after every other byte
     root = root_cause(results)

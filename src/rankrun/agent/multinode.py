@@ -11,8 +11,14 @@ The session owns the backend (hosting the embedded store, joining it, or etcd) a
 Restarts are decided by the coordinator for the whole job (one budget); every node ends with the
 same outcome and the job's first failure in its report. The coordinator's word that starts a round (or ends the
 job) also says what ended the round before: the first failure's root cause and the nodes lost, which every node
-emits to its event stream (``failure``, ``node.lost``, then ``restart`` when the restarts counted went up), before
-the new round's ``rdzv.round``.
+emits to its event stream (``node.lost``, ``failure``, then ``restart`` when the restarts counted went up), before the
+new round's ``rdzv.round``. Every word also lists the nodes the job has excluded so far: each node emits
+``node.excluded`` once for each, the first time it hears of it (even when it skipped the round that excluded it).
+
+A node the coordinator excluded (blamed for ``--max-node-failures`` failures, or unhealthy) reads it on its assign key
+and leaves with exit code 4 (``NodeExcluded``), a line naming why; the node hosting the job's store (or coordinating
+it, on etcd) cannot leave without ending the job, so it keeps serving without workers until the job ends, and leaves
+with the job's exit code.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
 from rankrun.errors import LauncherError, NodeExcluded
+from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import NodeLost, RdzvRound, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
-from rankrun.rendezvous.keys import Assignment, RoundWord, Spare
-from rankrun.rendezvous.member import Ended, Member
+from rankrun.rendezvous.keys import Assignment, Excluded, RoundWord, Spare
+from rankrun.rendezvous.member import Ended, Member, wall_time
 from rankrun.rendezvous.session import Session, open_session
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
@@ -90,22 +97,24 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     placed: Assignment | None = None  # this node's place in the last round it ran
     api = _api_node(spec, deps, logs, member)
     spare_said = False
+    excluded: dict[str, str] = {}  # every exclusion this node has heard of: name → why (for its failure report)
     while True:
         word = await _wait_for_word(spec, deps, stops, session, previous)
         if isinstance(word, Interrupted):
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
-        if isinstance(word, Ended):
+        if isinstance(word, Excluded | Ended):
+            if isinstance(word, Excluded):
+                return await _excluded(spec, deps, stops, session, word, restarts)
             if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
                 _tell(deps, word.word, attempt)
+            _tell_excluded(deps, word.word, excluded)
             # a spare was never given a place; a node whose place came as another node's failure ended the job (it
             # never got to start its workers) failed with the job
-            return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed)
+            return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed,
+                                excluded=excluded)
         if isinstance(word, Spare):
-            if not spare_said:
-                deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
-                                 "this node waits as a spare")
-                spare_said = True
+            spare_said = spare_said or _say_spare(spec, deps)
             previous = word.round
             continue
         pending = stops.take_pending()  # a signal that came as the word did: the job stops instead
@@ -113,6 +122,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             return Outcome.signalled(pending.signum, restarts)
         told = member.word if placed is not None and word.round == placed.round + 1 else None  # what ended its round
         _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
+        _tell_excluded(deps, member.word, excluded)
         took = round(loop.time() - joined, 6)
         deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank, took))
         attempt += 1
@@ -137,6 +147,12 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         joined = loop.time()  # the next round's time counts from here
 
 
+def _say_spare(spec: LaunchSpec, deps: AgentDeps) -> bool:
+    deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
+                     "this node waits as a spare")
+    return True
+
+
 def _tell(deps: AgentDeps, word: RoundWord | None, attempt: int, restarts_left: int | None = None) -> None:
     """What ended this node's round ``attempt``, as the coordinator says it to every node (``word``; None: nothing
     this node ran): the nodes lost, the job's first failure (its root cause), and the restart (``restarts_left``:
@@ -152,15 +168,56 @@ def _tell(deps: AgentDeps, word: RoundWord | None, attempt: int, restarts_left: 
         deps.events.emit(Restart(attempt + 1, failure_line(fact) if fact is not None else word.reason, restarts_left))
 
 
+def _tell_excluded(deps: AgentDeps, word: RoundWord | None, heard: dict[str, str]) -> None:
+    """A ``node.excluded`` for each exclusion in ``word`` this node has not heard of yet (added to ``heard``)."""
+    for name, why in word.excluded if word is not None else ():
+        if name not in heard:
+            heard[name] = why
+            deps.events.emit(ExcludedFact((name,), why))
+
+
 def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:
     """This node's root cause, for the coordinator to tell every node (None for a stall: no rank failed)."""
     root = root_cause(result.results)
     return failure_value(failure(root, attempt, node)) if root is not None else None
 
 
+async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, word: Excluded, restarts: int
+) -> Outcome:
+    """This node is out of the job for good: it leaves with exit code 4, or, when the job's store (the embedded host) or
+    its coordination (etcd) is here, serves the job without workers until it ends, and leaves with its exit code."""
+    member, run_id = session.member, spec.rendezvous.run_id
+    me = f"this node ({deps.host}, {member.info.addr})"
+    if session.coordinator is None:
+        raise NodeExcluded(f"{me} is excluded from job {run_id}: {word.reason}; drain it or reschedule elsewhere")
+    deps.console.say(f"{me} is excluded from job {run_id} since {wall_time(word.at)}: {word.reason}; it keeps serving "
+                     "the rendezvous and the workers' store, without workers, until the job ends")
+    deps.on_demand.idle(run_id, WAITING)
+    while True:
+        index, value = await first_of(member.wait_for_end(), stops.arrived(), member.lease.lost.wait())
+        if index == 1:
+            stop = stops.take_pending()
+            if stop is None:
+                continue  # another consumer took it first
+            deps.console.say(f"received {signal_name(stop.signum)} while serving the job without workers; exiting")
+            return Outcome.signalled(stop.signum, restarts)
+        if index == 2:
+            raise LauncherError(f"rendezvous {run_id}: lost its place while serving the job: {session.why_lost()}")
+        end: RoundWord = value
+        break
+    deps.console.say(f"rendezvous {run_id}: the job ended ({'succeeded' if end.ok else 'failed'}); this node served it "
+                     f"without workers: excluded: {word.reason}")
+    if end.ok:
+        return Outcome.succeeded(end.restarts)
+    if end.stranded:
+        raise LauncherError(f"rendezvous {run_id}: the job ended: {end.reason}")
+    return Outcome.failed(end.restarts, None, end.cause or end.reason, excluded=dict(end.excluded))
+
+
 async def _ended(  # noqa: PLR0917 - private; what _rounds holds
     spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult | None, api: ApiNode | None,
-    placed: Assignment | None, *, spare: bool,
+    placed: Assignment | None, *, spare: bool, excluded: dict[str, str],
 ) -> Outcome:
     if api is not None:  # rankrun.launch: the other nodes' values, or failures, before leaving
         await api.job_ended(word.word, placed, deps.console.say)
@@ -173,7 +230,7 @@ async def _ended(  # noqa: PLR0917 - private; what _rounds holds
         return Outcome.succeeded(end.restarts)
     if end.stranded:  # not the workers' failure: the job could not go on with the nodes left
         raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: the job ended: {end.reason}")
-    return Outcome.failed(end.restarts, last, end.cause or end.reason)
+    return Outcome.failed(end.restarts, last, end.cause or end.reason, excluded=excluded)
 
 
 def _api_node(spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member) -> ApiNode | None:

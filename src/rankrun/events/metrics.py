@@ -74,6 +74,7 @@ class Metrics:
         self.failures = 0
         self.stalls = 0
         self.nodes_lost = 0
+        self.nodes_excluded = 0
         self.round: int | None = None
         self.nodes: int | None = None
         self.world_size: int | None = None
@@ -83,7 +84,8 @@ class Metrics:
         self._fold: dict[str, Callable[[Mapping[str, Any]], None]] = {
             "job.start": self._job_start, "job.end": self._job_end, "rdzv.round": self._round,
             "workers.start": self._workers_start, "workers.end": self._workers_end, "failure": self._failure,
-            "restart": self._restart, "stall": self._stall, "node.lost": self._node_lost, "startup": self._startup,
+            "restart": self._restart, "stall": self._stall, "node.lost": self._node_lost, "node.excluded": self._node_excluded,
+            "startup": self._startup,
         }
 
     def on_event(self, event: Mapping[str, Any]) -> None:
@@ -141,6 +143,12 @@ class Metrics:
         nodes = event.get("nodes")
         self.nodes_lost += len(nodes) if isinstance(nodes, list) else 0
 
+    def _node_excluded(self, event: Mapping[str, Any]) -> None:
+        nodes = event.get("nodes")
+        count = len(nodes) if isinstance(nodes, list) else 0
+        self.nodes_excluded += count
+        self.nodes_lost += count  # the counter's "lost or excluded": gone from the job either way
+
     def _startup(self, event: Mapping[str, Any]) -> None:
         self.startup = {phase: value for phase in STARTUP_PHASES if (value := float_of(event, phase)) is not None}
 
@@ -161,7 +169,9 @@ class Metrics:
             ("rankrun_failures_total", "counter", "Failed attempts, each with one root cause.", [({}, self.failures)]),
             ("rankrun_world_size", "gauge", "Workers in the job, all nodes together, as of the latest round.",
              [({}, self.world_size)]),
-            ("rankrun_nodes", "gauge", "Nodes in the latest round.", [({}, self.nodes)]),
+            ("rankrun_nodes", "gauge", "Nodes by state: member (in the latest round), excluded (from the job for good: "
+             "blamed for --max-node-failures failures, or unhealthy).",
+             [({"state": "member"}, self.nodes), ({"state": "excluded"}, self.nodes_excluded)]),
             ("rankrun_node_rank", "gauge", "This node's rank among the nodes (its group rank) in the latest round.",
              [({}, self.group_rank)]),
             ("rankrun_rendezvous_round", "gauge", "The latest round's number.", [({}, self.round)]),

@@ -122,7 +122,19 @@ class Stall:
 
 @record
 class NodeLost:
-    """Nodes lost or excluded from the job (``node.lost``)."""
+    """Nodes lost by the job (``node.lost``): their leases ended."""
+
+    nodes: tuple[str, ...]
+    reason: str
+    ts: float = 0.0
+    mono: float = 0.0
+    run: str = ""
+    node: str = ""
+
+
+@record
+class NodeExcluded:
+    """Nodes excluded from the job for good (``node.excluded``): blamed for too many failures, or unhealthy."""
 
     nodes: tuple[str, ...]
     reason: str
@@ -164,8 +176,10 @@ class JobEnd:
     node: str = ""
 
 
-Record = JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | NodeLost | Startup | JobEnd
-R = TypeVar("R", JobStart, RdzvRound, WorkersStart, WorkersEnd, Failure, Restart, Stall, NodeLost, Startup, JobEnd)
+Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | NodeLost | NodeExcluded | Startup
+          | JobEnd)
+R = TypeVar("R", JobStart, RdzvRound, WorkersStart, WorkersEnd, Failure, Restart, Stall, NodeLost, NodeExcluded, Startup,
+            JobEnd)
 
 EVENTS: dict[type[Record], str] = {
     JobStart: "job.start",
@@ -176,6 +190,7 @@ EVENTS: dict[type[Record], str] = {
     Restart: "restart",
     Stall: "stall",
     NodeLost: "node.lost",
+    NodeExcluded: "node.excluded",
     Startup: "startup",
     JobEnd: "job.end",
 }

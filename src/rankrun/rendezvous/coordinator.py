@@ -5,6 +5,12 @@ agent elected on a shared store (``rendezvous.election``). It learns of joins, l
 expiring deletes the node key) and results through watches, asks the pure
 ``rendezvous.round.next_step`` what to do, and writes each member its assignment (``rendezvous.keys``).
 Waiting is always on a watch or a deadline, never a polling loop.
+
+It also keeps the job's account of its nodes: how many failures each was blamed for (``round.blamed``), which are
+excluded and why. An excluded node is left out of every later decision (``View.nodes`` holds only the eligible ones),
+told on its ``assign/`` key (``Excluded``), and put on the job's blocklist (``blocklist/<host>@<addr>``), which a
+launcher of that node reads when it comes back (``Member.join``) and which this coordinator also checks as node keys
+appear (one that raced past the check is told the same way, and never counted).
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from rankrun.errors import NotCoordinator
 from rankrun.rendezvous.keys import (
     Assignment,
+    Blocked,
+    Excluded,
     Keys,
     RoundWord,
     Spare,
@@ -25,8 +34,11 @@ from rankrun.rendezvous.keys import (
     closed_value,
     node_from,
     result_from,
+    unhealthy_from,
 )
 from rankrun.rendezvous.round import (
+    Exclude,
+    Exclusion,
     Finish,
     NodeInfo,
     NodeSlots,
@@ -94,15 +106,31 @@ class Coordinator:
         self._events: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
         self._status_dirty = True
         self._status_due = 0.0
+        # The job's account of its nodes. The blame counts live here only: a coordinator taking over on etcd starts
+        # them from zero (carrying them in the round key would make every node read them every round); the
+        # exclusions it rebuilds from the blocklist, which lives in the store as long as the job's keys.
+        self._blame: dict[str, int] = {}
+        self._excluded: dict[str, str] = {}  # node id → why
+        self._blocked: dict[str, Blocked] = {}  # "host@addr" → its blocklist record
+        self._unhealthy: dict[str, str] = {}  # node id → why it says it is unhealthy (not excluded yet)
+        # every exclusion of the job, (name, why), in every round word: a node that skipped a round (a round that
+        # failed at once, while it still stopped its workers) hears of them all the same; a handful, not a list of nodes
+        self._exclusions: list[tuple[str, str]] = []
+        self._pending: list[tuple[str, bytes]] = []  # writes decided while applying events (a blocklisted arrival)
 
     async def run(self) -> None:
         if await self._take_over():
             return
+        blocked, _ = await self._store.range(self._keys.blocklist)
+        self._blocked = {e.key[len(self._keys.blocklist) :]: Blocked.parse(e.value) for e in blocked}
         entries, revision = await self._store.range(self._keys.nodes)
         for entry in entries:
-            node_id = entry.key[len(self._keys.nodes) :]
-            self._nodes[node_id] = node_from(entry.value, entry.create_revision, node_id)
-        async with watching(self._store, (self._keys.nodes, self._keys.results), revision, self._events):
+            self._node_joined(entry.key[len(self._keys.nodes) :], entry.value, entry.create_revision)
+        sick, revision = await self._store.range(self._keys.unhealthy)  # a later revision: the watches miss nothing
+        for entry in sick:
+            self._said_unhealthy(entry.key[len(self._keys.unhealthy) :], entry.value)
+        async with watching(self._store, (self._keys.nodes, self._keys.results, self._keys.unhealthy), revision,
+                            self._events):
             await self._decide_forever()
 
     async def _take_over(self) -> bool:
@@ -140,8 +168,14 @@ class Coordinator:
 
     async def _decide_forever(self) -> None:
         while True:
+            if self._pending:
+                writes, self._pending = self._pending, []
+                await self._put_all(writes)
             self._note_min()
             step = next_step(self._view(), self._settings, self._now())
+            if isinstance(step, Exclude):
+                await self._exclude(step.excluded)
+                continue
             if isinstance(step, Start):
                 await self._start(step)
                 continue
@@ -155,17 +189,25 @@ class Coordinator:
             await self._publish_status()
             await self._next_events(step)
 
+    def _eligible(self) -> dict[str, NodeInfo]:
+        """The live nodes that are not excluded (the nodes themselves while nobody is: O(1) then)."""
+        if not self._excluded:
+            return self._nodes
+        return {i: n for i, n in self._nodes.items() if i not in self._excluded}
+
     def _view(self) -> View:
-        return View(tuple(self._nodes.values()), self._phase, self._round, self._members, self._restarts, self._min_since,
-                    self._results, self._leader, self._gone, self._alone_since)
+        return View(tuple(self._eligible().values()), self._phase, self._round, self._members, self._restarts,
+                    self._min_since, self._results, self._leader, self._gone, self._alone_since, self._blame,
+                    self._unhealthy)
 
     def _note_min(self) -> None:
-        enough = len(self._nodes) >= self._settings.min_nodes
+        nodes = self._eligible()
+        enough = len(nodes) >= self._settings.min_nodes
         if self._phase is Phase.FORMING and enough and self._min_since is None:
             self._min_since = self._now()
         elif not enough:
             self._min_since = None
-        only = next(iter(self._nodes.values())) if len(self._nodes) == 1 else None  # O(1): this runs every decision
+        only = next(iter(nodes.values())) if len(nodes) == 1 else None  # O(1) but with exclusions: this runs every decision
         alone = (self._phase is Phase.FORMING and self._round > 0 and only is not None
                  and (only.id == self._leader or only.is_host))
         if alone and self._alone_since is None:
@@ -190,10 +232,14 @@ class Coordinator:
     def _apply(self, event: Event | StoreUnavailable) -> None:
         if isinstance(event, StoreUnavailable):  # a watch ended: deciding on without it would go deaf
             raise event
+        if event.key.startswith(self._keys.unhealthy):
+            if event.kind is EventKind.PUT:
+                self._said_unhealthy(event.key[len(self._keys.unhealthy) :], event.value)
+            return
         if event.key.startswith(self._keys.nodes):
             node_id = event.key[len(self._keys.nodes) :]
             if event.kind is EventKind.PUT:
-                self._nodes[node_id] = node_from(event.value, event.revision, node_id)
+                self._node_joined(node_id, event.value, event.revision)
                 self._arrived.append(node_id)
             elif (info := self._nodes.pop(node_id, None)) is not None:
                 self._gone[node_id] = (f"{node_id} at {info.addr}" if info.addr else node_id, self._why_gone(event.key))
@@ -202,6 +248,40 @@ class Coordinator:
         round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
         if event.kind is EventKind.PUT and round_text == str(self._round) and node_id in self._members:
             self._results[node_id] = result_from(event.value, event.revision)
+
+    def _node_joined(self, node_id: str, value: bytes, revision: int) -> None:
+        info = self._nodes[node_id] = node_from(value, revision, node_id)
+        blocked = self._blocked.get(f"{info.host}@{info.addr}")
+        if blocked is not None and node_id not in self._excluded:  # it raced past Member.join's check: told, not counted
+            self._excluded[node_id] = blocked.reason
+            self._pending.append((self._keys.assign(node_id), Excluded(blocked.reason, blocked.at).value()))
+            logger.info("rendezvous: %s at %s is on the job's blocklist: refused", node_id, info.addr)
+
+    def _said_unhealthy(self, node_id: str, value: bytes) -> None:
+        if node_id not in self._excluded:
+            self._unhealthy[node_id] = unhealthy_from(value)
+
+    async def _exclude(self, excluded: tuple[Exclusion, ...]) -> None:
+        """Leave these nodes out for good: each is told on its assign key and put on the blocklist (before the round
+        key moves on, so that an excluded node reads its exclusion, not a round it is no longer in)."""
+        at = time.time()
+        writes: list[tuple[str, bytes]] = []
+        for exclusion in excluded:
+            node_id, reason = exclusion.node, exclusion.reason
+            self._excluded[node_id] = reason
+            self._unhealthy.pop(node_id, None)
+            writes.append((self._keys.assign(node_id), Excluded(reason, at).value()))
+            info = self._nodes.get(node_id)
+            if info is None:
+                self._exclusions.append((node_id, reason))
+                continue
+            self._exclusions.append((f"{node_id} at {info.addr}" if info.addr else node_id, reason))
+            record = Blocked(self._keys.run_id, reason, at)
+            self._blocked[f"{info.host}@{info.addr}"] = record
+            writes.append((self._keys.blocked(info.host, info.addr), record.value()))
+            logger.info("rendezvous: excluded %s at %s: %s", node_id, info.addr, reason)
+        await self._put_all(writes)
+        self._status_dirty = True
 
     async def _start(self, step: Start) -> None:
         await self._before_round()
@@ -221,15 +301,18 @@ class Coordinator:
         await self._put_all(writes)
         reason, failure, lost = self._news
         await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts, reason, failure=failure,
-                                                    lost=lost).value())
+                                                    lost=lost, excluded=tuple(self._exclusions)).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
 
     async def _reform(self, step: Regroup | Restart) -> None:
         if isinstance(step, Restart):
             self._restarts += 1
+            self._blamed(step.blamed)
+        await self._exclude(step.excluded)
         self._news = (step.reason, self._first_failure(), step.lost)
         await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason,
-                                                    failure=self._news[1], lost=step.lost).value())
+                                                    failure=self._news[1], lost=step.lost,
+                                                    excluded=tuple(self._exclusions)).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
@@ -239,14 +322,20 @@ class Coordinator:
         first = min((r for r in self._results.values() if not r.ok), key=lambda r: r.revision, default=None)
         return dict(first.root) if first is not None and first.root is not None else None
 
+    def _blamed(self, node: str | None) -> None:
+        if node is not None:
+            self._blame[node] = self._blame.get(node, 0) + 1
+
     async def _finish(self, step: Finish) -> None:
+        self._blamed(step.blamed)
+        await self._exclude(step.excluded)
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
         cause = failures[0][1] if failures else ""
         failure, lost = self._first_failure(), step.lost
         if self._phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
             failure, lost = failure or self._news[1], lost or self._news[2]
         word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded,
-                         failure, lost)
+                         failure, lost, tuple(self._exclusions))
         await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, word.value())
         self._phase = Phase.ENDED
@@ -258,7 +347,8 @@ class Coordinator:
             return
         members = set(self._members)
         for node_id in arrived:
-            if node_id in self._nodes and node_id not in members and node_id not in self._spares:
+            if node_id in self._nodes and node_id not in members and node_id not in self._spares \
+                    and node_id not in self._excluded:
                 self._spares.add(node_id)
                 await self._put(self._keys.assign(node_id), Spare(self._round).value())
 
@@ -268,8 +358,9 @@ class Coordinator:
         if not self._status_dirty or self._phase is Phase.ENDED or now < self._status_due:
             return
         self._status_dirty, self._status_due = False, now + STATUS_EVERY
-        first = list(itertools.islice(self._nodes.values(), 4))  # events arrive in revision order: join order
-        static = sorted(n.static_rank for n in self._nodes.values() if n.static_rank is not None) if self._settings.static else []
-        status = Status(len(self._nodes), tuple(n.addr or n.host for n in first), tuple(static))
+        nodes = self._eligible()
+        first = list(itertools.islice(nodes.values(), 4))  # events arrive in revision order: join order
+        static = sorted(n.static_rank for n in nodes.values() if n.static_rank is not None) if self._settings.static else []
+        status = Status(len(nodes), tuple(n.addr or n.host for n in first), tuple(static))
         await self._put(self._keys.status, status.value())
 

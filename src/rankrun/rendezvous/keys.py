@@ -1,17 +1,22 @@
 """The rendezvous's keys and records: where each fact lives under ``/rankrun/<run id>/`` and how it is spelled.
 
 Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
-``stacks/answer/``, ``values/``, ``failures/``); the coordinator ``round``, ``assign/``, ``status`` and ``closed``
+``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``); the coordinator ``round``, ``assign/``, ``status``,
+``closed`` and ``blocklist/``
 (on etcd, each elected coordinator in turn); whichever node wins a compare-and-set, ``coordinator`` (the election)
 and ``job`` (the first to join); any node ``stacks/ask`` (a stall's ask by compare-and-set, ``rankrun --stacks``'s
 by a plain write); the asker ``stacks/report``::
 
     nodes/<node>            a node's description, written once when it joins, bound to its lease
     round                   the coordinator's word on the current round: number, phase, restarts, why
-    assign/<node>           this node's place in a round: group rank, first rank, sizes, MASTER_ADDR/PORT
+    assign/<node>           this node's place in a round: group rank, first rank, sizes, MASTER_ADDR/PORT; or that
+                            it waits as a spare; or that it is excluded from the job, and why
     result/<round>/<node>   how a node's workers ended in a round (and its failure, in a few lines)
     status                  who has joined so far, for the "3/4 nodes joined" line of waiting nodes
     closed                  the job is over: late joiners are turned away
+    unhealthy/<node>        a node's own word that it is unhealthy, and why (bound to its lease)
+    blocklist/<host>@<addr> a node excluded from the job (hostname, advertised address): why and when; a launcher of
+                            that node that comes back is refused at join. As long-lived as the job's keys
     coordinator, job        a shared store (etcd): the elected coordinator, the job lease's id
     stacks/ask              somebody wants every node's stacks (a stall, or ``rankrun --stacks``)
     stacks/answer/<node>    a node's grouped samples for the latest ask, bound to its lease
@@ -20,10 +25,10 @@ by a plain write); the asker ``stacks/report``::
     failures/<round>/<g>    ``rankrun.launch``: the failures of the node of group rank g (up to 1 MiB)
 
 Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
-``Assignment`` and ``Spare`` (``place_from``), ``result_value``/``result_from``, ``Status``,
-``closed_value``/``closed_ok``. They travel as compact JSON objects, never pickle. The ``stacks/`` records
-are the stacks exchange's (``rankrun.stacks.wire``); the ``values/`` and ``failures/`` ones the Python API's
-(``rankrun.api.values``, ``rankrun.api.failures``).
+``Assignment``, ``Spare`` and ``Excluded`` (``place_from``), ``result_value``/``result_from``, ``Status``,
+``closed_value``/``closed_ok``, ``Blocked``, ``unhealthy_value``/``unhealthy_from``. They travel as compact JSON
+objects, never pickle. The ``stacks/`` records are the stacks exchange's (``rankrun.stacks.wire``); the ``values/``
+and ``failures/`` ones the Python API's (``rankrun.api.values``, ``rankrun.api.failures``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,25 @@ class Keys:
 
     def assign(self, node_id: str) -> str:
         return self.assigns + node_id
+
+    @property
+    def run_id(self) -> str:
+        return self.root.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def unhealthy(self) -> str:
+        return self.root + "unhealthy/"
+
+    def unhealthy_node(self, node_id: str) -> str:
+        return self.unhealthy + node_id
+
+    @property
+    def blocklist(self) -> str:
+        return self.root + "blocklist/"
+
+    def blocked(self, host: str, addr: str) -> str:
+        """A node's place on the blocklist: its hostname and the address it advertises (two nodes may share either)."""
+        return f"{self.blocklist}{host}@{addr}"
 
     def result(self, round_: int, node_id: str) -> str:
         return f"{self.results}{round_}/{node_id}"
@@ -161,9 +185,22 @@ class Spare:
         return _dump({"round": self.round, "spare": True})
 
 
-def place_from(value: bytes) -> Assignment | Spare:
-    """An ``assign/<node>`` value, as ``Assignment.value`` or ``Spare.value`` wrote it."""
+@dataclass(frozen=True)
+class Excluded:
+    """The same key, for good: this node is excluded from the job (``reason``), since ``at`` (wall-clock seconds)."""
+
+    reason: str
+    at: float
+
+    def value(self) -> bytes:
+        return _dump({"excluded": True, "reason": self.reason, "at": self.at})
+
+
+def place_from(value: bytes) -> Assignment | Spare | Excluded:
+    """An ``assign/<node>`` value, as ``Assignment.value``, ``Spare.value`` or ``Excluded.value`` wrote it."""
     d = _load(value)
+    if d.get("excluded"):
+        return Excluded(str(d.get("reason", "")), float(d.get("at", 0.0)))
     if d.get("spare"):
         return Spare(int(d.get("round", 0)))
     r = d["ranks"]
@@ -187,10 +224,12 @@ class RoundWord:
     # node's events: the first failure's root cause (its ``failure`` event's keys), the nodes lost.
     failure: dict[str, Any] | None = None
     lost: tuple[str, ...] = ()
+    excluded: tuple[tuple[str, str], ...] = ()  # every node the job excluded so far (named as lost ones are), with why
 
     def value(self) -> bytes:
         """The round key's value: what ``parse`` reads."""
-        return _dump(asdict(self) | {"phase": self.phase.value, "lost": list(self.lost)})
+        return _dump(asdict(self) | {"phase": self.phase.value, "lost": list(self.lost),
+                                     "excluded": [{"node": n, "reason": r} for n, r in self.excluded]})
 
     @classmethod
     def parse(cls, value: bytes) -> RoundWord:
@@ -198,7 +237,9 @@ class RoundWord:
         failure = d.get("failure")
         return cls(int(d.get("round", 0)), _phase(d.get("phase")), int(d.get("restarts", 0)), str(d.get("reason", "")),
                    bool(d.get("ok", False)), str(d.get("cause", "")), bool(d.get("stranded", False)),
-                   dict(failure) if isinstance(failure, dict) else None, tuple(str(n) for n in d.get("lost", ())))
+                   dict(failure) if isinstance(failure, dict) else None, tuple(str(n) for n in d.get("lost", ())),
+                   tuple((str(e.get("node", "")), str(e.get("reason", ""))) for e in d.get("excluded", ())
+                         if isinstance(e, dict)))
 
 
 def result_value(ok: bool, summary: str = "", root: Mapping[str, object] | None = None) -> bytes:
@@ -211,6 +252,32 @@ def result_from(value: bytes, revision: int) -> Result:
     d = _load(value)
     root = d.get("root")
     return Result(bool(d.get("ok")), revision, str(d.get("summary", "")), dict(root) if isinstance(root, dict) else None)
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A ``blocklist/<host>@<addr>`` key: that node was excluded from job ``run`` at ``at`` (wall-clock), for ``reason``."""
+
+    run: str
+    reason: str
+    at: float
+
+    def value(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def parse(cls, value: bytes) -> Blocked:
+        d = _load(value)
+        return cls(str(d.get("run", "")), str(d.get("reason", "")), float(d.get("at", 0.0)))
+
+
+def unhealthy_value(reason: str) -> bytes:
+    """A node's ``unhealthy/<node>`` key: its own word that it cannot run workers, and why."""
+    return _dump({"reason": reason})
+
+
+def unhealthy_from(value: bytes) -> str:
+    return str(_load(value).get("reason", "")) or "no reason given"
 
 
 def closed_value(ok: bool) -> bytes:

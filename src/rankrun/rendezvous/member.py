@@ -1,19 +1,36 @@
 """One node's side of the rendezvous: join once, then read its own assignment and the round key, round after round.
 
-A join costs a node a fixed handful of operations (grant, put, range, two watches) and a few
-hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone.
+A join costs a node a fixed handful of operations (a get of its blocklist key, grant, put, range, two watches) and a
+few hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone.
+
+A node excluded from the job learns it from its own assign key (``Excluded``, in the same watch as its rounds); one
+that comes back to a job that excluded it is refused at join (``NodeExcluded``, exit code 4). A node that finds itself
+unhealthy says so with ``report_unhealthy``: the coordinator excludes it as it does a node blamed too often.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rankrun.clock import seconds
-from rankrun.errors import RendezvousClosed
-from rankrun.rendezvous.keys import Assignment, Keys, RoundWord, Spare, Status, node_value, place_from, result_value
+from rankrun.errors import NodeExcluded, RendezvousClosed
+from rankrun.rendezvous.keys import (
+    Assignment,
+    Blocked,
+    Excluded,
+    Keys,
+    RoundWord,
+    Spare,
+    Status,
+    node_value,
+    place_from,
+    result_value,
+    unhealthy_value,
+)
 from rankrun.rendezvous.round import NodeInfo, Phase
 from rankrun.store.api import Entry, EventKind, Lease, Store, StoreUnavailable, exact, watching
 
@@ -37,15 +54,22 @@ class Member:
 
     @classmethod
     async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float, job: Lease | None = None) -> Member:
-        """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over."""
+        """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over, ``NodeExcluded`` if it
+        excluded this node (its hostname and address are on the job's blocklist)."""
+        blocked = await store.get(keys.blocked(info.host, info.addr))
+        if blocked is not None:
+            record = Blocked.parse(blocked.value)
+            raise NodeExcluded(f"this node ({info.host}, {info.addr}) was excluded from job {record.run or keys.run_id} at "
+                               f"{wall_time(record.at)}: {record.reason}; drain it or reschedule elsewhere")
         if await store.get(keys.closed) is not None:
             raise RendezvousClosed("the job has already finished")
         lease = await store.grant(ttl)
         await store.put(keys.node(info.id), node_value(info), lease=lease.id)
         return cls(store, keys, info, lease, job)
 
-    async def next_round(self, after: int) -> Assignment | Spare | Ended:
-        """The first word after round ``after``: an assignment, a place as a spare, or the end of the job."""
+    async def next_round(self, after: int) -> Assignment | Spare | Ended | Excluded:
+        """The first word after round ``after``: an assignment, a place as a spare, the end of the job, or this node's
+        exclusion (which comes first: a node excluded as the job ends is told so)."""
         key, round_key = self.keys.assign(self.info.id), self.keys.round
         entries, revision = await self.store.range(key)  # a prefix: "assign/n1" also finds "assign/n10", so match exactly
         round_entries, _ = await self.store.range(round_key)
@@ -67,13 +91,15 @@ class Member:
                 if found is not None:
                     return found
 
-    def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | None:
+    def _read(self, assign: bytes | None, round_value: bytes | None, after: int) -> Assignment | Spare | Ended | Excluded | None:
+        place = place_from(assign) if assign is not None else None
+        if isinstance(place, Excluded):
+            return place
         word = RoundWord.parse(round_value) if round_value else None
         if word is not None and word.phase is Phase.ENDED:
-            return Ended(word, placed=assign is not None and isinstance(place_from(assign), Assignment))
-        if assign is None or word is None or word.phase is not Phase.RUNNING:
+            return Ended(word, placed=isinstance(place, Assignment))
+        if place is None or word is None or word.phase is not Phase.RUNNING:
             return None
-        place = place_from(assign)
         if after < place.round == word.round:
             self.word = word
             return place
@@ -103,6 +129,27 @@ class Member:
     async def report(self, round_: int, ok: bool, summary: str = "", root: Mapping[str, object] | None = None) -> None:
         await self.store.put(self.keys.result(round_, self.info.id), result_value(ok, summary, root),
                              lease=self.job.id if self.job is not None else 0)
+
+    async def report_unhealthy(self, reason: str) -> None:
+        """Say that this node cannot run workers (its health check failed: ``reason``, one line). The coordinator
+        excludes it as it excludes a node blamed ``--max-node-failures`` times; ``next_round`` then says so."""
+        await self.store.put(self.keys.unhealthy_node(self.info.id), unhealthy_value(reason), lease=self.lease.id)
+
+    async def wait_for_end(self) -> RoundWord:
+        """The round key's word once the job has ended (an excluded node that still serves the job waits for it)."""
+        entries, revision = await self.store.range(self.keys.round)
+        current = _value(entries, self.keys.round)
+        if current is not None and (word := RoundWord.parse(current)).phase is Phase.ENDED:
+            return word
+        async with watching(self.store, (self.keys.round,), revision) as events:
+            while True:
+                event = await events.get()
+                if isinstance(event, StoreUnavailable):
+                    raise event
+                if event.kind is EventKind.PUT and event.key == self.keys.round:
+                    word = RoundWord.parse(event.value)
+                    if word.phase is Phase.ENDED:
+                        return word
 
     async def status(self) -> Status:
         entry = await self.store.get(self.keys.status)
@@ -145,6 +192,11 @@ class Member:
         with contextlib.suppress(StoreUnavailable):
             await self.lease.revoke()
 
+
+
+def wall_time(at: float) -> str:
+    """A wall-clock time as a node says it to a person on another host: UTC, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 def _value(entries: list[Entry], key: str) -> bytes | None:

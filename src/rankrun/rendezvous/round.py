@@ -5,13 +5,19 @@ round's results into the next step; every other node only reads its own assignme
 small round key. ``place`` orders a round's members, ``next_step`` says what to do about the
 round. Both are property-tested (ranks dense and unique, MIN/MAX respected, survivors keep their
 ranks, the host is group rank 0).
+
+Blame and exclusion are decided here too: ``blamed`` names the node held to account for a failed round (the first
+failure the store got), ``over_limit`` excludes it on its ``max_node_failures``-th blame, and a node that says it is
+unhealthy (``View.unhealthy``) is excluded at once. The steps carry the exclusions (``Restart``, ``Regroup``,
+``Finish``, or ``Exclude`` alone); the coordinator leaves an excluded node out of every later ``View``, so the
+placement never sees it again: a spare takes its place, or the job ends at once when too few nodes are left.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rankrun.policy import Action, Failed, decide
 from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
@@ -40,6 +46,7 @@ class Settings:
     last_call_timeout: float
     max_restarts: int
     static: bool = False
+    max_node_failures: int = 0  # a node blamed for this many failures is excluded from the job (0: never)
 
 
 class Phase(enum.Enum):
@@ -72,6 +79,17 @@ class View:
     leader: str | None = None  # the coordinator's own node (dynamic: group rank 0, it holds the worker store)
     gone: Mapping[str, tuple[str, str]] | None = None  # a node that left → (how to name it, why it went)
     alone_since: float | None = None  # when the coordinator's node was left alone by a round's loss (forming)
+    # Exclusion's inputs. ``nodes`` holds only the nodes still eligible: an excluded one is left out by the coordinator.
+    blame: Mapping[str, int] | None = None  # node id → failures it was blamed for in the job's earlier rounds
+    unhealthy: Mapping[str, str] | None = None  # node id → why it says it is unhealthy (``Member.report_unhealthy``)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A node left out of the job for good, and why (in words for every node's line and event)."""
+
+    node: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,7 @@ class Regroup:
 
     reason: str
     lost: tuple[str, ...] = field(default=(), compare=False)  # the nodes lost, as the reason names them (told, not decided)
+    excluded: tuple[Exclusion, ...] = ()  # left out of every later round (an unhealthy member)
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,8 @@ class Restart:
 
     reason: str
     lost: tuple[str, ...] = field(default=(), compare=False)  # the nodes lost, as the reason names them (told, not decided)
+    excluded: tuple[Exclusion, ...] = ()  # left out of every later round (blamed too often, or unhealthy)
+    blamed: str | None = field(default=None, compare=False)  # the node held to account for the failure (``blamed``)
 
 
 @dataclass(frozen=True)
@@ -115,9 +136,18 @@ class Finish:
     reason: str
     stranded: bool = False  # not the workers' doing: too few nodes were left to go on (an infrastructure error)
     lost: tuple[str, ...] = field(default=(), compare=False)  # the nodes lost, as the reason names them (told, not decided)
+    excluded: tuple[Exclusion, ...] = ()
+    blamed: str | None = field(default=None, compare=False)
 
 
-Step = Wait | Start | Regroup | Restart | Finish
+@dataclass(frozen=True)
+class Exclude:
+    """Leave these nodes out of the job, nothing else changing (a spare or a forming round's node said it is unhealthy)."""
+
+    excluded: tuple[Exclusion, ...]
+
+
+Step = Wait | Start | Regroup | Restart | Finish | Exclude
 
 
 def place(nodes: Sequence[NodeInfo], previous: Sequence[str], settings: Settings, leader: str | None = None) -> Placement:
@@ -164,6 +194,13 @@ def enough(view: View, settings: Settings) -> bool:
 
 
 def _forming(view: View, settings: Settings, now: float) -> Step:
+    out = _sick(view)
+    if out:
+        # Before the first round more nodes may still come (join_timeout bounds the wait); once the job has run, or
+        # in a static job, whose node ranks nobody else can fill, a round that cannot form without it ends now.
+        if (view.round > 0 or settings.static) and not _goes_on(view, settings, out):
+            return _stranded(view, settings, out)
+        return Exclude(out)
     if not enough(view, settings):
         return _short(view, settings, now)
     placement = place(view.nodes, view.members, settings, view.leader)
@@ -203,17 +240,110 @@ def _running(view: View, settings: Settings) -> Step:
     results = view.results or {}
     lost = [m for m in view.members if m not in alive and m not in results]
     failures = sorted((r.revision, m) for m, r in results.items() if not r.ok)
+    culprit = blamed(results)
+    out = _sick(view)
+    limit = over_limit(view, settings, culprit)
+    if limit is not None and all(e.node != limit.node for e in out):
+        out += (limit,)
     if failures or (lost and settings.static):
         why = f"node {failures[0][1]} reported a worker failure" if failures else _lost(view, lost)
-        if decide(Failed(), view.restarts, settings.max_restarts) is Action.RESTART:  # the one budget rule, as one node's
-            return Restart(why, _names(view, lost))
-        return Finish(False, why, lost=_names(view, lost))
-    if lost:
-        return Regroup(_lost(view, lost), _names(view, lost))
+        return _failed(view, settings, why, lost, out, culprit)
+    members = set(view.members)
+    if lost or out:
+        return _without(view, settings, lost, out, members)
     if all(m in results for m in view.members):
         return Finish(True, "every node's workers succeeded")
-    members = set(view.members)
     joined = [n for n in view.nodes if n.id not in members]
     if joined and len(view.members) < settings.max_nodes and not settings.static:
         return Regroup(f"node {joined[0].id} joined")
     return Wait(None)
+
+
+def _without(view: View, settings: Settings, lost: list[str], out: tuple[Exclusion, ...], members: set[str]) -> Step:
+    """Nodes lost, or excluded, in a round that did not fail: re-form without them (without a restart), or, where
+    only spares were excluded, go on as it is."""
+    if not lost and all(e.node not in members for e in out):
+        return Exclude(out)
+    if out and not _goes_on(view, settings, out):
+        return _stranded(view, settings, out, _names(view, lost))
+    why = _lost(view, lost) if lost else f"node {_name(view, out[0].node)} was excluded: {out[0].reason}"
+    return Regroup(why, _names(view, lost), excluded=out)
+
+
+def _failed(view: View, settings: Settings, why: str, lost: list[str], out: tuple[Exclusion, ...],  # noqa: PLR0917
+            culprit: str | None) -> Step:
+    """The round failed: restart it (without the excluded nodes) while the budget lasts, else end the job."""
+    if decide(Failed(), view.restarts, settings.max_restarts) is not Action.RESTART:  # the one budget rule, as one node's
+        return Finish(False, why, lost=_names(view, lost), excluded=out, blamed=culprit)
+    if out and not _goes_on(view, settings, out):
+        return _stranded(view, settings, out, _names(view, lost), culprit)
+    return Restart(why, _names(view, lost), excluded=out, blamed=culprit)
+
+
+# --- blame and exclusion
+
+
+def blamed(results: Mapping[str, Result]) -> str | None:
+    """The node held to account for a round (pure): the one whose failure the store got first (by revision), once.
+    The nodes whose workers failed after it most likely failed because of it; a round stopped for a signal, a lost
+    node or a regroup has no failed result, hence nobody to blame."""
+    first = min(((r.revision, node) for node, r in results.items() if not r.ok), default=None)
+    return first[1] if first is not None else None
+
+
+def over_limit(view: View, settings: Settings, culprit: str | None) -> Exclusion | None:
+    """``culprit``'s exclusion when this failure is its ``--max-node-failures``-th (pure); None below, or with 0."""
+    limit = settings.max_node_failures
+    if culprit is None or limit <= 0:
+        return None
+    count = (view.blame or {}).get(culprit, 0) + 1
+    if count < limit:
+        return None
+    result = (view.results or {}).get(culprit)
+    last = _said(result) if result is not None else "its workers failed"
+    return Exclusion(culprit, f"blamed for {count} failures of the job (--max-node-failures {limit}); the last: {last}")
+
+
+def _said(result: Result) -> str:
+    """A failure in one line, from its root cause's keys where its node gave them (as every node's restart line says
+    it: ``rank 5 on HOST exited 1: Type: message``), else its summary's first line."""
+    root = result.root or {}
+    rank, host, code, sig, exc = (root.get(k) for k in ("rank", "host", "exit_code", "signal", "exception"))
+    if not isinstance(rank, int):
+        return result.summary.split("\n")[0] or "its workers failed"
+    how = f"killed by {sig}" if isinstance(sig, str) else f"exited {code}" if isinstance(code, int) else "failed"
+    where = f"rank {rank} on {host}" if isinstance(host, str) and host else f"rank {rank}"
+    return f"{where} {how}: {exc}" if isinstance(exc, str) and exc else f"{where} {how}"
+
+
+def _sick(view: View) -> tuple[Exclusion, ...]:
+    """The eligible nodes that said they are unhealthy, in join order."""
+    unhealthy = view.unhealthy or {}
+    if not unhealthy:
+        return ()
+    return tuple(Exclusion(n.id, f"unhealthy: {unhealthy[n.id]}") for n in sorted(view.nodes, key=lambda n: n.joined)
+                 if n.id in unhealthy)
+
+
+def _goes_on(view: View, settings: Settings, out: tuple[Exclusion, ...]) -> bool:
+    """Whether a round can form without ``out`` from the live nodes (a spare takes an excluded member's place)."""
+    gone = {e.node for e in out}
+    return enough(replace(view, nodes=tuple(n for n in view.nodes if n.id not in gone)), settings)
+
+
+def _name(view: View, node: str) -> str:
+    """A node as the reasons name it (``id at addr``, as a lost node is named)."""
+    info = next((n for n in view.nodes if n.id == node), None)
+    return f"{node} at {info.addr}" if info is not None and info.addr else node
+
+
+def _stranded(view: View, settings: Settings, out: tuple[Exclusion, ...], lost: tuple[str, ...] = (),
+              culprit: str | None = None) -> Finish:
+    """Excluding ``out`` leaves too few nodes, and no spare: every node ends now, not at join_timeout."""
+    left = len(view.nodes) - len({e.node for e in out})
+    first = out[0]
+    more = f" (and {len(out) - 1} more)" if len(out) > 1 else ""
+    needed = (f"{left} node(s) left, min {settings.min_nodes} needed" if not settings.static
+              else f"a static job (--nnodes {settings.max_nodes}) cannot go on without it")
+    return Finish(False, f"node {_name(view, first.node)} was excluded{more} ({first.reason}): {needed}", stranded=True,
+                  lost=lost, excluded=out, blamed=culprit)

@@ -71,7 +71,7 @@ class Session:
 def settings(spec: LaunchSpec) -> Settings:
     rdzv = spec.rendezvous
     return Settings(rdzv.min_nodes, rdzv.max_nodes, rdzv.conf.last_call_timeout, spec.restart.max_restarts,
-                    static=isinstance(rdzv, StaticRendezvous))
+                    static=isinstance(rdzv, StaticRendezvous), max_node_failures=spec.restart.max_node_failures)
 
 
 def endpoint(spec: LaunchSpec) -> tuple[str, int]:

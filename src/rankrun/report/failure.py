@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 
 from rankrun.record import record
@@ -108,18 +108,21 @@ def _indent(text: str, pad: str = "    ") -> str:
 
 def render_report(
     title: str, host: str, restarts: int, results: list[WorkerResult], *, error_files_kept: bool = True, job_cause: str = "",
-    stalled: str | None = None, slurm: Mapping[str, str] | None = None,
+    stalled: str | None = None, slurm: Mapping[str, str] | None = None, excluded: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The failure report (multi-line, ends with a newline); ``restarts``: the restarts the job used, shown as
     ``FAILED (attempt N)`` (the first attempt is 0); ``job_cause``: the job's first failure on any node;
     ``stalled``: the stall that stopped this node's workers (``--hang-action fail``), its root cause; ``slurm``: the
-    Slurm job it ran in (``rankrun.slurm.job_words``)."""
+    Slurm job it ran in (``rankrun.slurm.job_words``); ``excluded``: the nodes the job excluded, each with why."""
     root = root_cause(results)
     bar, thin = "=" * WIDTH, "-" * WIDTH
     out = [bar, f"rankrun: {title} FAILED (attempt {restarts})"]
     if slurm:
         out.append("Slurm job " + ", ".join(f"{k} {v}" if k != "job" else v for k, v in slurm.items()))
     out.append(thin)
+    if excluded:
+        out += ["Nodes excluded from the job (drain them or reschedule elsewhere):",
+                *(f"  {name}: {why}" for name, why in excluded), thin]
     if job_cause:
         out += ["The job's first failure (on any node):", _indent(job_cause), thin, f"This node ({host}):"]
     if stalled is not None:

@@ -94,6 +94,9 @@ def mark_label(e: Event) -> str:
     elif name == "node.lost":
         nodes = e.data.get("nodes")
         text = "lost: " + ", ".join(nodes) if isinstance(nodes, list) and nodes else "node lost"
+    elif name == "node.excluded":
+        nodes = e.data.get("nodes")
+        text = "excluded: " + ", ".join(nodes) if isinstance(nodes, list) and nodes else "node excluded"
     elif name == "job.start":
         text = "job start"
     elif name == "job.end":
@@ -105,7 +108,7 @@ def mark_label(e: Event) -> str:
 
 # facts of the whole job that every node writes: labelled once (on the first lane that has them), a mark only on the
 # others, so that a job of many nodes does not repeat them lane after lane; the root cause is labelled on its node too
-JOB_WIDE = ("failure", "restart", "node.lost")
+JOB_WIDE = ("failure", "restart", "node.lost", "node.excluded")
 DRAWN_AS_BARS = ("rdzv.round", "workers.start", "workers.end", "startup")
 
 
@@ -272,6 +275,8 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
     worlds = [w for e in events if e.name == "rdzv.round" and (w := e.integer("world_size")) is not None]
     stalls = sum(1 for e in events if e.name == "stall")
     lost = sorted({n for e in events if e.name == "node.lost" for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
+    excluded = sorted({n for e in events if e.name == "node.excluded"
+                       for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
     ends = [e for e in events if e.name == "job.end"]
 
     shape = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"]
@@ -283,6 +288,8 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
         shape.append(f"{stalls} stall report{'s' if stalls != 1 else ''}")
     if lost:
         shape.append("lost: " + ", ".join(lost))
+    if excluded:
+        shape.append("excluded: " + ", ".join(excluded))
     if ends:
         final = ends[-1]
         took = final.mono - next(e for e in events if e.source == final.source and e.node == final.node).mono

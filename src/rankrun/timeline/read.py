@@ -24,6 +24,7 @@ KEYS: dict[str, dict[str, str]] = {
     "restart": {"attempt": "int", "reason": "str?", "restarts_left": "int?"},
     "stall": {"ranks": "str?", "title": "str?"},
     "node.lost": {"nodes": "strs?", "reason": "str?"},
+    "node.excluded": {"nodes": "strs?", "reason": "str?"},
     "startup": {
         "attempt": "int", "total": "num?", "rendezvous": "num?", "spawn": "num?",
         "script_p50": "num?", "script_max": "num?", "script_slowest": "int?",

@@ -32,7 +32,7 @@ COLORS = {
     "round": "#9dbbe8", "rendezvous": "#9dbbe8", "spawn": "#b99be3", "workers": "#f2c869",
 }
 MARK_COLORS = {"failure": "#d64541", "restart": "#1f5fbf", "stall": "#e08a1e", "node.lost": "#222222",
-               "job.start": "#555555", "job.end": "#555555"}
+               "node.excluded": "#7a1f1f", "job.start": "#555555", "job.end": "#555555"}
 
 CSS = """
 body{margin:0;font:13px/1.4 "DejaVu Sans",system-ui,sans-serif;color:#1d2125;background:#fff}
@@ -153,9 +153,10 @@ def _symbol(kind: str, x: float, y: float) -> str:
                 f'<path d="M{x + 0.8:.1f},{y - 4.6:.1f}l2.6,0.8l-0.8,2.6z" fill="#fff"/>')
     if kind == "stall":
         return f'<path class="sym" d="M{x:.1f},{y - 8:.1f}l7.5,13h-15z" fill="{color}" stroke="#fff" stroke-width="1.5"/>'
-    if kind == "node.lost":
+    if kind in ("node.lost", "node.excluded"):  # a square; excluded, with a cross: a node struck out of the job
+        cross = f'<path d="M{x - 3:.1f},{y - 3:.1f}l6,6m0,-6l-6,6" stroke="#fff" stroke-width="2"/>'
         return (f'<rect class="sym" x="{x - 6:.1f}" y="{y - 6:.1f}" width="12" height="12" fill="{color}"'
-                ' stroke="#fff" stroke-width="1.5"/>')
+                ' stroke="#fff" stroke-width="1.5"/>' + (cross if kind == "node.excluded" else ""))
     if kind in ("job.start", "job.end"):
         return f'<path class="sym" d="M{x:.1f},{y + 9:.1f}v-18l8,4l-8,4" fill="{color}" stroke="{color}" stroke-width="1.5"/>'
     return f'<circle class="sym" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{color}" stroke="#fff" stroke-width="1.5"/>'
@@ -237,6 +238,7 @@ LEGEND = [
     ("workers up", COLORS["workers"], "rect"),
     ("failure", MARK_COLORS["failure"], "circle"), ("restart", MARK_COLORS["restart"], "circle"),
     ("stall", MARK_COLORS["stall"], "tri"), ("node lost", MARK_COLORS["node.lost"], "rect"),
+    ("node excluded", MARK_COLORS["node.excluded"], "rect"),
 ]
 
 

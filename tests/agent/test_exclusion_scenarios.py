@@ -1,0 +1,335 @@
+"""Exclusion on several agents in one process, on one in-memory store, with fake spawners (issue 23).
+
+The real rounds, session and coordinator, as in ``test_multinode_scenarios``; only the backend (a shared
+``MemoryStore``) and the workers are fakes. A node blamed ``--max-node-failures`` times, or that reports itself
+unhealthy, is excluded: it leaves with ``NodeExcluded`` (exit code 4), or, hosting the store, serves on without
+workers; the job goes on without it (a spare in its place), or ends at once when it cannot; a launcher of that node
+that comes back is refused at join, the job undisturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from test_multinode_scenarios import BOUND, Agent, Plan, _spec, shared
+
+from fakes import Behaviour, FakeHandle, FakeTimers
+from rankrun.agent.attempt import Outcome
+from rankrun.agent.lines import ConsoleLines
+from rankrun.agent.multinode import run_multinode
+from rankrun.errors import EXIT_UNHEALTHY, LauncherError, NodeExcluded, RankrunError
+from rankrun.events.records import NodeExcluded as ExcludedFact
+from rankrun.events.records import RdzvRound, Record
+from rankrun.logs.layout import RunLogs
+from rankrun.proc.signals import StopStream
+from rankrun.rendezvous.coordinator import Coordinator
+from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, node_value, place_from
+from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.rendezvous.session import Session
+from rankrun.spec import LaunchSpec
+from rankrun.store.api import EventKind
+from rankrun.store.memory import MemoryStore
+
+KEYS = Keys.for_run("fake")
+# three nodes start round 1 together (MAX: at once); a round re-formed after an exclusion starts at once too
+ELASTIC = ("--max-restarts", "3", "--rdzv-conf", "last_call_timeout=5")
+
+
+def _fails(attempt: int, rank: int) -> Behaviour:
+    """A black hole: its workers exit 1 at start, every attempt."""
+    return Behaviour(exit_status=1, stderr=b'Traceback (most recent call last):\n  File "train.py", line 1, in <module>\n'
+                                           b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+
+
+def _waits(attempt: int, rank: int) -> Behaviour:
+    """Runs until stopped (or until the scenario makes it exit)."""
+    return Behaviour()
+
+
+class Node(Agent):
+    """An agent whose session, events and console lines the scenario can see."""
+
+    def __init__(self, tmp_path: Path, store: MemoryStore, index: int, plan: Plan, *, host: bool = False,
+                 done: Callable[[dict[str, str]], bool] | None = None) -> None:
+        super().__init__(tmp_path, store, index, plan, host=host)
+        started = self.spawner.after_spawn
+
+        def spawned(handle: FakeHandle) -> None:
+            if started is not None:
+                started(handle)
+            if done is not None and done(handle.env):  # its work done once the round is as the scenario wants
+                handle.exit(0)
+
+        self.spawner.after_spawn = spawned
+        self.events: list[Record] = []
+        self.session: Session | None = None
+        self.joined = asyncio.Event()
+        opened = shared(store, index, host=host)
+
+        async def backend(spec, worker_store, say, stack):
+            session, lead = await opened(spec, worker_store, say, stack)
+            self.session = session
+            self.joined.set()
+            return session, lead
+
+        self.deps.rendezvous = backend
+        self.deps.events.node = f"127.0.0.{index + 1}"  # as run_agent names it: the node's address
+        self.deps.events.add(self)
+
+    def on_event(self, event: Record) -> None:
+        self.events.append(event)
+
+    async def run(self, spec: LaunchSpec) -> Outcome | RankrunError:  # type: ignore[override]
+        self.deps.events.add(ConsoleLines(self.console.say, spec.restart.max_restarts))
+        logs = RunLogs(spec.logs, spec.rendezvous.run_id)
+        try:
+            return await run_multinode(spec, self.deps, StopStream(), logs)
+        except RankrunError as exc:  # NodeExcluded is no LauncherError: exit code 4, not 3
+            return exc
+        finally:
+            logs.finish()
+
+    def rounds(self) -> list[RdzvRound]:
+        return [e for e in self.events if isinstance(e, RdzvRound)]
+
+    def last(self) -> FakeHandle:
+        return self.spawner.spawned[-1]
+
+
+def _play(tmp_path: Path, spec: LaunchSpec, plans: list[Plan],
+          during: Callable[[MemoryStore, list[Node]], Awaitable[None]] | None = None,
+          done: Callable[[dict[str, str]], bool] | None = None):
+    store = MemoryStore(FakeTimers())
+    nodes = [Node(tmp_path, store, i, plan, host=i == 0, done=done) for i, plan in enumerate(plans)]
+
+    async def main():
+        runs = [asyncio.create_task(n.run(spec)) for n in nodes]
+        if during is not None:
+            await during(store, nodes)
+        return await asyncio.gather(*runs)
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(main(), BOUND))
+    finally:
+        errs = [n.close() for n in nodes]
+    return ends, nodes, errs, store
+
+
+async def _when(condition: Callable[[], bool]) -> None:
+    """A condition of the fakes' state, checked as the loop turns (every agent here shares this one loop)."""
+    while not condition():
+        await asyncio.sleep(0)
+
+
+def _waits_then_ok_from(attempt_ok: int) -> Plan:
+    return lambda attempt, rank: Behaviour(exit_status=0) if attempt >= attempt_ok else Behaviour()
+
+
+def _without_one(env: dict[str, str]) -> bool:
+    """A healthy node's work is done in the first round of two nodes (whatever its attempt: a node still stopping its
+    workers may skip a round that failed at once)."""
+    return env["WORLD_SIZE"] == "2"
+
+
+def test_a_black_hole_is_excluded_after_k_failures_and_the_others_finish_without_it(tmp_path):
+    spec = _spec(tmp_path, "2:3", *ELASTIC)
+    ends, nodes, errs, store = _play(tmp_path, spec, [_waits, _waits, _fails], done=_without_one)
+    host, other, hole = ends
+    assert isinstance(host, Outcome) and isinstance(other, Outcome), errs
+    assert (host.exit_code, other.exit_code) == (0, 0)
+    assert host.restarts == other.restarts == 2  # the two failures' restarts, and no more
+    assert isinstance(hole, NodeExcluded) and hole.exit_code == EXIT_UNHEALTHY == 4
+    assert re.fullmatch(r"this node \(\S+, 127\.0\.0\.3\) is excluded from job fake: blamed for 2 failures of the job "
+                        r"\(--max-node-failures 2\); the last: rank 2 on 127\.0\.0\.3 exited 1: RuntimeError: CUDA error: "
+                        r"uncorrectable ECC error encountered; drain it or reschedule elsewhere", str(hole)), str(hole)
+    assert len(nodes[2].spawner.spawned) == 2  # it ran no worker after its exclusion
+    for node in nodes[:2]:
+        assert node.last().env["WORLD_SIZE"] == "2" and node.last().env["TORCHELASTIC_RESTART_COUNT"] == "2"
+        (told,) = [e for e in node.events if isinstance(e, ExcludedFact)]  # every node says who, and why
+        assert told.nodes[0].endswith(" at 127.0.0.3") and told.reason.startswith("blamed for 2 failures of the job")
+    assert "is excluded from the job: blamed for 2 failures" in errs[0]
+    (entry,) = store.scan(KEYS.blocklist)[0]
+    assert entry.key.endswith("@127.0.0.3") and Blocked.parse(entry.value).reason.startswith("blamed for 2 failures")
+
+
+def test_a_spare_takes_the_excluded_nodes_place(tmp_path):
+    spec = _spec(tmp_path, "2", "--max-restarts", "3", "--max-node-failures", "1")
+
+    async def hole_fails_once_the_spare_waits(store: MemoryStore, nodes: list[Node]) -> None:
+        del store
+        for node in nodes[:2]:
+            await node.running.wait()
+        spare_waits = asyncio.Event()
+        say = nodes[2].console.say
+
+        def heard(line: str) -> None:
+            say(line)
+            if "this node waits as a spare" in line:
+                spare_waits.set()
+
+        nodes[2].console.say = heard  # type: ignore[method-assign]
+        spare_task.append(asyncio.create_task(nodes[2].run(spec)))
+        await spare_waits.wait()
+        nodes[1].last().exit(1)  # the black hole's worker dies: K = 1
+
+    spare_task: list[asyncio.Task] = []
+    store = MemoryStore(FakeTimers())
+    host, hole, spare = (Node(tmp_path, store, 0, _waits_then_ok_from(1), host=True), Node(tmp_path, store, 1, _waits),
+                         Node(tmp_path, store, 2, _waits_then_ok_from(0)))
+
+    async def main():
+        runs = [asyncio.create_task(n.run(spec)) for n in (host, hole)]
+        await hole_fails_once_the_spare_waits(store, [host, hole, spare])
+        return await asyncio.gather(*runs, *spare_task)
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(main(), BOUND))
+    finally:
+        for node in (host, hole, spare):
+            node.close()
+    assert isinstance(ends[0], Outcome) and ends[0].exit_code == 0
+    assert isinstance(ends[1], NodeExcluded)
+    assert isinstance(ends[2], Outcome) and ends[2].exit_code == 0
+    (started,) = spare.spawner.spawned
+    assert (started.env["GROUP_RANK"], started.env["WORLD_SIZE"], started.env["TORCHELASTIC_RESTART_COUNT"]) == ("1", "2", "1")
+
+
+def test_excluding_below_min_ends_every_node_at_once_naming_it(tmp_path):
+    spec = _spec(tmp_path, "2", "--max-restarts", "3")  # join_timeout: its default, 600 s; the bound is 30 s
+    ends, nodes, errs, _ = _play(tmp_path, spec, [_waits, _fails])
+    host, hole = ends
+    assert isinstance(hole, NodeExcluded), errs
+    assert isinstance(host, LauncherError) and not isinstance(host, NodeExcluded)  # exit 3 on the others
+    assert re.search(r"the job ended: node \S+ at 127\.0\.0\.2 was excluded \(blamed for 2 failures of the job "
+                     r"\(--max-node-failures 2\); the last: .*\): 1 node\(s\) left, min 2 needed$", str(host)), str(host)
+    assert len(nodes[1].spawner.spawned) == 2
+
+
+def test_the_store_host_excluded_keeps_serving_without_workers_and_the_others_run_the_job(tmp_path):
+    spec = _spec(tmp_path, "2:3", *ELASTIC)
+    ends, nodes, errs, _ = _play(tmp_path, spec, [_fails, _waits, _waits], done=_without_one)
+    assert [e.exit_code for e in ends] == [0, 0, 0], errs  # the host leaves with the job's exit code
+    assert len(nodes[0].spawner.spawned) == 2  # no worker after its exclusion
+    last = [n.last().env for n in nodes[1:]]
+    assert sorted((e["GROUP_RANK"], e["RANK"]) for e in last) == [("0", "0"), ("1", "1")]  # group rank 0 moved on
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["WORLD_SIZE"]) for e in last} == {("127.0.0.1", "29500", "2")}
+    assert re.search(r"this node \(host0, 127\.0\.0\.1\) is excluded from job fake since .* UTC: blamed for 2 failures "
+                     r".*; it keeps serving the rendezvous and the workers' store, without workers, until the job ends",
+                     errs[0]), errs[0]
+    assert "the job ended (succeeded); this node served it without workers: excluded: blamed for 2 failures" in errs[0]
+
+
+def test_a_blocklisted_node_coming_back_is_refused_at_once_and_the_job_is_undisturbed(tmp_path):
+    spec = _spec(tmp_path, "2:3", *ELASTIC)
+    store = MemoryStore(FakeTimers())
+    nodes = [Node(tmp_path, store, 0, _waits, host=True), Node(tmp_path, store, 1, _waits), Node(tmp_path, store, 2, _fails)]
+    again = Node(tmp_path, store, 2, _fails)  # the same host and address: a scheduler started it again
+    refused: list[object] = []
+    took: list[float] = []
+
+    async def main():
+        runs = [asyncio.create_task(n.run(spec)) for n in nodes]
+        assert isinstance(await runs[2], NodeExcluded)
+        await _when(lambda: all(n.spawner.spawned and _without_one(n.last().env) for n in nodes[:2]))
+        before = [(len(n.rounds()), len(n.spawner.spawned)) for n in nodes[:2]]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        refused.append(await again.run(spec))
+        took.append(loop.time() - start)
+        # one that raced past the join's check (its node key written): told on its assign key, never counted
+        racer = NodeInfo("racer", 0, 1, "default", "127.0.0.3", nodes[2].session.member.info.host)
+        lease = await store.grant(60)
+        _, revision = await store.range(KEYS.assign("racer"))
+        watch = await store.watch(KEYS.assign("racer"), revision)
+        await store.put(KEYS.node("racer"), node_value(racer), lease=lease.id)
+        async for event in watch:
+            if event.kind is EventKind.PUT and event.key == KEYS.assign("racer"):
+                told = place_from(event.value)
+                break
+        await watch.close()
+        await lease.revoke()
+        assert isinstance(told, Excluded) and told.reason.startswith("blamed for 2 failures")
+        assert [(len(n.rounds()), len(n.spawner.spawned)) for n in nodes[:2]] == before  # no regroup, no restart
+        for node in nodes[:2]:
+            node.last().exit(0)
+        return await asyncio.gather(*runs)
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(main(), BOUND))
+    finally:
+        for node in (*nodes, again):
+            node.close()
+    assert [e.exit_code for e in ends[:2]] == [0, 0]
+    (no,) = refused
+    assert isinstance(no, NodeExcluded) and no.exit_code == 4
+    assert re.fullmatch(r"this node \(\S+, 127\.0\.0\.3\) was excluded from job fake at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: "
+                        r"blamed for 2 failures of the job .*; drain it or reschedule elsewhere", str(no)), str(no)
+    assert took[0] < 5.0
+    assert again.spawner.spawned == [] and not again.rounds()
+
+
+def test_a_node_that_reports_itself_unhealthy_is_excluded_at_once_without_a_restart(tmp_path):
+    spec = _spec(tmp_path, "2:3", *ELASTIC)
+
+    async def sick(store: MemoryStore, nodes: list[Node]) -> None:
+        del store
+        for node in nodes:
+            await node.running.wait()
+        assert nodes[2].session is not None
+        await nodes[2].session.member.report_unhealthy("GPU 3: uncorrectable ECC error (nvidia-smi: recovery action reset)")
+
+    ends, nodes, errs, _ = _play(tmp_path, spec, [_waits, _waits, _waits], during=sick, done=_without_one)
+    host, other, out = ends
+    assert (host.exit_code, other.exit_code) == (0, 0), errs
+    assert isinstance(out, NodeExcluded)
+    assert str(out).endswith("is excluded from job fake: unhealthy: GPU 3: uncorrectable ECC error (nvidia-smi: recovery "
+                             "action reset); drain it or reschedule elsewhere")
+    for node in nodes[:2]:
+        assert node.last().env["WORLD_SIZE"] == "2"
+        assert node.last().env["TORCHELASTIC_RESTART_COUNT"] == "0"  # a regroup: no restart spent
+    assert len(nodes[2].spawner.spawned) == 1
+
+
+def test_nobody_is_excluded_with_max_node_failures_0(tmp_path):
+    spec = _spec(tmp_path, "2", "--max-restarts", "2", "--max-node-failures", "0")
+    ends, nodes, _, store = _play(tmp_path, spec, [_waits, _fails])
+    assert [e.exit_code for e in ends] == [1, 1]  # the budget spent, as before
+    assert len(nodes[1].spawner.spawned) == 3
+    assert store.scan(KEYS.blocklist)[0] == []
+
+
+
+def test_a_coordinator_taking_over_keeps_the_blocklist_it_finds_in_the_store():
+    """On etcd a coordinator elected mid-job starts its blame counts from zero, but the exclusions are the store's:
+    a node on the blocklist that joins is told it is excluded, and the round forms without it."""
+    async def main() -> tuple[object, object]:
+        store = MemoryStore(FakeTimers())
+        await store.put(KEYS.blocked("h9", "127.0.0.9"), Blocked("fake", "blamed for 2 failures of the job", 1.7e9).value())
+
+        async def fresh_keyspace() -> None:
+            return None
+
+        coordinator = Coordinator(store, KEYS, Settings(1, 3, 0.1, 3, max_node_failures=2),
+                                  master=lambda: ("127.0.0.1", 29500), before_round=fresh_keyspace)
+        running = asyncio.create_task(coordinator.run())
+        _, revision = await store.range(KEYS.assigns)
+        watch = await store.watch(KEYS.assigns, revision)
+        lease = await store.grant(60)
+        await store.put(KEYS.node("back"), node_value(NodeInfo("back", 0, 1, "default", "127.0.0.9", "h9")), lease=lease.id)
+        await store.put(KEYS.node("fine"), node_value(NodeInfo("fine", 0, 1, "default", "127.0.0.2", "h2")), lease=lease.id)
+        told: dict[str, object] = {}
+        async for event in watch:
+            told[event.key[len(KEYS.assigns):]] = place_from(event.value)
+            if len(told) == 2:
+                break
+        await watch.close()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        return told["back"], told["fine"]
+
+    back, fine = asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert back == Excluded("blamed for 2 failures of the job", 1.7e9)
+    assert isinstance(fine, Assignment) and fine.group_world_size == 1  # the round formed without it
