@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive, clean_environ, fresh_loopback, run_cli, wait_gone
+from conftest import alive, clean_environ, run_cli, wait_gone
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -118,21 +118,52 @@ def test_kill_dash_nine_of_the_launcher_takes_the_check_along(launch, tmp_path):
     assert wait_gone(pids, 10.0) == [], "the launcher's watchdog left the check running"
 
 
-def test_on_several_nodes_a_node_whose_first_check_fails_never_joins(launch, tmp_path):
-    addr = fresh_loopback()
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    common = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:29400", "--rdzv-id", "gate",
-              "--rdzv-conf", "last_call_timeout=0.2", "--nproc-per-node", "1"]
-    env = clean_environ() | {"RANKRUN_RDZV_SECRET": "gate-secret"}
-    sick = launch(*common, "--local-addr", "127.0.0.1", "--health-check", "echo 'no InfiniBand port is up'; exit 1",
-                  *WORKER, env=env | {"OUT": str(tmp_path / "b")})
-    assert sick.finish(timeout=30) == 4
-    assert any("unhealthy: health check: no InfiniBand port is up" in line for line in sick.err), sick.err
-    host = launch(*common, "--local-addr", addr, "--health-check", "true", *WORKER, env=env | {"OUT": str(tmp_path / "a")})
-    assert host.finish(timeout=60) == 0, host.err
-    assert _lines(tmp_path / "a" / "workers") == ["ran 0"]
-    assert _lines(tmp_path / "b" / "workers") == []
+def _three(launch, tmp_path: Path, checks: list[str], **env: str) -> list[object]:
+    """Three launchers on loopback, each its own --local-addr and OUT folder, the first hosting the store; ``checks``:
+    each node's --health-check."""
+    b, c = os.urandom(2)
+    addrs = [f"127.{1 + b % 254}.{c}.{n}" for n in (1, 2, 3)]
+    common = ["--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addrs[0]}:29400", "--rdzv-id", "gate",
+              "--nproc-per-node", "1", "--max-restarts", "1"]
+    runs = []
+    for n, addr in enumerate(addrs):
+        out = tmp_path / f"node{n}"
+        out.mkdir()
+        node_env = clean_environ() | {"RANKRUN_RDZV_SECRET": "gate-secret", "OUT": str(out), **env}
+        conf = f"is_host={int(n == 0)},last_call_timeout=1"  # every address is this machine's: say who hosts
+        runs.append(launch(*common, "--rdzv-conf", conf, "--local-addr", addr, "--health-check", checks[n], *WORKER,
+                           env=node_env))
+    return runs
+
+
+def test_on_several_nodes_an_unhealthy_node_is_excluded_and_the_others_run_the_job(launch, tmp_path):
+    runs = _three(launch, tmp_path, ["true", "true", "echo 'no InfiniBand port is up'; exit 1"])
+    codes = [r.finish(timeout=60) for r in runs]
+    assert codes == [0, 0, 4], [r.err for r in runs]
+    assert any("excluded from job gate" in line and "health check: no InfiniBand port is up" in line
+               for line in runs[2].err), runs[2].err
+    assert _lines(tmp_path / "node2" / "workers") == []  # it never ran a worker
+    assert all(_lines(tmp_path / f"node{n}" / "workers") for n in (0, 1))
+    assert any("is excluded from the job" in line and "no InfiniBand" in line for line in runs[0].err), runs[0].err
+
+
+def test_the_store_hosts_own_check_fails_and_the_job_runs_on_the_others(launch, tmp_path):
+    runs = _three(launch, tmp_path, ["echo 'disk /scratch full' >&2; exit 1", "true", "true"])
+    codes = [r.finish(timeout=60) for r in runs]
+    assert codes == [0, 0, 0], [r.err for r in runs]
+    assert _lines(tmp_path / "node0" / "workers") == []  # it served the store, without workers
+    assert sorted(_lines(tmp_path / "node1" / "workers") + _lines(tmp_path / "node2" / "workers")) == ["ran 0", "ran 1"]
+    assert any("served it without workers" in line and "disk /scratch full" in line for line in runs[0].err), runs[0].err
+
+
+def test_checks_run_before_every_round_and_one_failure_excludes_nobody(launch, tmp_path):
+    count = 'echo checked >> "$OUT/checks"'
+    runs = _three(launch, tmp_path, [count] * 3, FAIL_ONCE="1")
+    assert [r.finish(timeout=60) for r in runs] == [0, 0, 0], [r.err for r in runs]
+    for n in range(3):  # before joining, and before the round after rank 1's failure
+        assert len(_lines(tmp_path / f"node{n}" / "checks")) == 2, n
+    assert not any("excluded" in line for r in runs for line in r.err)
+
 
 
 def test_the_check_rankrun_ships_names_the_nodes_fault_through_the_launcher(tmp_path):

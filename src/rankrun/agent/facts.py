@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rankrun import told
 from rankrun.errors import ending
 from rankrun.events.records import Failure, JobOutcome, JobStart, WorkersOutcome
 from rankrun.proc.group import GroupOutcome
@@ -76,10 +77,7 @@ def failure_from(value: Mapping[str, object], attempt: int) -> Failure | None:
 def failure_line(fact: Failure) -> str:
     """A failure in one line, as a node that did not run the rank says it: ``rank 5 on HOST exited 1: Type: message``
     (``killed by SIGKILL`` for a signal; the host left out when the record has none)."""
-    where = f"rank {fact.rank} on {fact.host}" if fact.host else f"rank {fact.rank}"
-    how = f"killed by {fact.signal}" if fact.signal is not None else \
-        f"exited {fact.exit_code}" if fact.exit_code is not None else "failed"
-    return f"{where} {how}: {fact.exception}" if fact.exception else f"{where} {how}"
+    return told.failure_line(fact.rank, fact.host, fact.exit_code, fact.signal, fact.exception)
 
 
 def job_outcome(code: int, error: bool = False) -> JobOutcome:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
-from rankrun.agent.gate import excluded, unhealthy
+from rankrun.agent.gate import unhealthy
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
@@ -68,9 +69,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
     if not etcd and spec.secret is None:
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
-    sick = await unhealthy(spec, deps, stops)  # a node that fails its first check never joins the job
-    if sick is not None:
-        raise NodeExcluded(excluded(deps.host, rdzv.run_id, sick))
+    sick = await unhealthy(spec, deps, stops)  # --health-check before the first round, before joining
     try:
         async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous) as session:
             if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
@@ -78,7 +77,9 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
             if begin is not None:
                 await begin(session.member.info.addr or session.address)
-            return await _rounds(spec, deps, stops, logs, session, joined)
+            if sick is not None:  # joined only to be excluded for good (the blocklist), or to serve without workers
+                await session.member.report_unhealthy(f"health check: {sick}")
+            return await _rounds(spec, deps, stops, logs, session, joined, sick=sick)
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None
 
@@ -87,8 +88,11 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
 
 
 async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float, *,
+    sick: str | None = None,
 ) -> Outcome:
+    """``sick``: why this node said it is unhealthy (its --health-check): it runs no workers, and waits to be told;
+    a job that ends first (the others' workers were quick) ends it as excluded all the same."""
     member = session.member
     loop = asyncio.get_running_loop()
     extra = await _collective_env(spec, deps, session.address)
@@ -104,8 +108,9 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Excluded | Ended):
-            if isinstance(word, Excluded):
-                return await _excluded(spec, deps, stops, session, word, restarts)
+            if isinstance(word, Excluded) or sick is not None:
+                out = word if isinstance(word, Excluded) else Excluded(f"unhealthy: health check: {sick}", time.time())
+                return await _excluded(spec, deps, stops, session, out, restarts)
             if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
                 _tell(deps, word.word, attempt)
             _tell_excluded(deps, word.word, excluded)
@@ -113,11 +118,14 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             # never got to start its workers) failed with the job
             return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed,
                                 excluded=excluded)
-        if isinstance(word, Spare):
-            spare_said = spare_said or _say_spare(spec, deps)
+        if isinstance(word, Spare) or sick is not None:  # sick: placed before the coordinator heard it; never run workers
+            spare_said = spare_said or (isinstance(word, Spare) and _say_spare(spec, deps))
             previous = word.round
             continue
-        pending = stops.take_pending()  # a signal that came as the word did: the job stops instead
+        if attempt >= 0 and (sick := await _recheck(spec, deps, stops, member)) is not None:
+            previous = word.round  # --health-check before every round after the first (all nodes at once); sick:
+            continue  # not this round's, which the coordinator re-forms without it
+        pending = stops.take_pending()  # a signal that came as the word did (or during the check): the job stops
         if pending is not None:
             return Outcome.signalled(pending.signum, restarts)
         told = member.word if placed is not None and word.round == placed.round + 1 else None  # what ended its round
@@ -136,15 +144,32 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         if member.lease.lost.is_set():
             raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: "
                                 f"{session.why_lost()}; workers stopped")
-        if outcome.regrouped is not None:
-            deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
-        else:  # the workers ended by themselves: say how
-            if api is not None:  # rankrun.launch: this node's values, or failures, for the others
-                await api.report(word, outcome.failed, last.results)
-            await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "",
-                                _root(last, attempt, deps.events.node) if outcome.failed else None)
+        await _round_over(spec, deps, member, api, word, last, attempt)
         previous = word.round
         joined = loop.time()  # the next round's time counts from here
+
+
+async def _round_over(  # noqa: PLR0917 - private; what _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, member: Member, api: ApiNode | None, word: Assignment,
+    last: AttemptResult, attempt: int,
+) -> None:
+    """This node's workers of ``word``'s round are gone: say how they ended."""
+    outcome = last.outcome
+    if outcome.regrouped is not None:
+        deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
+    else:  # the workers ended by themselves: say how
+        if api is not None:  # rankrun.launch: this node's values, or failures, for the others
+            await api.report(word, outcome.failed, last.results)
+        await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "",
+                            _root(last, attempt, deps.events.node) if outcome.failed else None)
+
+
+async def _recheck(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, member: Member) -> str | None:
+    """``--health-check`` before a round after the first; an unhealthy node says so, to be excluded (its reason)."""
+    sick = await unhealthy(spec, deps, stops)
+    if sick is not None:
+        await member.report_unhealthy(f"health check: {sick}")
+    return sick
 
 
 def _say_spare(spec: LaunchSpec, deps: AgentDeps) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from rankrun.policy import Action, Failed, decide
 from rankrun.ranks import NodeRanks, NodeSlots, assign_node_ranks
+from rankrun.told import failure_line
 
 __all__ = ["NodeRanks", "NodeSlots", "assign_node_ranks"]  # re-exported: the rendezvous hands out these sums
 
@@ -311,9 +312,8 @@ def _said(result: Result) -> str:
     rank, host, code, sig, exc = (root.get(k) for k in ("rank", "host", "exit_code", "signal", "exception"))
     if not isinstance(rank, int):
         return result.summary.split("\n")[0] or "its workers failed"
-    how = f"killed by {sig}" if isinstance(sig, str) else f"exited {code}" if isinstance(code, int) else "failed"
-    where = f"rank {rank} on {host}" if isinstance(host, str) and host else f"rank {rank}"
-    return f"{where} {how}: {exc}" if isinstance(exc, str) and exc else f"{where} {how}"
+    return failure_line(rank, host if isinstance(host, str) else None, code if isinstance(code, int) else None,
+                        sig if isinstance(sig, str) else None, exc if isinstance(exc, str) else None)
 
 
 def _sick(view: View) -> tuple[Exclusion, ...]:
