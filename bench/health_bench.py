@@ -81,7 +81,7 @@ def blackhole(launcher: str) -> BlackHole:
     common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"{addrs[0]}:29400", "--rdzv-id", "blackhole"]
     if launcher == "rankrun":
-        common += ["--max-node-failures", "2", "--rdzv-conf", "last_call_timeout=0.5"]
+        common += ["--max-node-failures", "2", "--rdzv-conf", "last_call_timeout=10"]  # all three in round 1
     with tempfile.TemporaryDirectory(prefix="rankrun-bench-blackhole-") as tmp:
         procs = []
         t0 = time.perf_counter()
@@ -126,9 +126,11 @@ def _gap(path: Path) -> tuple[float | None, int | None]:
 @dataclass
 class Result:
     reps: int
+    hole_reps: int = 0
     wall: Samples = field(default_factory=lambda: Samples("ms"))
     cpu: Samples = field(default_factory=lambda: Samples("ms"))
     load: tuple[float, float] = (0.0, 0.0)  # others' CPU share, steal share
+    holes: dict[str, list[BlackHole]] = field(default_factory=dict)
 
 
 def _launch(kind: str) -> tuple[float, float]:
@@ -139,8 +141,8 @@ def _launch(kind: str) -> tuple[float, float]:
     return timed.wall * 1000, timed.cpu * 1000
 
 
-def run(reps: int) -> Result:
-    result = Result(reps)
+def run(reps: int, hole_reps: int = 3) -> Result:
+    result = Result(reps, hole_reps)
     for kind in KINDS:  # unrecorded: the page cache, the bytecode cache
         _launch(kind)
     mark = cpu_mark()
@@ -152,7 +154,22 @@ def run(reps: int) -> Result:
     result.load = foreign_load(mark, cpu_mark())
     log(f"  health gate, one node: plain {result.wall.median('plain'):.0f} ms, with --health-check true "
         f"{result.wall.median('gate'):.0f} ms (medians)")
+    for rep in range(hole_reps):
+        for launcher in ("rankrun", "torchrun")[rep % 2:] + ("rankrun", "torchrun")[:rep % 2]:
+            hole = blackhole(launcher)
+            result.holes.setdefault(launcher, []).append(hole)
+            log(f"  black hole, {launcher}: exit codes {hole.codes}, exited at "
+                + ", ".join("-" if t is None else f"{t:.1f} s" for t in hole.exited)
+                + (f", gap {hole.gap * 1000:.1f} ms, restarts {hole.restarts}" if hole.gap is not None else ""))
+            if launcher == "rankrun" and (hole.codes != [0, 0, 4] or hole.gap is None):
+                raise BenchError(f"rankrun's black-hole run: exit codes {hole.codes}, gap {hole.gap}")
     return result
+
+
+def _healthy_end(hole: BlackHole) -> float:
+    """When the healthy nodes had both exited (seconds; BOUND when one still ran)."""
+    ends = hole.exited[:2]
+    return BOUND if any(t is None for t in ends) else max(t for t in ends if t is not None)
 
 
 def _paired(samples: Samples) -> list[float]:
@@ -160,7 +177,18 @@ def _paired(samples: Samples) -> list[float]:
 
 
 def rows(result: Result) -> list[Row]:
-    return [
+    holes = result.holes
+    gap = statistics.median(h.gap for h in holes.get("rankrun", []) if h.gap is not None) * 1000 if holes else float("nan")
+    ends = {k: statistics.median(_healthy_end(h) for h in v) for k, v in holes.items()}
+    hole_rows = [
+        Row("a black-hole node (3 nodes, --nnodes 2:3 --max-restarts 3): its second failure → the job running "
+            "without it (rankrun --max-node-failures 2; torchrun never does)", "ms", rankrun=gap, torchrun=float("nan"),
+            compare=False, decimals=1),
+        Row(f"a black-hole node: until the two healthy nodes exit 0 ({WORK:g} s of work; torchrun: still waiting at "
+            f"{BOUND:g} s counts as {BOUND:g} s)", "s", rankrun=ends.get("rankrun", float("nan")),
+            torchrun=ends.get("torchrun", float("nan")), decimals=1),
+    ] if holes else []
+    return [*hole_rows,
         Row(f"health gate, --health-check true: one node's round (a launch of {NPROC} --no-python true workers, "
             "wall, exec→exit)", "ms", rankrun=result.wall.median("gate"), torchrun=float("nan"),
             baseline=result.wall.median("plain"), baseline_label="without", compare=False, decimals=1),
@@ -189,14 +217,31 @@ def details(result: Result) -> list[str]:
         p, g = s.median("plain"), s.median("gate")
         lines.append(f"| {name} | {p:.1f} | {g:.1f} | {g - p:+.1f} | {statistics.median(_paired(s)):+.1f} | "
                      f"{fmt_samples(s.by_launcher['plain'])} | {fmt_samples(s.by_launcher['gate'])} |")
+    if result.holes:
+        lines += ["", f"**A black-hole node** (`python bench/health_bench.py --hole-reps {result.hole_reps}`): three "
+                  "agents on loopback, `--nnodes 2:3 --max-restarts 3`, one `--no-python sh` worker a node; node 2's "
+                  f"exits 1 at once on every attempt, the others' sleep {WORK:g} s; rankrun with `--max-node-failures 2`. "
+                  "Per run: each node's exit code and when it exited (seconds after the start; `-`: still running at "
+                  f"{BOUND:g} s, then stopped).", "",
+                  "| launcher | run | exit codes (node 0, 1, black hole) | exited at (s) | second failure → running "
+                  "without it | restarts used |", "|---|---|---|---|---|---|"]
+        for launcher, runs in result.holes.items():
+            for n, hole in enumerate(runs):
+                at = ", ".join("-" if t is None else f"{t:.1f}" for t in hole.exited)
+                codes = ", ".join("-" if c is None else str(c) for c in hole.codes)
+                gap = f"{hole.gap * 1000:.1f} ms" if hole.gap is not None else "never"
+                used = str(hole.restarts) if hole.restarts is not None else \
+                    "all 3 (its budget spent, the black hole exited 1)" if hole.codes[2] == 1 else "—"
+                lines.append(f"| {launcher} | {n + 1} | {codes} | {at} | {gap} | {used} |")
     return [*lines, ""]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=21)
+    parser.add_argument("--hole-reps", type=int, default=3)
     args = parser.parse_args()
-    result = run(args.reps)
+    result = run(args.reps, args.hole_reps)
     print("\n".join(details(result)))
 
 

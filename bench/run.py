@@ -73,16 +73,17 @@ class Plan:
     observe_reps: int
     observe_fail_reps: int
     health_reps: int
+    hole_reps: int
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
             rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
-            health_reps=21)
+            health_reps=21, hole_reps=3)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
              rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
-             health_reps=5)
+             health_reps=5, hole_reps=1)
 
 
 @dataclass
@@ -209,7 +210,7 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         return observe_bench.rows(r), observe_bench.details(r)
 
     def health() -> tuple[list[Row], list[str]]:
-        r = health_bench.run(plan.health_reps)
+        r = health_bench.run(plan.health_reps, plan.hole_reps)
         return health_bench.rows(r), health_bench.details(r)
 
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
@@ -292,7 +293,8 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"- **repetitions**: launch {plan.launch_reps}, RSS {plan.rss_reps}, failure {plan.failure_reps}, "
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
         f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}, api {plan.api_reps}, "
-        f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps}), health {plan.health_reps}",
+        f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps}), health {plan.health_reps} "
+        f"(its black hole {plan.hole_reps})",
         "",
         "## Summary (medians)",
         "",
