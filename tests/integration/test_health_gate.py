@@ -177,3 +177,14 @@ def test_the_check_rankrun_ships_names_the_nodes_fault_through_the_launcher(tmp_
                    env=_env(tmp_path))
     assert fine.returncode == 0, fine.stderr  # LOCAL_WORLD_SIZE 2: 128 open files needed, and a node has them
     assert sorted(_lines(tmp_path / "workers")) == ["ran 0", "ran 1"]
+
+
+def test_three_clean_runs_exclude_nobody(launch, tmp_path):
+    for run in range(3):
+        where = tmp_path / f"run{run}"
+        where.mkdir()
+        runs = _three(launch, where, ["true"] * 3)
+        assert [r.finish(timeout=60) for r in runs] == [0, 0, 0], [r.err for r in runs]
+        assert not any("excluded" in line for r in runs for line in r.err), [r.err for r in runs]
+        assert sorted(line for n in range(3) for line in _lines(where / f"node{n}" / "workers")) == \
+            ["ran 0", "ran 1", "ran 2"]
