@@ -188,3 +188,22 @@ def test_three_clean_runs_exclude_nobody(launch, tmp_path):
         assert not any("excluded" in line for r in runs for line in r.err), [r.err for r in runs]
         assert sorted(line for n in range(3) for line in _lines(where / f"node{n}" / "workers")) == \
             ["ran 0", "ran 1", "ran 2"]
+
+
+def test_a_static_job_that_cannot_go_on_without_an_excluded_node_ends_at_once_naming_it(launch, tmp_path):
+    b, c = os.urandom(2)
+    addrs = [f"127.{1 + b % 254}.{c}.{n}" for n in (1, 2)]
+    runs = []
+    for rank, addr in enumerate(addrs):
+        out = tmp_path / f"node{rank}"
+        out.mkdir()
+        env = clean_environ() | {"RANKRUN_RDZV_SECRET": "static-secret", "OUT": str(out),
+                                 "BLACKHOLE": "1" if rank == 1 else "0"}
+        runs.append(launch("--nnodes", "2", "--node-rank", str(rank), "--master-addr", addrs[0], "--master-port", "29500",
+                           "--local-addr", addr, "--nproc-per-node", "1", "--max-restarts", "3",
+                           "--no-python", "sh", "-c", '[ "$BLACKHOLE" = 1 ] && exit 1; exec sleep 300', env=env))
+    started = time.monotonic()
+    assert [r.finish(timeout=60) for r in runs] == [3, 4], [r.err for r in runs]
+    assert time.monotonic() - started < 30  # at once, not after join_timeout
+    said = " ".join(runs[0].err)
+    assert addrs[1] in said and "excluded" in said and "static" in said, runs[0].err
