@@ -42,6 +42,22 @@ def reading(pid: int, fd: int = 0) -> bool:
     return fields[:2] == [str(_READ[platform.machine()]), hex(fd)]
 
 
+# select, poll, pselect6, ppoll: how readline waits for a key (CPython's readline module selects on stdin, then reads)
+_WAIT = {"x86_64": {"23", "7", "270", "271"}, "aarch64": {"72", "73"}}
+
+
+def awaiting_keys(pid: int) -> bool:
+    """Whether ``pid`` waits for input: blocked in ``read(0, ...)`` (``input()``) or in select/poll (readline's
+    wait, as pdb's prompt does, entered only once readline has put the terminal in its own mode)."""
+    if reading(pid):
+        return True
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return bool(fields) and fields[0] in _WAIT[platform.machine()]
+
+
 class PtyLauncher:
     def __init__(self, args: Sequence[str], env: dict[str, str], cwd: Path, rows: int = 30, cols: int = 100) -> None:
         self.master, self._slave = os.openpty()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RANKRUN, Reaper, clean_environ, payload, wait_gone
-from ptyterm import PtyLauncher, reading
+from ptyterm import PtyLauncher, awaiting_keys, reading
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -111,12 +111,20 @@ def test_a_single_worker_gets_a_terminal_with_input_resize_and_pdb(pty_launch):
     term.wait_screen(r"^name\?$")  # the prompt is shown before anything is typed
     term.send(b"ada\r")
     term.wait_screen(r"^hello ada$")
+    (worker,) = _children_named(term.proc.pid, "interactive.py")
+
+    def typed(keys: bytes) -> None:
+        """Keys once pdb's readline reads them: typed while pdb still prints, the terminal (not yet in readline's
+        mode) would echo an arrow as ^[[A, as a person typing ahead sees it too."""
+        term.wait_until("pdb to wait for keys", lambda: awaiting_keys(worker), 30.0)
+        term.send(keys)
+
     term.wait_screen(r"^\(Pdb\)$")
-    term.send(b"p value + 1\r")
+    typed(b"p value + 1\r")
     term.wait_screen(r"^42$")
-    term.send(b"p value * 2\r")
+    typed(b"p value * 2\r")
     term.wait_screen(r"^82$")
-    term.send(b"\x1b[A\x1b[A\r")  # arrow up twice: history recalls the first command
+    typed(b"\x1b[A\x1b[A\r")  # arrow up twice: history recalls the first command
     term.wait_until("the recalled command's answer", lambda: term.display().count("42") == 2)
     term.send(b"c\r")
     term.wait_screen(r"^after pdb 41$")
