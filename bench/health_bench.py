@@ -79,7 +79,7 @@ def blackhole(launcher: str) -> BlackHole:
     addrs = _addresses()
     argv0 = RANKRUN.argv if launcher == "rankrun" else TORCHRUN.argv
     common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d",
-              "--rdzv-endpoint", f"{addrs[0]}:29400", "--rdzv-id", "blackhole"]
+              "--rdzv-endpoint", f"{addrs[0]}:29471", "--rdzv-id", "blackhole"]  # torch's store binds every address
     if launcher == "rankrun":
         common += ["--max-node-failures", "2"]
     with tempfile.TemporaryDirectory(prefix="rankrun-bench-blackhole-") as tmp:
