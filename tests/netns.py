@@ -144,3 +144,36 @@ def switch(hosts: int, *, nft: bool = False) -> Iterator[Switch]:
 def namespaces_left(names: Sequence[str]) -> list[str]:
     listed = _run("ip", "netns", "list")
     return [n for n in names if n in listed]
+
+
+NFQUEUE = str(Path(__file__).resolve().parent / "nfqueue.py")
+
+
+def skip_unless_iptables() -> None:
+    if shutil.which("iptables") is None:
+        pytest.skip("queueing a host's packets here needs iptables' NFQUEUE target (apt-get install iptables)")
+
+
+@contextlib.contextmanager
+def delayed(sw: Switch, host: int, launch, delay: float) -> Iterator[None]:
+    """Every packet host ``host`` receives is held ``delay`` seconds (``tests/nfqueue.py``, one of ``launch``'s
+    processes), until the block ends; the rule and the holder are removed, and checked removed.
+    Received, not sent: a packet held on its sender's way out still counts against its socket's small queue (TCP
+    small queues), which then lets about two packets out per delay: 20 kB/s, and transfers that time out."""
+    import sys  # noqa: PLC0415
+
+    holder = launch("0", str(delay), cmd=(*sw.exec(host), sys.executable, NFQUEUE), stdin=subprocess.PIPE)
+    holder.wait_for(r"^READY$", timeout=30)
+    rule = ("INPUT", "-i", sw.dev(host), "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass")
+    iptables = ("ip", "netns", "exec", sw.names[host], "iptables")
+    subprocess.run([*iptables, "-A", *rule], check=True, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run([*iptables, "-D", *rule], check=True, capture_output=True, timeout=30)
+        listed = subprocess.run([*iptables, "-S", "INPUT"], check=True, capture_output=True, text=True, timeout=30)
+        assert "NFQUEUE" not in listed.stdout
+        assert holder.proc.stdin is not None
+        holder.proc.stdin.close()
+        assert holder.finish(timeout=30) == 0
+

@@ -169,6 +169,9 @@ _FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--run-path", "--run_path"), "RUN_PATH", "run the script with runpy.run_path (exceptions recorded like @record)"),
     (("--virtual-local-rank", "--virtual_local_rank"), "VIRTUAL_LOCAL_RANK",
      "LOCAL_RANK=0 for every worker, each with its own CUDA_VISIBLE_DEVICES entry"),
+    (("--network-check", "--network_check"), "NETWORK_CHECK",
+     "several nodes: before each round's workers start, every node measures its ring neighbour; a node whose links "
+     "are outliers is excluded from the job, exit 4"),
 ]
 
 
@@ -503,7 +506,7 @@ def _health(ns: argparse.Namespace) -> HealthSpec:
         raise UsageError("--health-check-timeout", ns.health_check_timeout, "must be more than 0")
     if ns.health_check is not None and not ns.health_check.strip():
         raise UsageError("--health-check", ns.health_check, "expected a command")
-    return HealthSpec(ns.health_check, timeout)
+    return HealthSpec(ns.health_check, timeout, network=ns.network_check)
 
 
 def _observe(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> ObserveSpec:

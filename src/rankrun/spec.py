@@ -219,10 +219,12 @@ class HangSpec:
 
 @record
 class HealthSpec:
-    """``--health-check CMD`` / ``--health-check-timeout``: the command a node runs before each round it joins."""
+    """``--health-check CMD`` / ``--health-check-timeout``: the command a node runs before each round it joins;
+    ``--network-check``: the round's nodes measure their ring neighbours before the workers start."""
 
     check: str | None = None  # run with /bin/sh -c; None: no check
     timeout: float = 60.0  # seconds before the check (its whole process group) is killed and the node unhealthy
+    network: bool = False  # --network-check (rendezvous.netcheck)
 
 
 @record

@@ -11,10 +11,8 @@ and checked removed, before the namespaces go."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -29,7 +27,6 @@ SIZE = 1 << 20  # each way: a fast veth moves it in a few ms, the throttled host
 RATE = "40mbit"  # the slow host's egress: 5 MB/s, where a veth through a bridge moves hundreds of MB/s
 SECRET = "netns-probe-secret"
 DELAY = 0.150  # seconds each packet of the late host is held
-NFQUEUE = str(Path(__file__).resolve().parents[1] / "nfqueue.py")
 
 
 class Ring:
@@ -111,33 +108,11 @@ def test_a_throttled_host_is_named_and_without_the_throttle_nobody(hosts):
     assert unhealthy == {}, ring  # the throttle gone, nobody again
 
 
-@contextlib.contextmanager
-def _delayed(sw: netns.Switch, host: int, launch) -> Iterator[None]:
-    """Every packet host ``host`` receives is held ``DELAY`` seconds (``tests/nfqueue.py``), until the block ends.
-    Received, not sent: a packet held on its sender's way out still counts against its socket's small queue (TCP
-    small queues), which then lets about two packets out per delay: 20 kB/s, and transfers that time out."""
-    holder = launch("0", str(DELAY), cmd=(*sw.exec(host), PY, NFQUEUE), stdin=subprocess.PIPE)
-    holder.wait_for(r"^READY$", timeout=30)
-    rule = ("INPUT", "-i", sw.dev(host), "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass")
-    iptables = ("ip", "netns", "exec", sw.names[host], "iptables")
-    subprocess.run([*iptables, "-A", *rule], check=True, capture_output=True, timeout=30)
-    try:
-        yield
-    finally:
-        subprocess.run([*iptables, "-D", *rule], check=True, capture_output=True, timeout=30)
-        listed = subprocess.run([*iptables, "-S", "INPUT"], check=True, capture_output=True, text=True, timeout=30)
-        assert "NFQUEUE" not in listed.stdout
-        assert holder.proc.stdin is not None
-        holder.proc.stdin.close()
-        assert holder.finish(timeout=30) == 0
-
-
 def test_a_host_whose_packets_are_late_is_named_by_its_round_trips(hosts, launch):
-    if shutil.which("iptables") is None:
-        pytest.skip("queueing a host's packets here needs iptables' NFQUEUE target (apt-get install iptables)")
+    netns.skip_unless_iptables()
     hosts.size = 256 << 10  # slow start at 150 ms a round trip: keep the transfers short
     late = 3
-    with _delayed(hosts.sw, late, launch):
+    with netns.delayed(hosts.sw, late, launch, DELAY):
         ring, unhealthy = hosts.check()
     touching = {late - 1, late}
     assert all(ring[i].rtt >= DELAY for i in touching), ring

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
@@ -38,12 +38,14 @@ from rankrun.agent.gate import unhealthy
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
-from rankrun.errors import LauncherError, NodeExcluded
+from rankrun.errors import LauncherError, NodeExcluded, StoreError
 from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import NodeLost, RdzvRound, Restart
+from rankrun.health.outliers import Link
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
+from rankrun.rendezvous import netcheck
 from rankrun.rendezvous.keys import Assignment, Excluded, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member, wall_time
 from rankrun.rendezvous.session import Session, open_session
@@ -79,7 +81,8 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                 await begin(session.member.info.addr or session.address)
             if sick is not None:  # joined only to be excluded for good (the blocklist), or to serve without workers
                 await session.member.report_unhealthy(f"health check: {sick}")
-            return await _rounds(spec, deps, stops, logs, session, joined, sick=sick)
+            async with _probe_endpoint(spec, session) as probe:
+                return await _rounds(spec, deps, stops, logs, session, joined, sick=sick, probe=probe)
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None
 
@@ -89,10 +92,11 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
 
 async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float, *,
-    sick: str | None = None,
+    sick: str | None = None, probe: tuple[str, int] | None = None,
 ) -> Outcome:
     """``sick``: why this node said it is unhealthy (its --health-check): it runs no workers, and waits to be told;
-    a job that ends first (the others' workers were quick) ends it as excluded all the same."""
+    a job that ends first (the others' workers were quick) ends it as excluded all the same. ``probe``: where this
+    node's probe endpoint listens (``--network-check``)."""
     member = session.member
     loop = asyncio.get_running_loop()
     extra = await _collective_env(spec, deps, session.address)
@@ -125,6 +129,10 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         if attempt >= 0 and (sick := await _recheck(spec, deps, stops, member)) is not None:
             previous = word.round  # --health-check before every round after the first (all nodes at once); sick:
             continue  # not this round's, which the coordinator re-forms without it
+        if probe is not None and word.group_world_size >= netcheck.MIN_NODES \
+                and not await _network_check(spec, deps, stops, session, word, probe):
+            previous = word.round  # the check found a node unhealthy (or the round moved on): the next word says
+            continue  # what comes next, this node's exclusion or the round without it
         pending = stops.take_pending()  # a signal that came as the word did (or during the check): the job stops
         if pending is not None:
             return Outcome.signalled(pending.signum, restarts)
@@ -170,6 +178,62 @@ async def _recheck(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, member:
     if sick is not None:
         await member.report_unhealthy(f"health check: {sick}")
     return sick
+
+
+@contextlib.asynccontextmanager
+async def _probe_endpoint(spec: LaunchSpec, session: Session) -> AsyncIterator[tuple[str, int] | None]:
+    """``--network-check``: this node's probe endpoint (``health.probe``), on the address it advertises, answering
+    only this job's agents (its secret), for the session's life; None without the check."""
+    if not spec.health.network:
+        yield None
+        return
+    from rankrun.health.probe import ProbeServer  # noqa: PLC0415 - a job with --network-check only
+
+    addr = session.member.info.addr or session.address
+    server = ProbeServer(addr, spec.secret)
+    try:
+        port = await server.start()
+    except StoreError as exc:
+        raise LauncherError(f"--network-check: {exc}") from None
+    try:
+        yield addr, port
+    finally:
+        await server.close()
+
+
+async def _network_check(  # noqa: PLR0917 - private; what _rounds holds
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, word: Assignment, probe: tuple[str, int]
+) -> bool:
+    """This node's part of its round's network check (``rendezvous.netcheck``): whether it starts its workers. False
+    when the check found a node unhealthy (this one or another: the coordinator re-forms the round without it) or the
+    round moved on meanwhile; True when nobody was, when no verdict came within ``VERDICT_WAIT`` (said), or when a
+    stop came (the caller's pending stop then ends the job)."""
+    from rankrun.health.probe import ProbeError, measure  # noqa: PLC0415 - a job with --network-check only
+
+    member, run_id = session.member, spec.rendezvous.run_id
+
+    async def one(addr: str, port: int) -> Link | None:
+        try:
+            return await measure(addr, port, spec.secret, size=netcheck.SIZE, pings=netcheck.PINGS,
+                                 timeout=netcheck.MEASURE_TIMEOUT)
+        except ProbeError as exc:
+            deps.console.say(f"rendezvous {run_id}: network check: {exc}")
+            return None
+
+    part = netcheck.take_part(member.store, member.keys, word.round, word.group_rank, word.group_world_size,
+                              endpoint=probe, measure=one, lease=member.lease.id)
+    try:
+        async with asyncio.timeout(netcheck.VERDICT_WAIT):
+            index, verdict = await first_of(part, member.round_changed(word.round), stops.arrived())
+    except TimeoutError:
+        deps.console.say(f"rendezvous {run_id}: round {word.round}'s network check gave no verdict within "
+                         f"{netcheck.VERDICT_WAIT:g} s; starting the workers")
+        return True
+    except StoreUnavailable as exc:
+        raise LauncherError(f"rendezvous {run_id}: {exc}") from exc
+    if index != 0:
+        return index == 2
+    return not verdict
 
 
 def _say_spare(spec: LaunchSpec, deps: AgentDeps) -> bool:

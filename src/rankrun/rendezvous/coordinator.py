@@ -22,6 +22,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from rankrun.errors import NotCoordinator
+from rankrun.health.outliers import network_line
+from rankrun.rendezvous import netcheck
 from rankrun.rendezvous.keys import (
     Assignment,
     Blocked,
@@ -35,6 +37,8 @@ from rankrun.rendezvous.keys import (
     node_from,
     result_from,
     unhealthy_from,
+    unhealthy_value,
+    verdict_value,
 )
 from rankrun.rendezvous.round import (
     Exclude,
@@ -78,6 +82,7 @@ class Coordinator:
         lease: int = 0,
         fence: Callable[[str, bytes], Awaitable[bool]] | None = None,
         why_gone: Callable[[str], str] | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -90,6 +95,9 @@ class Coordinator:
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())
         self._why_gone = why_gone or (lambda _key: "")  # the store's word on why a node key went (its lease's end)
+        self._say = say or (lambda line: logger.info("%s", line))  # this node's console
+        self._check: asyncio.Task[None] | None = None  # the running round's --network-check (rendezvous.netcheck)
+        self._judged = False  # that check has its verdict and is writing it
         self._nodes: dict[str, NodeInfo] = {}
         self._gone: dict[str, tuple[str, str]] = {}  # node id → (name, why it went), for the reasons given
         self._alone_since: float | None = None
@@ -129,9 +137,12 @@ class Coordinator:
         sick, revision = await self._store.range(self._keys.unhealthy)  # a later revision: the watches miss nothing
         for entry in sick:
             self._said_unhealthy(entry.key[len(self._keys.unhealthy) :], entry.value)
-        async with watching(self._store, (self._keys.nodes, self._keys.results, self._keys.unhealthy), revision,
-                            self._events):
-            await self._decide_forever()
+        try:
+            async with watching(self._store, (self._keys.nodes, self._keys.results, self._keys.unhealthy), revision,
+                                self._events):
+                await self._decide_forever()
+        finally:
+            await self._stop_check()
 
     async def _take_over(self) -> bool:
         """A coordinator elected mid-job (the last one was lost) carries on from the round key; True if it ended."""
@@ -303,8 +314,38 @@ class Coordinator:
         await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts, reason, failure=failure,
                                                     lost=lost, excluded=tuple(self._exclusions)).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
+        await self._stop_check()
+        if self._settings.network_check and len(infos) >= netcheck.MIN_NODES:
+            self._judged = False
+            self._check = asyncio.create_task(self._network_check(self._round, infos))
+
+    async def _network_check(self, round_: int, infos: list[NodeInfo]) -> None:
+        """Judge round ``round_``'s network check; the nodes found unhealthy get their ``unhealthy/`` key (this
+        coordinator's watch then re-forms the round without them), then every member reads the verdict."""
+        started = self._now()
+        try:
+            found = await netcheck.judge(self._store, self._keys, round_, len(infos), self._put)
+            self._judged = True  # the writes that follow are not cancelled: the regroup they cause must not stop them
+            lines = {g: network_line(g, infos[g].addr or infos[g].id, why) for g, why in sorted(found.items())}
+            for g, line in lines.items():
+                self._say(line)
+                await self._put(self._keys.unhealthy_node(infos[g].id), unhealthy_value(line))
+            await self._put(self._keys.netcheck_verdict(round_), verdict_value(lines))
+            self._say(f"rendezvous round {round_}: network check of {len(infos)} nodes in {self._now() - started:.2f} s: "
+                      + (f"{len(lines)} unhealthy, re-forming without them" if lines else "nobody unhealthy"))
+        except (StoreUnavailable, NotCoordinator) as exc:  # the members' wait is bounded: they go on without a verdict
+            logger.warning("rendezvous round %d: the network check got no verdict: %s", round_, exc)
+
+    async def _stop_check(self) -> None:
+        """The last round's network check, if still running, is over: its round is."""
+        check, self._check = self._check, None
+        if check is not None and not check.done():
+            if not self._judged:
+                check.cancel()
+            await asyncio.gather(check, return_exceptions=True)
 
     async def _reform(self, step: Regroup | Restart) -> None:
+        await self._stop_check()
         if isinstance(step, Restart):
             self._restarts += 1
             self._blamed(step.blamed)
@@ -327,6 +368,7 @@ class Coordinator:
             self._blame[node] = self._blame.get(node, 0) + 1
 
     async def _finish(self, step: Finish) -> None:
+        await self._stop_check()
         self._blamed(step.blamed)
         await self._exclude(step.excluded)
         failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)

@@ -1,9 +1,10 @@
 """The rendezvous's keys and records: where each fact lives under ``/rankrun/<run id>/`` and how it is spelled.
 
 Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
-``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``); the coordinator ``round``, ``assign/``, ``status``,
-``closed`` and ``blocklist/``
-(on etcd, each elected coordinator in turn); whichever node wins a compare-and-set, ``coordinator`` (the election)
+``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``, ``netcheck/<round>/endpoint|link|re/``); the
+coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``, ``netcheck/<round>/reprobe|verdict``, and
+the ``unhealthy/`` key of a node its network check found unhealthy (on etcd, each elected coordinator in turn);
+whichever node wins a compare-and-set, ``coordinator`` (the election)
 and ``job`` (the first to join); any node ``stacks/ask`` (a stall's ask by compare-and-set, ``rankrun --stacks``'s
 by a plain write); the asker ``stacks/report``::
 
@@ -23,10 +24,16 @@ by a plain write); the asker ``stacks/report``::
     stacks/report           the asker's report of the whole job, which every node prints (a stall)
     values/<round>/<rank>   ``rankrun.launch``: a rank's value (up to 1 MiB) or where it was spilled
     failures/<round>/<g>    ``rankrun.launch``: the failures of the node of group rank g (up to 1 MiB)
+    netcheck/<round>/endpoint/<g>  ``--network-check``: where the node of group rank g serves its probe endpoint
+    netcheck/<round>/link/<g>      its measure of its ring neighbour (group rank g + 1, wrapping)
+    netcheck/<round>/reprobe       the coordinator: the suspects' group ranks, each with its known-good partner
+    netcheck/<round>/re/<g>        a suspect's measure of its partner
+    netcheck/<round>/verdict       the coordinator: the group ranks found unhealthy, each with its line (or nobody)
 
 Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
 ``Assignment``, ``Spare`` and ``Excluded`` (``place_from``), ``result_value``/``result_from``, ``Status``,
-``closed_value``/``closed_ok``, ``Blocked``, ``unhealthy_value``/``unhealthy_from``. They travel as compact JSON
+``closed_value``/``closed_ok``, ``Blocked``, ``unhealthy_value``/``unhealthy_from``, and the network check's
+``endpoint_value``, ``link_value``, ``reprobe_value``, ``verdict_value`` (each with its ``_from``). They travel as compact JSON
 objects, never pickle. The ``stacks/`` records are the stacks exchange's (``rankrun.stacks.wire``); the ``values/``
 and ``failures/`` ones the Python API's (``rankrun.api.values``, ``rankrun.api.failures``).
 """
@@ -34,10 +41,12 @@ and ``failures/`` ones the Python API's (``rankrun.api.values``, ``rankrun.api.f
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rankrun.health.outliers import Link
 from rankrun.rendezvous.round import NodeInfo, NodeRanks, Phase, Result
 
 
@@ -129,6 +138,31 @@ class Keys:
     def value(self, round_: int, rank: int) -> str:
         """A ``rankrun.launch`` job's value of one rank in one round (``rankrun.api.values``)."""
         return f"{self.root}values/{round_}/{rank}"
+
+    def netcheck(self, round_: int) -> str:
+        """``--network-check``'s keys of one round (``netcheck_endpoint`` ... ``netcheck_verdict`` are under it)."""
+        return f"{self.root}netcheck/{round_}/"
+
+    def netcheck_endpoint(self, round_: int, group_rank: int) -> str:
+        return f"{self.netcheck(round_)}endpoint/{group_rank}"
+
+    def netcheck_links(self, round_: int) -> str:
+        return f"{self.netcheck(round_)}link/"
+
+    def netcheck_link(self, round_: int, group_rank: int) -> str:
+        return f"{self.netcheck_links(round_)}{group_rank}"
+
+    def netcheck_reprobe(self, round_: int) -> str:
+        return f"{self.netcheck(round_)}reprobe"
+
+    def netcheck_reprobes(self, round_: int) -> str:
+        return f"{self.netcheck(round_)}re/"
+
+    def netcheck_re(self, round_: int, group_rank: int) -> str:
+        return f"{self.netcheck_reprobes(round_)}{group_rank}"
+
+    def netcheck_verdict(self, round_: int) -> str:
+        return f"{self.netcheck(round_)}verdict"
 
     def failures(self, round_: int, group_rank: int) -> str:
         """A failed ``rankrun.launch`` job's failures on one node in one round (``rankrun.api.failures``)."""
@@ -278,6 +312,50 @@ def unhealthy_value(reason: str) -> bytes:
 
 def unhealthy_from(value: bytes) -> str:
     return str(_load(value).get("reason", "")) or "no reason given"
+
+
+def endpoint_value(addr: str, port: int) -> bytes:
+    """A ``netcheck/<round>/endpoint/<g>`` key: where that node's probe endpoint listens."""
+    return _dump({"addr": addr, "port": port})
+
+
+def endpoint_from(value: bytes) -> tuple[str, int]:
+    d = _load(value)
+    return str(d.get("addr", "")), int(d.get("port", 0))
+
+
+def link_value(link: Link) -> bytes:
+    """A ``netcheck/<round>/link/<g>`` or ``re/<g>`` key: one measured link (no answer: an infinite round trip, which
+    JSON spells as null)."""
+    rtt = None if math.isinf(link.rtt) else link.rtt
+    return _dump({"rtt": rtt, "forward": link.forward, "backward": link.backward})
+
+
+def link_from(value: bytes) -> Link:
+    d = _load(value)
+    rtt = d.get("rtt")
+    return Link(math.inf if rtt is None else float(rtt), float(d.get("forward", 0.0)), float(d.get("backward", 0.0)))
+
+
+def reprobe_value(partners: Mapping[int, int]) -> bytes:
+    """The ``netcheck/<round>/reprobe`` key: each suspect's group rank → the known-good one it measures."""
+    return _dump({"partners": {str(g): p for g, p in partners.items()}})
+
+
+def reprobe_from(value: bytes) -> dict[int, int]:
+    partners = _load(value).get("partners", {})
+    return {int(g): int(p) for g, p in partners.items()} if isinstance(partners, dict) else {}
+
+
+def verdict_value(unhealthy: Mapping[int, str]) -> bytes:
+    """The ``netcheck/<round>/verdict`` key: the group ranks the check found unhealthy, each with its line (empty:
+    nobody; the round goes on)."""
+    return _dump({"unhealthy": {str(g): line for g, line in unhealthy.items()}})
+
+
+def verdict_from(value: bytes) -> dict[int, str]:
+    unhealthy = _load(value).get("unhealthy", {})
+    return {int(g): str(line) for g, line in unhealthy.items()} if isinstance(unhealthy, dict) else {}
 
 
 def closed_value(ok: bool) -> bytes:

@@ -48,6 +48,7 @@ class Settings:
     max_restarts: int
     static: bool = False
     max_node_failures: int = 0  # a node blamed for this many failures is excluded from the job (0: never)
+    network_check: bool = False  # --network-check: every round of 3 nodes or more is checked before its workers start
 
 
 class Phase(enum.Enum):

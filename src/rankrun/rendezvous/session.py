@@ -71,7 +71,8 @@ class Session:
 def settings(spec: LaunchSpec) -> Settings:
     rdzv = spec.rendezvous
     return Settings(rdzv.min_nodes, rdzv.max_nodes, rdzv.conf.last_call_timeout, spec.restart.max_restarts,
-                    static=isinstance(rdzv, StaticRendezvous), max_node_failures=spec.restart.max_node_failures)
+                    static=isinstance(rdzv, StaticRendezvous), max_node_failures=spec.restart.max_node_failures,
+                    network_check=spec.health.network)
 
 
 def endpoint(spec: LaunchSpec) -> tuple[str, int]:
@@ -142,7 +143,7 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
         listener, memory, bound = hosted
         addr = spec.local_addr or listener.address
         coordinator = Coordinator(memory, keys, settings(spec), master=lambda: (addr, bound),
-                                  before_round=worker_store.reset, why_gone=memory.why_deleted)
+                                  before_round=worker_store.reset, why_gone=memory.why_deleted, say=say)
         member = await Member.join(memory, keys, node_info(spec, addr, is_host=True), ttl(spec))
         return Session(member, listener.address, memory, lost_why, coordinator)
     client = await _connect(spec, host, port, say)
@@ -288,7 +289,7 @@ async def _open_etcd(
         gone = f"its etcd lease ended (no keep-alive for {lease_ttl:g} s, or it left)"
         session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: (addr, port),
                                           before_round=worker_store.reset, leader=member.info.id, lease=job_id, fence=fence,
-                                          why_gone=lambda _key: gone)
+                                          why_gone=lambda _key: gone, say=say)
         try:
             await session.coordinator.run()
         except NotCoordinator:  # deposed (its lease ended while it was stopped): the rounds notice and exit
