@@ -246,3 +246,12 @@ def test_etcd_spec_keeps_every_endpoint_and_the_prefix(tmp_path):
     assert [str(e) for e in rdzv.etcd_endpoints] == ["http://127.0.0.1:1", "http://127.0.0.2:2"]
     assert rdzv.prefix == "/team" and spec.multi_node
     assert _spec(tmp_path, "--nnodes", "1", "--rdzv-backend", "etcd").multi_node  # etcd even for one node
+
+
+def test_network_check_is_a_flag_and_a_pet_variable(tmp_path):
+    assert _spec(tmp_path).health.network is False
+    assert _spec(tmp_path, "--network-check").health.network is True
+    assert _spec(tmp_path, env={"PET_NETWORK_CHECK": "1"}).health.network is True
+    assert _spec(tmp_path, env={"PET_NETWORK_CHECK": "0"}).health.network is False
+    with pytest.raises(UsageError, match="PET_NETWORK_CHECK"):
+        _spec(tmp_path, env={"PET_NETWORK_CHECK": "yes"})
