@@ -4,6 +4,8 @@ The session owns the backend (hosting the embedded store, joining it, or etcd) a
 ``Member``; this module only runs the rounds. The loop::
 
     join → wait for my assignment (bounded by join_timeout, a progress line every 5 s)
+         → --health-check (rounds after the first), --network-check (``rendezvous.netcheck``: this node measures its
+           ring neighbour, and waits for the coordinator's verdict; a node found unhealthy: wait for the next word)
          → attempt, stopped early when the round key moves on (a node joined or left, another
            node's workers failed) or this node's lease is lost
          → report how my workers ended → wait for the next word: a new round, or the end

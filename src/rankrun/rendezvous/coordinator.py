@@ -11,6 +11,10 @@ excluded and why. An excluded node is left out of every later decision (``View.n
 told on its ``assign/`` key (``Excluded``), and put on the job's blocklist (``blocklist/<host>@<addr>``), which a
 launcher of that node reads when it comes back (``Member.join``) and which this coordinator also checks as node keys
 appear (one that raced past the check is told the same way, and never counted).
+
+With ``--network-check`` (``Settings.network_check``) it also judges each round of 3 nodes or more before the workers
+start (``rendezvous.netcheck``, in a task of the round's, cancelled when the round ends): a node whose links are
+outliers gets an ``unhealthy/`` key from it, which its own watch turns into that node's exclusion, as a node's own word.
 """
 
 from __future__ import annotations
