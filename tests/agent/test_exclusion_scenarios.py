@@ -22,7 +22,7 @@ from rankrun.agent.lines import ConsoleLines
 from rankrun.agent.multinode import run_multinode
 from rankrun.errors import EXIT_UNHEALTHY, LauncherError, NodeExcluded, RankrunError
 from rankrun.events.records import NodeExcluded as ExcludedFact
-from rankrun.events.records import RdzvRound, Record
+from rankrun.events.records import RdzvRound, Record, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous.coordinator import Coordinator
@@ -148,6 +148,8 @@ def test_a_black_hole_is_excluded_after_k_failures_and_the_others_finish_without
     assert len(nodes[2].spawner.spawned) == 2  # it ran no worker after its exclusion
     for node in nodes[:2]:
         assert node.last().env["WORLD_SIZE"] == "2" and node.last().env["TORCHELASTIC_RESTART_COUNT"] == "2"
+        # the restarts it was told: the last leaves 1 of 3, also on a node that skipped a round that failed at once
+        assert [e.restarts_left for e in node.events if isinstance(e, Restart)][-1] == 1
         (told,) = [e for e in node.events if isinstance(e, ExcludedFact)]  # every node says who, and why
         assert told.nodes[0].endswith(" at 127.0.0.3") and told.reason.startswith("blamed for 2 failures of the job")
     assert "is excluded from the job: blamed for 2 failures" in errs[0]

@@ -138,7 +138,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         pending = stops.take_pending()  # a signal that came as the word did (or during the check): the job stops
         if pending is not None:
             return Outcome.signalled(pending.signum, restarts)
-        told = member.word if placed is not None and word.round == placed.round + 1 else None  # what ended its round
+        told = news(placed, word, restarts, member.word)
         _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
         _tell_excluded(deps, member.word, excluded)
         took = round(loop.time() - joined, 6)
@@ -172,6 +172,17 @@ async def _round_over(  # noqa: PLR0917 - private; what _rounds holds
             await api.report(word, outcome.failed, last.results)
         await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "",
                             _root(last, attempt, deps.events.node) if outcome.failed else None)
+
+
+def news(placed: Assignment | None, word: Assignment, restarts: int, latest: RoundWord | None) -> RoundWord | None:
+    """What to tell of how this node's last round ended (pure): ``latest``, the word that came with ``word``, whose
+    news is what ended the round before it, when that round was the one this node ran (``placed``), or when a
+    restart was counted since ``restarts``: a node still stopping its workers may skip a round that failed at once,
+    and its restart (and that failure) must not go untold. None when this node ran no round yet, or only regroups
+    came between."""
+    if placed is None:
+        return None
+    return latest if word.round == placed.round + 1 or word.restarts > restarts else None
 
 
 async def _recheck(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, member: Member) -> str | None:
