@@ -138,7 +138,10 @@ class Coordinator:
         entries, revision = await self._store.range(self._keys.nodes)
         for entry in entries:
             self._node_joined(entry.key[len(self._keys.nodes) :], entry.value, entry.create_revision)
-        sick, revision = await self._store.range(self._keys.unhealthy)  # a later revision: the watches miss nothing
+        # the watches start after the first read: a node that joins between the two reads (etcd: a round trip) is in
+        # neither read, and a watch from the second read's revision would miss it for good (the round then waits for
+        # it forever); what the second read saw comes again as events, which are idempotent
+        sick, _ = await self._store.range(self._keys.unhealthy)
         for entry in sick:
             self._said_unhealthy(entry.key[len(self._keys.unhealthy) :], entry.value)
         try:

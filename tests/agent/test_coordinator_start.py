@@ -1,0 +1,58 @@
+"""The coordinator's start reads the store (the nodes, then the unhealthy reports) before it watches: a node that
+joins between the two reads (on etcd a round trip apart) must still be seen, else the round waits for it forever."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fakes import FakeTimers
+from rankrun.rendezvous.coordinator import Coordinator
+from rankrun.rendezvous.keys import Assignment, Keys, node_value, place_from
+from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.store.memory import MemoryStore
+
+KEYS = Keys.for_run("fake")
+BOUND = 30.0
+
+
+class JoinBetweenReads(MemoryStore):
+    """The in-memory store, where a third node joins just as the coordinator reads the unhealthy reports."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeTimers())
+        self.lease = 0
+
+    async def range(self, prefix: str):  # type: ignore[no-untyped-def]
+        if prefix == KEYS.unhealthy and self.lease:
+            lease, self.lease = self.lease, 0
+            await self.put(KEYS.node("n2"), node_value(NodeInfo("n2", 0, 1, "default", "127.0.0.4", "h2")), lease=lease)
+        return await super().range(prefix)
+
+
+def test_a_node_joining_between_the_coordinators_first_reads_is_in_the_first_round():
+    async def main() -> dict[str, int]:
+        store = JoinBetweenReads()
+        lease = await store.grant(60)
+        for i in range(2):
+            await store.put(KEYS.node(f"n{i}"), node_value(NodeInfo(f"n{i}", 0, 1, "default", f"127.0.0.{i + 2}", f"h{i}",
+                                                                   is_host=i == 0)), lease=lease.id)
+        store.lease = lease.id
+
+        async def fresh_keyspace() -> None:
+            return None
+
+        coordinator = Coordinator(store, KEYS, Settings(2, 3, 0.1, 0), master=lambda: ("127.0.0.1", 29500),
+                                  before_round=fresh_keyspace)
+        running = asyncio.create_task(coordinator.run())
+        try:
+            while True:  # the first round: with all three (MAX) it starts at once
+                entries, _ = await store.range(KEYS.assigns)
+                places = {e.key[len(KEYS.assigns):]: place_from(e.value) for e in entries}
+                if len(places) == 3:
+                    return {n: p.group_world_size for n, p in places.items() if isinstance(p, Assignment)}
+                await asyncio.sleep(0.01)
+        finally:
+            running.cancel()
+
+    sizes = asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert sizes == {"n0": 3, "n1": 3, "n2": 3}
