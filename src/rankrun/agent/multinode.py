@@ -219,7 +219,7 @@ async def _network_check(  # noqa: PLR0917 - private; what _rounds holds
 ) -> bool:
     """This node's part of its round's network check (``rendezvous.netcheck``): whether it starts its workers. False
     when the check found a node unhealthy (this one or another: the coordinator re-forms the round without it) or the
-    round moved on meanwhile; True when nobody was, when no verdict came within ``VERDICT_WAIT`` (said), or when a
+    round moved on meanwhile; True when nobody was, when no verdict came within ``verdict_wait`` (said), or when a
     stop came (the caller's pending stop then ends the job)."""
     from rankrun.health.probe import ProbeError, measure  # noqa: PLC0415 - a job with --network-check only
 
@@ -233,14 +233,16 @@ async def _network_check(  # noqa: PLR0917 - private; what _rounds holds
             deps.console.say(f"rendezvous {run_id}: network check: {exc}")
             return None
 
+    reach = netcheck.reach(spec.health.timeout if spec.health.check is not None else None)
+    bound = netcheck.verdict_wait(reach)
     part = netcheck.take_part(member.store, member.keys, word.round, word.group_rank, word.group_world_size,
-                              endpoint=probe, measure=one, lease=member.lease.id)
+                              endpoint=probe, measure=one, lease=member.lease.id, endpoint_wait=reach)
     try:
-        async with asyncio.timeout(netcheck.VERDICT_WAIT):
+        async with asyncio.timeout(bound):
             index, verdict = await first_of(part, member.round_changed(word.round), stops.arrived())
     except TimeoutError:
         deps.console.say(f"rendezvous {run_id}: round {word.round}'s network check gave no verdict within "
-                         f"{netcheck.VERDICT_WAIT:g} s; starting the workers")
+                         f"{bound:g} s; starting the workers")
         return True
     except StoreUnavailable as exc:
         raise LauncherError(f"rendezvous {run_id}: {exc}") from exc

@@ -331,7 +331,8 @@ class Coordinator:
         coordinator's watch then re-forms the round without them), then every member reads the verdict."""
         started = self._now()
         try:
-            found = await netcheck.judge(self._store, self._keys, round_, len(infos), self._put)
+            found = await netcheck.judge(self._store, self._keys, round_, len(infos), self._put,
+                                         reach_=netcheck.reach(self._settings.health_timeout))
             self._judged = True  # the writes that follow are not cancelled: the regroup they cause must not stop them
             lines = {g: network_line(g, infos[g].addr or infos[g].id, why) for g, why in sorted(found.items())}
             for g, line in lines.items():

@@ -143,8 +143,11 @@ class Keys:
         """``--network-check``'s keys of one round (``netcheck_endpoint`` ... ``netcheck_verdict`` are under it)."""
         return f"{self.root}netcheck/{round_}/"
 
+    def netcheck_endpoints(self, round_: int) -> str:
+        return f"{self.netcheck(round_)}endpoint/"
+
     def netcheck_endpoint(self, round_: int, group_rank: int) -> str:
-        return f"{self.netcheck(round_)}endpoint/{group_rank}"
+        return f"{self.netcheck_endpoints(round_)}{group_rank}"
 
     def netcheck_links(self, round_: int) -> str:
         return f"{self.netcheck(round_)}link/"

@@ -49,6 +49,7 @@ class Settings:
     static: bool = False
     max_node_failures: int = 0  # a node blamed for this many failures is excluded from the job (0: never)
     network_check: bool = False  # --network-check: every round of 3 nodes or more is checked before its workers start
+    health_timeout: float | None = None  # --health-check-timeout with a --health-check (members run it before the above)
 
 
 class Phase(enum.Enum):

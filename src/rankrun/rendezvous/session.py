@@ -72,7 +72,8 @@ def settings(spec: LaunchSpec) -> Settings:
     rdzv = spec.rendezvous
     return Settings(rdzv.min_nodes, rdzv.max_nodes, rdzv.conf.last_call_timeout, spec.restart.max_restarts,
                     static=isinstance(rdzv, StaticRendezvous), max_node_failures=spec.restart.max_node_failures,
-                    network_check=spec.health.network)
+                    network_check=spec.health.network,
+                    health_timeout=spec.health.timeout if spec.health.check is not None else None)
 
 
 def endpoint(spec: LaunchSpec) -> tuple[str, int]:
