@@ -288,3 +288,24 @@ def test_a_master_name_that_does_not_resolve_yet_is_looked_up_again_less_and_les
     first = CONNECT_RETRY[0]
     assert len(gaps) == 4 and all(gap >= 0.9 * first * 2**i for i, gap in enumerate(gaps)), gaps  # 0.05, 0.1, 0.2, 0.4 s
     assert said == ["rendezvous master-0:29500: waiting for master-0 to resolve: Name or service not known"]
+
+
+def test_a_node_waiting_for_the_end_hears_every_word_before_it_with_the_exclusions_made_meanwhile():
+    """An excluded node that serves the job without workers tells each later exclusion as it is made (``heard``)."""
+    async def body():
+        store = MemoryStore()
+        first = RoundWord(2, Phase.RUNNING, 1, excluded=(("node0 at 127.0.0.1", "blamed for 2 failures"),))
+        await store.put(KEYS.round, first.value())
+        member = Member(store, KEYS, _info(0), await store.grant(60))
+        heard: list[RoundWord] = []
+        waiting = asyncio.create_task(member.wait_for_end(heard.append))
+        later = RoundWord(3, Phase.RUNNING, 2, excluded=(*first.excluded, ("node2 at 127.0.0.3", "unhealthy: x")))
+        while not heard:  # the current word first, before the watch (bounded by BOUND below)
+            await asyncio.sleep(0)
+        await store.put(KEYS.round, later.value())
+        end = RoundWord(3, Phase.ENDED, 2, ok=True, excluded=later.excluded)
+        await store.put(KEYS.round, end.value())
+        assert await asyncio.wait_for(waiting, BOUND) == end
+        assert heard == [first, later]
+
+    _run(body)

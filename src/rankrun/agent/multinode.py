@@ -116,7 +116,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         if isinstance(word, Excluded | Ended):
             if isinstance(word, Excluded) or sick is not None:
                 out = word if isinstance(word, Excluded) else Excluded(f"unhealthy: health check: {sick}", time.time())
-                return await _excluded(spec, deps, stops, session, out, restarts)
+                return await _excluded(spec, deps, stops, session, out, restarts, excluded)
             if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
                 _tell(deps, word.word, attempt)
             _tell_excluded(deps, word.word, excluded)
@@ -287,10 +287,12 @@ def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] |
 
 
 async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, word: Excluded, restarts: int
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, word: Excluded, restarts: int,
+    heard: dict[str, str],
 ) -> Outcome:
     """This node is out of the job for good: it leaves with exit code 4, or, when the job's store (the embedded host) or
-    its coordination (etcd) is here, serves the job without workers until it ends, and leaves with its exit code."""
+    its coordination (etcd) is here, serves the job without workers until it ends, and leaves with its exit code;
+    meanwhile each later exclusion is a ``node.excluded`` here too (``heard``: those already told)."""
     member, run_id = session.member, spec.rendezvous.run_id
     me = f"this node ({deps.host}, {member.info.addr})"
     if session.coordinator is None:
@@ -299,7 +301,8 @@ async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
                      "the rendezvous and the workers' store, without workers, until the job ends")
     deps.on_demand.idle(run_id, WAITING)
     while True:
-        index, value = await first_of(member.wait_for_end(), stops.arrived(), member.lease.lost.wait())
+        index, value = await first_of(member.wait_for_end(lambda w: _tell_excluded(deps, w, heard)), stops.arrived(),
+                                      member.lease.lost.wait())
         if index == 1:
             stop = stops.take_pending()
             if stop is None:
@@ -309,6 +312,7 @@ async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
         if index == 2:
             raise LauncherError(f"rendezvous {run_id}: lost its place while serving the job: {session.why_lost()}")
         end: RoundWord = value
+        _tell_excluded(deps, end, heard)
         break
     deps.console.say(f"rendezvous {run_id}: the job ended ({'succeeded' if end.ok else 'failed'}); this node served it "
                      f"without workers: excluded: {word.reason}")

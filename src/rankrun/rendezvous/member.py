@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rankrun.clock import seconds
@@ -135,12 +135,17 @@ class Member:
         excludes it as it excludes a node blamed ``--max-node-failures`` times; ``next_round`` then says so."""
         await self.store.put(self.keys.unhealthy_node(self.info.id), unhealthy_value(reason), lease=self.lease.id)
 
-    async def wait_for_end(self) -> RoundWord:
-        """The round key's word once the job has ended (an excluded node that still serves the job waits for it)."""
+    async def wait_for_end(self, heard: Callable[[RoundWord], None] | None = None) -> RoundWord:
+        """The round key's word once the job has ended (an excluded node that still serves the job waits for it);
+        ``heard`` is given every word before it, the current one first (the exclusions the job makes meanwhile)."""
         entries, revision = await self.store.range(self.keys.round)
         current = _value(entries, self.keys.round)
-        if current is not None and (word := RoundWord.parse(current)).phase is Phase.ENDED:
-            return word
+        if current is not None:
+            word = RoundWord.parse(current)
+            if word.phase is Phase.ENDED:
+                return word
+            if heard is not None:
+                heard(word)
         async with watching(self.store, (self.keys.round,), revision) as events:
             while True:
                 event = await events.get()
@@ -150,6 +155,8 @@ class Member:
                     word = RoundWord.parse(event.value)
                     if word.phase is Phase.ENDED:
                         return word
+                    if heard is not None:
+                        heard(word)
 
     async def status(self) -> Status:
         entry = await self.store.get(self.keys.status)
