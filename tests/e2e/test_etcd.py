@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, payload, two_api_nodes
+from conftest import clean_environ, fresh_loopback, payload, two_api_nodes
 from etcdserver import Cluster, etcd_cluster, fresh_address
 from rankrun.api.values import VALUE_LIMIT
 
@@ -321,3 +321,18 @@ def test_two_python_callers_on_etcd_both_get_every_value_and_the_values_go_with_
         assert "values [(0, 100), (1, 101), (2, 102), (3, 103)]" in out, out
         assert f"big {{3: {VALUE_LIMIT + 1}}}" in out, out
     assert [k["key"] for k in etcd.keys("/rankrun/api-nodes/")] == ["/rankrun/api-nodes/closed"]
+
+
+def test_the_network_check_runs_over_etcd_and_its_keys_go_with_the_job(launch, etcd):
+    """``--network-check`` on etcd (its keys are the rendezvous's): a round of 3 is checked, nobody is excluded, and
+    no ``netcheck/`` key outlives the job."""
+    addrs = [fresh_loopback() for _ in range(3)]
+    runs = [launch(*_args(etcd.endpoints, "netcheck", "3"), "--local-addr", addr, "--network-check",
+                   "--nproc-per-node", "1", "--no-python", "sh", "-c", 'echo "ran $RANK of $WORLD_SIZE"', env=_env())
+            for addr in addrs]
+    assert [r.finish() for r in runs] == [0, 0, 0], [r.err for r in runs]
+    checked = [line for r in runs for line in r.err if "network check of" in line]
+    assert len(checked) == 1 and re.fullmatch(r"rankrun: rendezvous round 1: network check of 3 nodes in [\d.]+ s: "
+                                              r"nobody unhealthy", checked[0]), [r.err for r in runs]
+    assert sorted(line for r in runs for line in r.out) == [f"ran {rank} of 3" for rank in range(3)]
+    assert [k["key"] for k in etcd.keys("/rankrun/netcheck/")] == ["/rankrun/netcheck/closed"]
