@@ -9,8 +9,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 
-PACKAGES = ("agent", "api", "events", "health", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store", "timeline",
-            "workerstore")
+PACKAGES = ("agent", "api", "events", "health", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store",
+            "straggler", "timeline", "workerstore")
 ENTRY_POINTS = ("__main__", "cli", "main", "launch", "run_path")
 TOP = tuple(sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__"))
 LEAVES = set(TOP) - set(ENTRY_POINTS)  # errors, spec, listen, procfs, ...: below every package
@@ -72,6 +72,9 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
                 "numa", *ENTRY_POINTS), ()),
     # a node's health checks and the blame and outlier rules: below the agent and the rendezvous, from the leaves only
     ("health", tuple(p for p in PACKAGES if p != "health") + ENTRY_POINTS, ()),
+    # the straggler watch's records and rules (arrivals, clock offsets, the verdict): below the agent and the
+    # rendezvous, from the leaves only
+    ("straggler", tuple(p for p in PACKAGES if p != "straggler") + ENTRY_POINTS, ()),
     # python -m rankrun.timeline: an entry point that reads event files, never the launcher that writes them
     ("timeline", tuple(p for p in PACKAGES if p not in ("timeline", "events")) + ENTRY_POINTS, ()),
     # the top-level modules: the entry points above everything, the rest below every package

@@ -1,0 +1,3 @@
+"""The straggler watch's parts (``--straggler-window``): what the workers record of their collectives' arrivals
+(``frfile``), the clock offsets between agents (``clock``), and the verdict rule (``verdict``), as pure functions of
+what the agent samples. Below the agent and the rendezvous, which hand them what they judge; from the leaves only."""
