@@ -1,0 +1,161 @@
+"""The straggler rule (``rankrun.straggler.verdict``) on windows built as the watch would record them: arrivals of
+synchronous steps (every rank computes ~50 ms, a slow one more, then they all_reduce), and stack-sample counts; and
+the clock-offset estimate (``rankrun.straggler.clock``) on round trips with an injected skew."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rankrun.straggler import clock, verdict
+from rankrun.straggler.verdict import RankWindow, Straggler
+
+WINDOW = 20.0
+
+
+def _steps(ranks: int, steps: int, extra: dict[int, float], *, jitter: float = 0.002, seed: int = 1,
+           pause: dict[int, float] | None = None) -> dict[tuple[str, int], dict[int, float]]:
+    """Arrivals of ``steps`` all_reduces: each rank computes 50 ms (± jitter), plus ``extra[rank]``; every rank leaves
+    a collective when the last arrives. ``pause``: step → seconds every rank spends loading data before it."""
+    rng = random.Random(seed)
+    out, released = {}, 0.0
+    for seq in range(1, steps + 1):
+        wait = (pause or {}).get(seq, 0.0)
+        when = {r: released + wait + 0.050 + extra.get(r, 0.0) + rng.uniform(-jitter, jitter) for r in range(ranks)}
+        out[("0", seq)] = when
+        released = max(when.values())
+    return out
+
+
+def _where(ranks: int, per_node: int = 2) -> list[RankWindow]:
+    return [RankWindow(r, f"node-{r // per_node}/127.0.0.{r // per_node + 1}", cpu=1.0, state="R") for r in range(ranks)]
+
+
+def test_a_rank_slower_by_250_ms_on_every_step_is_named_with_its_lag_within_a_quarter():
+    found = verdict.judge(_where(4), _steps(4, 60, {3: 0.250}), WINDOW)
+    assert [s.rank for s in found] == [3]
+    (s,) = found
+    assert s.late == s.total == 60 and 0.75 * 0.250 <= s.lag <= 1.25 * 0.250  # type: ignore[operator]
+    assert verdict.line(s) == ("rankrun: straggler: rank 3 on node-1/127.0.0.2 — the other ranks waited for it in 100 % "
+                               f"of 60 collectives (median lag +{s.lag * 1000:.0f} ms); CPU 100 %, running")  # type: ignore[operator]
+
+
+def test_a_balanced_job_names_nobody_whatever_its_jitter():
+    for seed in range(20):
+        assert verdict.judge(_where(8), _steps(8, 200, {}, jitter=0.004, seed=seed), WINDOW) == []
+
+
+def test_two_ranks_one_slow_the_reference_is_the_first_to_arrive():
+    found = verdict.judge(_where(2), _steps(2, 40, {0: 0.030}), WINDOW)
+    assert [(s.rank, s.late) for s in found] == [(0, 40)]
+
+
+def test_every_rank_of_a_slow_node_is_named_not_only_the_last_of_them():
+    found = verdict.judge(_where(8, per_node=4), _steps(8, 60, dict.fromkeys(range(4, 8), 0.100)), WINDOW)
+    assert sorted(s.rank for s in found) == [4, 5, 6, 7]
+    assert all(s.where == "node-1/127.0.0.2" for s in found)
+
+
+def test_late_once_is_no_straggler_however_late():
+    arrivals = _steps(4, 60, {})
+    arrivals[("0", 30)] = {**arrivals[("0", 30)], 2: arrivals[("0", 30)][2] + 2.0}  # a 2 s hiccup: a page fault storm
+    assert verdict.judge(_where(4), arrivals, WINDOW) == []
+
+
+def test_a_rank_late_in_a_minority_of_collectives_is_not_named():
+    arrivals = _steps(4, 60, {})
+    for seq in range(1, 61, 3):  # late on a third of them
+        arrivals[("0", seq)] = {**arrivals[("0", seq)], 1: arrivals[("0", seq)][1] + 0.1}
+    assert verdict.judge(_where(4), arrivals, WINDOW) == []
+
+
+def test_a_small_lag_that_costs_the_job_little_is_not_named():
+    # 6 ms late on every one of 40 collectives in 20 s: 1.2 % of the window
+    assert verdict.judge(_where(4), _steps(4, 40, {2: 0.006}, jitter=0.0005), WINDOW) == []
+
+
+def test_data_loading_on_every_rank_names_nobody():
+    pauses = {seq: 1.5 for seq in range(1, 80, 10)}
+    assert verdict.judge(_where(4), _steps(4, 80, {}, pause=pauses), WINDOW) == []
+
+
+def test_a_collective_only_one_rank_reached_yet_is_not_counted():
+    arrivals = _steps(4, 60, {})
+    arrivals[("0", 61)] = {0: 999.0}
+    assert verdict.lags(arrivals)[0][0] == 60
+
+
+def test_collectives_of_other_groups_are_judged_within_their_own_ranks():
+    arrivals = _steps(4, 30, {}) | {("1", seq): when for (_, seq), when in _steps(2, 30, {1: 0.2}).items()}
+    assert [s.rank for s in verdict.judge(_where(4), arrivals, WINDOW)] == [1]
+
+
+def _sampled(waiting: dict[int, int], samples: int = 30) -> list[RankWindow]:
+    return [RankWindow(r, f"node-0/127.0.0.1", samples, w, cpu=0.98 if w < samples // 2 else 0.05,
+                       state="R" if w < samples // 2 else "S") for r, w in waiting.items()]
+
+
+def test_without_arrivals_the_rank_almost_never_found_waiting_while_the_others_are_is_named():
+    found = verdict.judge(_sampled({0: 25, 1: 26, 2: 1, 3: 24}), {}, WINDOW)
+    assert [s.rank for s in found] == [2]
+    assert verdict.line(found[0]) == (
+        "rankrun: straggler: rank 2 on node-0/127.0.0.1 — the other ranks were found waiting in a collective in 83 % of "
+        "their stack samples, it in 3 % (no Flight Recorder arrivals); CPU 98 %, running")
+
+
+@pytest.mark.parametrize("waiting", [
+    {0: 30, 1: 30, 2: 0, 3: 30},  # a stall: the others wait in every sample (the stall report's), rank 2 stuck elsewhere
+    {0: 0, 1: 1, 2: 0, 3: 0},  # idle, between steps, or loading data on every rank
+    {0: 15, 1: 14, 2: 16, 3: 15},  # balanced
+])
+def test_without_arrivals_a_stall_an_idle_job_and_a_balanced_one_name_nobody(waiting):
+    assert verdict.judge(_sampled(waiting), {}, WINDOW) == []
+
+
+def test_too_few_samples_name_nobody():
+    assert verdict.judge(_sampled({0: 5, 1: 5, 2: 0, 3: 5}, samples=6), {}, WINDOW) == []
+
+
+def test_arrivals_decide_when_there_are_enough_and_samples_do_not_overrule_them():
+    # the samples would name rank 2, the arrivals (a balanced job) name nobody
+    assert verdict.judge(_sampled({0: 25, 1: 26, 2: 1, 3: 24}), _steps(4, 60, {}), WINDOW) == []
+
+
+def test_only_a_changed_verdict_is_said_and_a_rank_that_catches_up_is_said_once():
+    slow = Straggler(3, "node-1/127.0.0.2", 0.8, 60, 60, 0.25)
+    other = Straggler(1, "node-0/127.0.0.1", 0.5, 50, 60, 0.1)
+    assert verdict.changes({}, [slow]) == [verdict.line(slow)]
+    assert verdict.changes({3: slow}, [slow]) == []
+    assert verdict.changes({3: slow}, [other]) == [
+        verdict.line(other), "rankrun: straggler: rank 3 on node-1/127.0.0.2 keeps up again: the others no longer wait "
+                             "for it"]
+    assert verdict.streaks({3: 2}, [slow, other]) == {3: 3, 1: 1}
+
+
+# --- clock offsets
+
+
+def test_an_injected_skew_is_recovered_within_half_the_shortest_round_trip():
+    rng = random.Random(7)
+    for skew in (0.050, -0.050):
+        exchanges = []
+        now = 100.0
+        for _ in range(10):
+            there = rng.uniform(0.0002, 0.005)  # each way: loopback and a busy store, not symmetric
+            back = rng.uniform(0.0002, 0.005)
+            exchanges.append(clock.Exchange(now, now + there + skew, now + there + back))
+            now += 0.1
+        found = clock.estimate(exchanges)
+        assert found is not None and abs(found.offset - skew) <= found.error <= 0.005
+        assert abs(found.offset - skew) <= 0.002
+        assert found.to_remote(1.0) == pytest.approx(1.0 + found.offset)
+
+
+def test_the_shortest_round_trip_is_trusted_and_a_backwards_one_is_left_out():
+    slow = clock.Exchange(0.0, 10.5, 1.0)  # 1 s round trip
+    quick = clock.Exchange(2.0, 12.001, 2.002)
+    backwards = clock.Exchange(5.0, 0.0, 4.0)
+    found = clock.estimate([slow, backwards, quick])
+    assert found == clock.Offset(pytest.approx(10.0), pytest.approx(0.001))  # type: ignore[arg-type]
+    assert clock.estimate([backwards]) is None and clock.estimate([]) is None
