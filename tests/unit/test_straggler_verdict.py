@@ -76,7 +76,7 @@ def test_a_small_lag_that_costs_the_job_little_is_not_named():
 
 
 def test_data_loading_on_every_rank_names_nobody():
-    pauses = {seq: 1.5 for seq in range(1, 80, 10)}
+    pauses = dict.fromkeys(range(1, 80, 10), 1.5)
     assert verdict.judge(_where(4), _steps(4, 80, {}, pause=pauses), WINDOW) == []
 
 
@@ -92,7 +92,7 @@ def test_collectives_of_other_groups_are_judged_within_their_own_ranks():
 
 
 def _sampled(waiting: dict[int, int], samples: int = 30) -> list[RankWindow]:
-    return [RankWindow(r, f"node-0/127.0.0.1", samples, w, cpu=0.98 if w < samples // 2 else 0.05,
+    return [RankWindow(r, "node-0/127.0.0.1", samples, w, cpu=0.98 if w < samples // 2 else 0.05,
                        state="R" if w < samples // 2 else "S") for r, w in waiting.items()]
 
 
