@@ -105,16 +105,28 @@ def test_without_arrivals_the_rank_almost_never_found_waiting_while_the_others_a
 
 
 @pytest.mark.parametrize("waiting", [
-    {0: 30, 1: 30, 2: 0, 3: 30},  # a stall: the others wait in every sample (the stall report's), rank 2 stuck elsewhere
     {0: 0, 1: 1, 2: 0, 3: 0},  # idle, between steps, or loading data on every rank
     {0: 15, 1: 14, 2: 16, 3: 15},  # balanced
 ])
-def test_without_arrivals_a_stall_an_idle_job_and_a_balanced_one_name_nobody(waiting):
+def test_without_arrivals_an_idle_job_and_a_balanced_one_name_nobody(waiting):
     assert verdict.judge(_sampled(waiting), {}, WINDOW) == []
 
 
-def test_too_few_samples_name_nobody():
-    assert verdict.judge(_sampled({0: 5, 1: 5, 2: 0, 3: 5}, samples=6), {}, WINDOW) == []
+@pytest.mark.parametrize(("waiting", "samples"), [
+    ({0: 30, 1: 30, 2: 0, 3: 30}, 30),  # a stall: the others wait in every sample (the stall report's), rank 2 elsewhere
+    ({0: 30, 1: 30, 2: 30, 3: 30}, 30),  # every rank in one collective throughout
+    ({0: 5, 1: 5, 2: 0, 3: 5}, 6),  # too few samples
+    ({0: 25}, 30),  # one rank: nobody to wait for it
+])
+def test_a_stall_or_too_little_to_go_on_leaves_the_verdict_as_it_was(waiting, samples):
+    assert verdict.judge(_sampled(waiting, samples), {}, WINDOW) is None
+
+
+def test_a_main_thread_in_a_collective_is_told_from_one_joining_or_leaving_the_group():
+    dist = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+    assert verdict.in_collective([("train.py", "<module>"), ("train.py", "step"), (dist, "wrapper"), (dist, "all_reduce")])
+    assert not verdict.in_collective([("train.py", "<module>"), ("train.py", "step"), ("train.py", "forward")])
+    assert not verdict.in_collective([("train.py", "<module>"), (dist, "init_process_group"), (dist, "rendezvous")])
 
 
 def test_arrivals_decide_when_there_are_enough_and_samples_do_not_overrule_them():

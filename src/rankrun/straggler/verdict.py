@@ -90,14 +90,16 @@ def lags(arrivals: Arrivals) -> dict[int, tuple[int, list[float]]]:
     return {rank: (count, late[rank]) for rank, count in taken.items()}
 
 
-def judge(ranks: Sequence[RankWindow], arrivals: Arrivals, window: float) -> list[Straggler]:
+def judge(ranks: Sequence[RankWindow], arrivals: Arrivals, window: float) -> list[Straggler] | None:
     """The window's stragglers, the costliest first (pure): by arrivals where the window has enough collectives,
-    else by stack samples. ``window``: its length in seconds."""
+    else by stack samples. ``window``: its length in seconds. None when the window tells nothing either way: too
+    few collectives and samples, or every rank waiting in a collective in (almost) every sample, a stall; the
+    verdict then stays as it was."""
     by_rank = {r.rank: r for r in ranks}
     found = _by_arrivals(by_rank, arrivals, window)
     if found is None:
         found = _by_samples(by_rank)
-    return sorted(found, key=lambda s: (-s.cost, s.rank))
+    return None if found is None else sorted(found, key=lambda s: (-s.cost, s.rank))
 
 
 def _by_arrivals(ranks: Mapping[int, RankWindow], arrivals: Arrivals, window: float) -> list[Straggler] | None:
@@ -115,8 +117,12 @@ def _by_arrivals(ranks: Mapping[int, RankWindow], arrivals: Arrivals, window: fl
     return found
 
 
-def _by_samples(ranks: Mapping[int, RankWindow]) -> list[Straggler]:
+def _by_samples(ranks: Mapping[int, RankWindow]) -> list[Straggler] | None:
+    """None when fewer than two ranks have ``MIN_SAMPLES``, or the job as a whole waited in over ``PROGRESS`` of
+    them (no progress: a stall)."""
     shares = {r.rank: r.waiting / r.samples for r in ranks.values() if r.samples >= MIN_SAMPLES}
+    if len(shares) < 2 or _median(list(shares.values())) > PROGRESS:
+        return None
     found = []
     for rank, its in shares.items():
         others = [share for other, share in shares.items() if other != rank]
@@ -161,6 +167,22 @@ def streaks(before: Mapping[int, int], now: Sequence[Straggler]) -> dict[int, in
     """How many windows in a row each rank named now has been named (pure): ``--straggler-action exclude`` acts on a
     rank named in enough consecutive windows."""
     return {s.rank: before.get(s.rank, 0) + 1 for s in now}
+
+
+COLLECTIVE_FILE = "/torch/distributed/"  # where torch's collectives, barriers and waits on their work live
+NOT_COLLECTIVES = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
+                             "destroy_process_group"})  # waiting to join or to leave is no straggler's doing
+
+
+def in_collective(frames: Sequence[tuple[str, str]]) -> bool:
+    """Whether a main thread's stack (``(file, function)`` from the outermost) waits in a collective (pure): one of its
+    frames in ``torch/distributed/``, none of them joining or leaving the group."""
+    inside = False
+    for file, function in frames:
+        if function in NOT_COLLECTIVES:
+            return False
+        inside = inside or COLLECTIVE_FILE in file
+    return inside
 
 
 def _median(values: Sequence[float]) -> float:
