@@ -202,3 +202,24 @@ def _cpu(pid: int) -> float:
     stat = proc_stat(pid)
     assert stat is not None
     return stat[1]
+
+
+def test_a_sample_not_kept_is_taken_back_out_of_the_file_and_samples_take_turns(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w")
+    header = dump.stat().st_size
+    target = _target(0, proc, dump)
+
+    async def both() -> tuple[list[RankSample], list[RankSample]]:
+        sampler = Sampler()  # a watch's samples, not kept, beside a report's, kept: neither loses its dump
+        return await asyncio.gather(sampler.sample([target], 5.0, keep=False), Sampler().sample([target], 5.0))
+
+    watched, reported = asyncio.run(both())
+    for sample in (watched, reported):
+        main = sample[0].dump.main if sample[0].dump is not None else None
+        assert main is not None and main.frames[-1].function == "parked_in_a_distinct_place", sample
+    kept = dump.stat().st_size
+    assert kept > header  # the report's dump stays
+    for _ in range(5):
+        (again,) = asyncio.run(Sampler().sample([target], 5.0, keep=False))
+        assert again.dump is not None and again.dump.main is not None
+    assert dump.stat().st_size == kept  # five more, taken back

@@ -137,11 +137,12 @@ def test_arrivals_decide_when_there_are_enough_and_samples_do_not_overrule_them(
 def test_only_a_changed_verdict_is_said_and_a_rank_that_catches_up_is_said_once():
     slow = Straggler(3, "node-1/127.0.0.2", 0.8, 60, 60, 0.25)
     other = Straggler(1, "node-0/127.0.0.1", 0.5, 50, 60, 0.1)
-    assert verdict.changes({}, [slow]) == [verdict.line(slow)]
+    assert [c.line for c in verdict.changes({}, [slow])] == [verdict.line(slow)]
     assert verdict.changes({3: slow}, [slow]) == []
     assert verdict.changes({3: slow}, [other]) == [
-        verdict.line(other), "rankrun: straggler: rank 3 on node-1/127.0.0.2 keeps up again: the others no longer wait "
-                             "for it"]
+        verdict.Change(1, other.where, verdict.line(other), other),
+        verdict.Change(3, slow.where, "rankrun: straggler: rank 3 on node-1/127.0.0.2 keeps up again: the others no "
+                                      "longer wait for it", None)]
     assert verdict.streaks({3: 2}, [slow, other]) == {3: 3, 1: 1}
 
 

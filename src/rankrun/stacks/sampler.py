@@ -11,7 +11,9 @@ are reported with their /proc state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -105,7 +107,14 @@ class Sampler:
     def __init__(self) -> None:
         self._cpu: dict[int, float] = {}
 
-    async def sample(self, targets: Sequence[Target], timeout: float = 1.0) -> list[RankSample]:
+    async def sample(self, targets: Sequence[Target], timeout: float = 1.0, *, keep: bool = True) -> list[RankSample]:
+        """Every target's stack now, with /proc. ``keep=False``: each dump's bytes are taken back out of its file
+        once read (a watch that samples every few seconds for days must not fill the disk); samples of one process
+        take turns, so one sampler's dump is never cut from under another's."""
+        async with _turn():
+            return await self._sample(targets, timeout, keep)
+
+    async def _sample(self, targets: Sequence[Target], timeout: float, keep: bool) -> list[RankSample]:
         asked: dict[int, tuple[Target, Path, int, int, float, str]] = {}  # rank -> (target, file, main, offset, cpu, state)
         samples: list[RankSample] = []
         for t in targets:
@@ -125,8 +134,10 @@ class Sampler:
                 continue
             asked[t.rank] = (t, t.dump_file, main, offset, cpu, state)
         answers = await _answers({rank: (a[1], a[3]) for rank, a in asked.items()}, timeout)
-        for rank, (t, _, main, _, cpu, state) in asked.items():
-            text = answers.get(rank)
+        for rank, (t, path, main, offset, cpu, state) in asked.items():
+            text, end = answers.get(rank, (None, 0))
+            if not keep and text is not None:
+                _take_back(path, offset, end)
             proc = self._proc(t.pid, state, cpu, wchan=text is None)
             dump = parse(text, main) if text else None
             samples.append(RankSample(t.rank, t.host, dump, proc, answered=dump is not None and bool(dump.threads),
@@ -146,12 +157,32 @@ class Sampler:
         return ProcState(state, None if before is None else max(0.0, cpu - before), _wchan(pid) if wchan else "")
 
 
-async def _answers(files: Mapping[int, tuple[Path, int]], timeout: float) -> dict[int, str]:
-    """Wait until each file has grown past its offset and then stopped growing for one poll, or the timeout."""
+def _turn() -> asyncio.Lock:
+    """The running loop's one lock over samples (a lock is bound to the loop it first waits in)."""
+    loop = asyncio.get_running_loop()
+    lock = _TURNS.get(loop)
+    if lock is None:
+        lock = _TURNS[loop] = asyncio.Lock()
+    return lock
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _take_back(path: Path, offset: int, end: int) -> None:
+    """Cut the file back to ``offset``, where it still ends at ``end`` (nothing written since the dump was read)."""
+    with contextlib.suppress(OSError):
+        if _size(path) == end:
+            os.truncate(path, offset)
+
+
+async def _answers(files: Mapping[int, tuple[Path, int]], timeout: float) -> dict[int, tuple[str, int]]:
+    """Wait until each file has grown past its offset and then stopped growing for one poll, or the timeout: each
+    answer, and the file's size after it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last = {rank: offset for rank, (_, offset) in files.items()}
-    done: dict[int, str] = {}
+    done: dict[int, tuple[str, int]] = {}
     while len(done) < len(files) and loop.time() < deadline:
         await asyncio.sleep(POLL)
         for rank, (path, offset) in files.items():
@@ -161,6 +192,6 @@ async def _answers(files: Mapping[int, tuple[Path, int]], timeout: float) -> dic
             if size > offset and size == last[rank]:
                 with path.open("rb") as fh:
                     fh.seek(offset)
-                    done[rank] = fh.read(size - offset).decode(errors="replace")
+                    done[rank] = fh.read(size - offset).decode(errors="replace"), size
             last[rank] = size
     return done

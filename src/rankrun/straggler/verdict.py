@@ -154,12 +154,23 @@ def recovered_line(rank: int, where: str) -> str:
     return f"rankrun: straggler: rank {rank} on {where} keeps up again: the others no longer wait for it"
 
 
-def changes(before: Mapping[int, Straggler], now: Sequence[Straggler]) -> list[str]:
-    """The lines for a verdict that changed (pure): a rank newly named, and a rank named before and no longer; a rank
-    named in both windows says nothing again."""
+@dataclass(frozen=True)
+class Change:
+    """One change of the verdict, with its line: a rank newly named (``named``: its figures), or recovered (None)."""
+
+    rank: int
+    where: str
+    line: str
+    named: Straggler | None
+
+
+def changes(before: Mapping[int, Straggler], now: Sequence[Straggler]) -> list[Change]:
+    """What changed from one verdict to the next (pure): each rank newly named, then each named before and no longer;
+    a rank named in both says nothing again."""
     named = {s.rank for s in now}
-    out = [line(s) for s in now if s.rank not in before]
-    out += [recovered_line(rank, before[rank].where) for rank in sorted(before) if rank not in named]
+    out = [Change(s.rank, s.where, line(s), s) for s in now if s.rank not in before]
+    out += [Change(rank, before[rank].where, recovered_line(rank, before[rank].where), None)
+            for rank in sorted(before) if rank not in named]
     return out
 
 
