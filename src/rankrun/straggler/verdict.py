@@ -90,30 +90,32 @@ def lags(arrivals: Arrivals) -> dict[int, tuple[int, list[float]]]:
     return {rank: (count, late[rank]) for rank, count in taken.items()}
 
 
-def judge(ranks: Sequence[RankWindow], arrivals: Arrivals, window: float) -> list[Straggler] | None:
+def judge(ranks: Sequence[RankWindow], arrivals: Arrivals, window: float, *, scale: float = 1.0) -> list[Straggler] | None:
     """The window's stragglers, the costliest first (pure): by arrivals where the window has enough collectives,
-    else by stack samples. ``window``: its length in seconds. None when the window tells nothing either way: too
-    few collectives and samples, or every rank waiting in a collective in (almost) every sample, a stall; the
+    else by stack samples. ``window``: its length in seconds; ``scale``: how many of the window's collectives each
+    one in ``arrivals`` stands for (a sample of them: ``summary``). None when the window tells nothing either way:
+    too few collectives and samples, or every rank waiting in a collective in (almost) every sample, a stall; the
     verdict then stays as it was."""
     by_rank = {r.rank: r for r in ranks}
-    found = _by_arrivals(by_rank, arrivals, window)
+    found = _by_arrivals(by_rank, arrivals, window, scale)
     if found is None:
         found = _by_samples(by_rank)
     return None if found is None else sorted(found, key=lambda s: (-s.cost, s.rank))
 
 
-def _by_arrivals(ranks: Mapping[int, RankWindow], arrivals: Arrivals, window: float) -> list[Straggler] | None:
+def _by_arrivals(ranks: Mapping[int, RankWindow], arrivals: Arrivals, window: float,
+                 scale: float) -> list[Straggler] | None:
     """None when no rank took part in ``MIN_COLLECTIVES`` collectives (no arrivals to judge on)."""
     per_rank = lags(arrivals)
     if not any(count >= MIN_COLLECTIVES for count, _ in per_rank.values()):
         return None
     found = []
     for rank, (count, its) in per_rank.items():
-        cost = sum(its) / window if window > 0 else 0.0
+        cost = scale * sum(its) / window if window > 0 else 0.0
         if count >= MIN_COLLECTIVES and len(its) >= SHARE * count and cost >= COST:
             seen = ranks.get(rank, RankWindow(rank, ""))
-            found.append(Straggler(rank, seen.where, min(cost, 1.0), len(its), count, _median(its),
-                                   cpu=seen.cpu, state=seen.state))
+            found.append(Straggler(rank, seen.where, min(cost, 1.0), round(len(its) * scale), round(count * scale),
+                                   _median(its), cpu=seen.cpu, state=seen.state))
     return found
 
 
