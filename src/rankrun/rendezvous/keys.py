@@ -1,12 +1,12 @@
 """The rendezvous's keys and records: where each fact lives under ``/rankrun/<run id>/`` and how it is spelled.
 
 Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
-``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``, ``netcheck/<round>/endpoint|link|re/``); the
-coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``, ``netcheck/<round>/reprobe|verdict``, and
-the ``unhealthy/`` key of a node its network check found unhealthy (on etcd, each elected coordinator in turn);
-whichever node wins a compare-and-set, ``coordinator`` (the election)
-and ``job`` (the first to join); any node ``stacks/ask`` (a stall's ask by compare-and-set, ``rankrun --stacks``'s
-by a plain write); the asker ``stacks/report``::
+``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``, ``netcheck/<round>/endpoint|link|re/``,
+``straggler/<round>/ask|window/``); the coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``,
+``netcheck/<round>/reprobe|verdict``, ``straggler/<round>/time/`` and ``straggler/<round>/verdict``, and the
+``unhealthy/`` key of a node its network check found unhealthy (on etcd, each elected coordinator in turn); whichever
+node wins a compare-and-set, ``coordinator`` (the election) and ``job`` (the first to join); any node ``stacks/ask``
+(a stall's ask by compare-and-set, ``rankrun --stacks``'s by a plain write); the asker ``stacks/report``::
 
     nodes/<node>            a node's description, written once when it joins, bound to its lease
     round                   the coordinator's word on the current round: number, phase, restarts, why
@@ -29,12 +29,17 @@ by a plain write); the asker ``stacks/report``::
     netcheck/<round>/reprobe       the coordinator: the suspects' group ranks, each with its known-good partner
     netcheck/<round>/re/<g>        a suspect's measure of its partner
     netcheck/<round>/verdict       the coordinator: the group ranks found unhealthy, each with its line (or nobody)
+    straggler/<round>/ask/<node>     ``--straggler-window``, several nodes: a node asks the host's clock (a count)
+    straggler/<round>/time/<node>    the host's clock as it answered that count
+    straggler/<round>/window/<node>  a node's latest window (``straggler.summary``), on the host's clock
+    straggler/<round>/verdict        the host: the job's stragglers now (``straggler.summary``), which every node says
 
 Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
 ``Assignment``, ``Spare`` and ``Excluded`` (``place_from``), ``result_value``/``result_from``, ``Status``,
 ``closed_value``/``closed_ok``, ``Blocked``, ``unhealthy_value``/``unhealthy_from``, and the network check's
 ``endpoint_value``, ``link_value``, ``reprobe_value``, ``verdict_value`` (each with its ``_from``). They travel as compact JSON
-objects, never pickle. The ``stacks/`` records are the stacks exchange's (``rankrun.stacks.wire``); the ``values/``
+objects, never pickle. The ``stacks/`` records are the stacks exchange's (``rankrun.stacks.wire``), the
+``straggler/`` ones the straggler watch's (``rankrun.straggler.summary``); the ``values/``
 and ``failures/`` ones the Python API's (``rankrun.api.values``, ``rankrun.api.failures``).
 """
 
@@ -166,6 +171,28 @@ class Keys:
 
     def netcheck_verdict(self, round_: int) -> str:
         return f"{self.netcheck(round_)}verdict"
+
+    def straggler(self, round_: int) -> str:
+        """``--straggler-window``'s keys of one round (``straggler_ask`` ... ``straggler_verdict`` are under it)."""
+        return f"{self.root}straggler/{round_}/"
+
+    def straggler_asks(self, round_: int) -> str:
+        return f"{self.straggler(round_)}ask/"
+
+    def straggler_ask(self, round_: int, node_id: str) -> str:
+        return self.straggler_asks(round_) + node_id
+
+    def straggler_time(self, round_: int, node_id: str) -> str:
+        return f"{self.straggler(round_)}time/{node_id}"
+
+    def straggler_windows(self, round_: int) -> str:
+        return f"{self.straggler(round_)}window/"
+
+    def straggler_window(self, round_: int, node_id: str) -> str:
+        return self.straggler_windows(round_) + node_id
+
+    def straggler_verdict(self, round_: int) -> str:
+        return f"{self.straggler(round_)}verdict"
 
     def failures(self, round_: int, group_rank: int) -> str:
         """A failed ``rankrun.launch`` job's failures on one node in one round (``rankrun.api.failures``)."""

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 
-from rankrun.straggler.verdict import Arrivals, RankWindow
+from rankrun.straggler.verdict import Arrivals, RankWindow, Straggler
 
 KEEP = 16  # collectives a window of each group, at most
 TICK = 1e-4  # seconds: the resolution of the times sent
@@ -119,3 +119,16 @@ class Merge:
         total = max((w.total for w in self.latest.values()), default=0)
         return ranks, ready, length, total
 
+
+
+def verdict_value(found: Sequence[Straggler]) -> bytes:
+    """The host's verdict: the job's stragglers now, with their figures (each node says what changed)."""
+    return json.dumps([asdict(s) for s in found], separators=(",", ":")).encode()
+
+
+def verdict_from(value: bytes) -> list[Straggler]:
+    """``verdict_value``'s bytes read back; ``ValueError`` for anything else."""
+    try:
+        return [Straggler(**d) for d in json.loads(value)]
+    except (TypeError, ValueError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a straggler verdict: {exc}") from None

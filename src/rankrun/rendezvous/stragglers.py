@@ -1,0 +1,176 @@
+"""The straggler watch of several nodes, over the rendezvous's keys (``rendezvous.keys``): every node sends its
+windows, the host judges the whole job and publishes the verdict, every node says it.
+
+For each round, while its workers run:
+
+1. every node asks the host's clock a few times (``offset``: ``straggler/<round>/ask/<node>``, answered by the host
+   in ``straggler/<round>/time/<node>``) and keeps the estimate with the shortest round trip (``straggler.clock``),
+   so its ranks' arrival times (wall clock, as torch records them) go out on the host's clock;
+2. every node writes each window's summary (``publish``: ``straggler/<round>/window/<node>``, a few hundred bytes,
+   ``straggler.summary``);
+3. the host (the coordinator's node) answers the clock questions (``answer_clocks``) and judges the job
+   (``judge_job``): it merges each summary as it comes, and judges once every node of the round sent a window since
+   the last verdict (or ``LATE`` windows' time went by without one: a node whose agent is busy must not hold the
+   verdict back); it writes the verdict (``straggler/<round>/verdict``) when it changed;
+4. every node reads the verdicts (``verdicts``) and says what changed, so each line is printed once on each node.
+
+Each node's keys are bound to its lease; the round's keys go with the job's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+
+from rankrun.rendezvous.keys import Keys
+from rankrun.store.api import EventKind, Events, Store, StoreUnavailable, exact, watching
+from rankrun.straggler import clock, verdict
+from rankrun.straggler.summary import Merge, NodeWindow, decode, encode, verdict_from, verdict_value
+from rankrun.straggler.verdict import Straggler
+
+ASKS = 8  # clock questions a node asks; the shortest round trip of them counts
+ASK_BOUND = 5.0  # seconds one question may wait for its answer
+LATE = 1.5  # windows: the host judges without a node that has sent nothing for this long
+
+Put = Callable[[str, bytes], Awaitable[None]]
+
+
+# --- a node
+
+
+async def offset(store: Store, keys: Keys, round_: int, node: str, now: Callable[[], float], *, lease: int = 0,
+                 asks: int = ASKS) -> clock.Offset | None:
+    """The host's clock minus this node's (``now``: its wall clock), from ``asks`` questions; None when no answer
+    came within ``ASK_BOUND`` (the caller judges on its own clock then)."""
+    ask, answer = keys.straggler_ask(round_, node), keys.straggler_time(round_, node)
+    exchanges = []
+    _, revision = await store.range(answer)
+    async with watching(store, [answer], revision) as events:
+        for count in range(asks):
+            sent = now()
+            await store.put(ask, str(count).encode(), lease=lease)
+            remote = await _answer(events, answer, count)
+            if remote is None:
+                break
+            exchanges.append(clock.Exchange(sent, remote, now()))
+    return clock.estimate(exchanges)
+
+
+async def _answer(events: Events, key: str, count: int) -> float | None:
+    """The host's time in its answer to question ``count``; None when it did not come within ``ASK_BOUND``."""
+    try:
+        async with asyncio.timeout(ASK_BOUND):
+            while True:
+                event = await events.get()
+                if isinstance(event, StoreUnavailable):
+                    raise event
+                if event.kind is EventKind.PUT and event.key == key:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        said = json.loads(event.value)
+                        if said["n"] == count:
+                            return float(said["t"])
+    except TimeoutError:
+        return None
+
+
+async def publish(store: Store, keys: Keys, round_: int, window: NodeWindow, *, lease: int = 0) -> None:
+    """This node's latest window, for the host."""
+    await store.put(keys.straggler_window(round_, window.node), encode(window), lease=lease)
+
+
+async def verdicts(store: Store, keys: Keys, round_: int) -> AsyncIterator[list[Straggler]]:
+    """The host's verdicts of round ``round_`` as they come (a malformed one is skipped)."""
+    key = keys.straggler_verdict(round_)
+    entries, revision = await store.range(key)
+    entry = exact(entries, key)
+    if entry is not None:
+        yield verdict_from(entry.value)
+    async with watching(store, [key], revision) as events:
+        while True:
+            event = await events.get()
+            if isinstance(event, StoreUnavailable):
+                raise event
+            if event.kind is EventKind.PUT and event.key == key:
+                try:
+                    yield verdict_from(event.value)
+                except ValueError:
+                    continue
+
+
+# --- the host
+
+
+async def answer_clocks(store: Store, keys: Keys, round_: int, now: Callable[[], float], put: Put) -> None:
+    """Answer every node's clock questions of round ``round_`` with ``now`` as each is read; until cancelled."""
+    prefix = keys.straggler_asks(round_)
+    entries, revision = await store.range(prefix)
+    for entry in entries:
+        await _tell_time(put, keys, round_, entry.key[len(prefix):], entry.value, now)
+    async with watching(store, [prefix], revision) as events:
+        while True:
+            event = await events.get()
+            if isinstance(event, StoreUnavailable):
+                raise event
+            if event.kind is EventKind.PUT and event.key.startswith(prefix):
+                await _tell_time(put, keys, round_, event.key[len(prefix):], event.value, now)
+
+
+async def _tell_time(put: Put, keys: Keys, round_: int, node: str, asked: bytes,  # noqa: PLR0917
+                     now: Callable[[], float]) -> None:
+    try:
+        count = int(asked)
+    except ValueError:
+        return
+    await put(keys.straggler_time(round_, node), json.dumps({"n": count, "t": now()}).encode())
+
+
+async def judge_job(store: Store, keys: Keys, round_: int, nodes: Collection[str], put: Put,  # noqa: PLR0917
+                    window: float, *, tell: Callable[[list[Straggler]], None] | None = None) -> None:
+    """Judge round ``round_`` from its ``nodes``' windows (``window``: their length in seconds) until cancelled;
+    each changed verdict is written (and given to ``tell``)."""
+    loop = asyncio.get_running_loop()
+    prefix = keys.straggler_windows(round_)
+    merge = Merge()
+    fresh: set[str] = set()
+    last: list[Straggler] | None = None
+    since = loop.time()
+
+    def take(key: str, value: bytes) -> None:
+        node = key[len(prefix):]
+        if node in nodes:
+            try:
+                merge.add(decode(value))
+            except ValueError:
+                return
+            fresh.add(node)
+
+    entries, revision = await store.range(prefix)
+    for entry in entries:
+        take(entry.key, entry.value)
+    async with watching(store, [prefix], revision) as events:
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, since + LATE * window - loop.time())):
+                    event = await events.get()
+                    if isinstance(event, StoreUnavailable):
+                        raise event
+                    if event.kind is EventKind.PUT:
+                        take(event.key, event.value)
+                    if not fresh >= set(nodes):
+                        continue
+            except TimeoutError:
+                if not fresh:
+                    since = loop.time()
+                    continue
+            ranks, ready, length, total = merge.take()
+            fresh.clear()
+            since = loop.time()
+            found = verdict.judge(ranks, ready, length, scale=total / len(ready) if ready else 1.0)
+            if found is None or (not found and not last):
+                continue  # told nothing, or nobody before and now: nothing to write
+            await put(keys.straggler_verdict(round_), verdict_value(found))
+            if tell is not None:
+                tell(found)
+            last = found

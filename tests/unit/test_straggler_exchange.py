@@ -1,0 +1,110 @@
+"""The straggler watch of several nodes over the rendezvous's keys (``rankrun.rendezvous.stragglers``) on the
+in-memory store: a node's clock offset to the host recovered through the store with an injected skew, the host
+judging the job from every node's windows, and every node reading the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from fakes import FakeTimers
+from rankrun.rendezvous import stragglers
+from rankrun.rendezvous.keys import Keys
+from rankrun.store.memory import MemoryStore
+from rankrun.straggler import summary
+from rankrun.straggler.summary import NodeWindow
+from rankrun.straggler.verdict import RankWindow
+
+KEYS = Keys.for_run("job")
+BOUND = 30
+
+
+@pytest.mark.parametrize("skew", [0.050, -0.050])
+def test_a_nodes_offset_to_the_host_is_recovered_through_the_store_within_2_ms(skew):
+    async def main() -> float:
+        store = MemoryStore(FakeTimers())
+
+        async def put(key: str, value: bytes) -> None:
+            await store.put(key, value)
+
+        host = asyncio.create_task(stragglers.answer_clocks(store, KEYS, 1, lambda: time.time() + skew, put))
+        try:
+            found = await stragglers.offset(store, KEYS, 1, "n1", time.time)
+        finally:
+            host.cancel()
+            await asyncio.gather(host, return_exceptions=True)
+        assert found is not None
+        return found.offset
+
+    assert abs(asyncio.run(asyncio.wait_for(main(), BOUND)) - skew) <= 0.002
+
+
+def test_no_answer_from_the_host_is_no_offset(monkeypatch):
+    monkeypatch.setattr(stragglers, "ASK_BOUND", 0.1)
+    assert asyncio.run(stragglers.offset(MemoryStore(FakeTimers()), KEYS, 1, "n1", time.time)) is None
+
+
+def _window(node: str, ranks: tuple[int, ...], slow: int | None, number: int) -> NodeWindow:
+    rng = random.Random(number)
+    arrivals, t = {}, 1_796_000_000.0 + 100 * number
+    for seq in range(1 + 40 * (number - 1), 1 + 40 * number):
+        arrivals[("0", seq)] = {r: t + 0.05 + (0.25 if r == slow else 0.0) + rng.uniform(-0.002, 0.002) for r in ranks}
+        t += 0.3
+    where = f"node-{node[1]}/127.0.0.{2 + int(node[1])}"
+    return NodeWindow(node, number, tuple(RankWindow(r, where, cpu=1.0, state="R") for r in ranks),
+                      summary.pick(arrivals), 40, 12.0)
+
+
+def test_the_host_judges_once_every_node_sent_a_window_and_every_node_reads_the_verdict():
+    async def main() -> list[list[int]]:
+        store = MemoryStore(FakeTimers())
+
+        async def put(key: str, value: bytes) -> None:
+            await store.put(key, value)
+
+        told: list[list[int]] = []
+        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, {"n0", "n1"}, put, 12.0,
+                                                        tell=lambda found: told.append([s.rank for s in found])))
+        read: list[list[int]] = []
+
+        async def reader() -> None:
+            async for found in stragglers.verdicts(store, KEYS, 1):
+                read.append([s.rank for s in found])
+                if len(read) == 1:
+                    return
+
+        reading = asyncio.create_task(reader())
+        await asyncio.sleep(0)
+        await stragglers.publish(store, KEYS, 1, _window("n0", (0, 1), None, 1))
+        await asyncio.sleep(0.05)
+        assert told == []  # n1 has not sent its window yet
+        await stragglers.publish(store, KEYS, 1, _window("n1", (2, 3), 3, 1))
+        await asyncio.wait_for(reading, BOUND)
+        host.cancel()
+        await asyncio.gather(host, return_exceptions=True)
+        assert told == read
+        return read
+
+    assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [[3]]
+
+
+def test_a_node_that_sends_nothing_does_not_hold_the_verdict_back():
+    async def main() -> list[int]:
+        store = MemoryStore(FakeTimers())
+
+        async def put(key: str, value: bytes) -> None:
+            await store.put(key, value)
+
+        # n0 alone sends (its two ranks, one slow); n1's agent is busy: the host judges after LATE windows of 0.2 s
+        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, {"n0", "n1"}, put, 0.2))
+        await stragglers.publish(store, KEYS, 1, _window("n0", (0, 1), 1, 1))
+        async for found in stragglers.verdicts(store, KEYS, 1):
+            host.cancel()
+            await asyncio.gather(host, return_exceptions=True)
+            return [s.rank for s in found]
+        return []
+
+    assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [1]
