@@ -21,13 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import EventKind, Events, Store, StoreUnavailable, exact, watching
 from rankrun.straggler import clock, verdict
-from rankrun.straggler.summary import Merge, NodeWindow, decode, encode, verdict_from, verdict_value
+from rankrun.straggler.summary import (
+    Merge,
+    NodeWindow,
+    decode,
+    encode,
+    time_from,
+    time_value,
+    verdict_from,
+    verdict_value,
+)
 from rankrun.straggler.verdict import Straggler
 
 ASKS = 8  # clock questions a node asks; the shortest round trip of them counts
@@ -67,10 +75,10 @@ async def _answer(events: Events, key: str, count: int) -> float | None:
                 if isinstance(event, StoreUnavailable):
                     raise event
                 if event.kind is EventKind.PUT and event.key == key:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        said = json.loads(event.value)
-                        if said["n"] == count:
-                            return float(said["t"])
+                    with contextlib.suppress(ValueError):
+                        answered, remote = time_from(event.value)
+                        if answered == count:
+                            return remote
     except TimeoutError:
         return None
 
@@ -123,7 +131,7 @@ async def _tell_time(put: Put, keys: Keys, round_: int, node: str, asked: bytes,
         count = int(asked)
     except ValueError:
         return
-    await put(keys.straggler_time(round_, node), json.dumps({"n": count, "t": now()}).encode())
+    await put(keys.straggler_time(round_, node), time_value(count, now()))
 
 
 async def judge_job(store: Store, keys: Keys, round_: int, nodes: Collection[str], put: Put,  # noqa: PLR0917

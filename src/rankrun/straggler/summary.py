@@ -132,3 +132,17 @@ def verdict_from(value: bytes) -> list[Straggler]:
         return [Straggler(**d) for d in json.loads(value)]
     except (TypeError, ValueError, json.JSONDecodeError) as exc:
         raise ValueError(f"not a straggler verdict: {exc}") from None
+
+
+def time_value(count: int, now: float) -> bytes:
+    """The host's answer to a node's clock question ``count``: its clock as it answered."""
+    return json.dumps({"n": count, "t": now}).encode()
+
+
+def time_from(value: bytes) -> tuple[int, float]:
+    """``time_value``'s bytes read back; ``ValueError`` for anything else."""
+    try:
+        d = json.loads(value)
+        return int(d["n"]), float(d["t"])
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a clock answer: {exc}") from None
