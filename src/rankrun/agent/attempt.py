@@ -227,12 +227,12 @@ async def _bury(deps: AgentDeps, workers: list[_Worker]) -> None:
     await deps.after_group([w.handle for w in workers])
 
 
-async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[str]) -> GroupEnd:
+async def _group_end(moved_on: Awaitable[str] | None, stalled: Awaitable[Stalled]) -> GroupEnd:
     """What stops the group early: the round moving on, or (``--hang-action fail``) a stall; the first of them."""
     if moved_on is None:
-        return Stalled(await stalled)
-    index, why = await first_of(moved_on, stalled)
-    return MovedOn(why) if index == 0 else Stalled(why)
+        return await stalled
+    index, end = await first_of(moved_on, stalled)
+    return MovedOn(end) if index == 0 else end
 
 
 async def _spawn_all(deps: AgentDeps, commands: list[Command]) -> list[WorkerHandle]:

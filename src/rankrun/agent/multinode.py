@@ -171,7 +171,8 @@ async def _round_over(  # noqa: PLR0917 - private; what _rounds holds
         if api is not None:  # rankrun.launch: this node's values, or failures, for the others
             await api.report(word, outcome.failed, last.results)
         await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "",
-                            _root(last, attempt, deps.events.node) if outcome.failed else None)
+                            _root(last, attempt, deps.events.node) if outcome.failed else None,
+                            stall=outcome.stalled, blame=outcome.stall_blame)
 
 
 def news(placed: Assignment | None, word: Assignment, restarts: int, latest: RoundWord | None) -> RoundWord | None:
@@ -281,7 +282,8 @@ def _tell_excluded(deps: AgentDeps, word: RoundWord | None, heard: dict[str, str
 
 
 def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:
-    """This node's root cause, for the coordinator to tell every node (None for a stall: no rank failed)."""
+    """This node's root cause, for the coordinator to tell every node (None for a stall: no rank failed; the stall's
+    cause and blame travel in the result's own keys, ``Member.report``)."""
     root = root_cause(result.results)
     return failure_value(failure(root, attempt, node)) if root is not None else None
 

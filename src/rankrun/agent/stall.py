@@ -8,7 +8,10 @@ have written something and fallen silent again. Ranks that exited 0 while others
 ``destroy_process_group``, a non-daemon thread) are named on its first line: an exit that hangs.
 
 Several nodes: the report is the whole job's, gathered through the rendezvous store (``stacks.exchange``);
-when the store cannot be used within ``EXCHANGE_BOUND``, this node's own report is printed, saying so.
+when the store cannot be used within ``EXCHANGE_BOUND``, this node's own report is printed, saying so. With
+``--hang-action fail`` the watch ends with the stall (``proc.group.Stalled``): its cause, and the node the job's
+report blames (the one holding the smallest group of stacks, when one node does); a node's own report blames nobody:
+it saw only its own ranks.
 
 The attempt's watch (``agent.watch.AttemptWatch``) starts it when the workers run and cancels it when they end.
 Each report printed is a ``stall`` event on the job's stream.
@@ -26,6 +29,7 @@ from rankrun.events.records import Stall
 from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
+from rankrun.proc.group import Stalled
 from rankrun.ranges import range_string
 from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
@@ -41,8 +45,9 @@ EXCHANGE_BOUND = 8.0  # seconds the whole job's report may take before this node
 
 async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity: Activity, console: Console, *,
                 fail: bool = False, job: Exchange | None = None, recorder: Recorder | None = None,
-                events: EventStream | None = None) -> str:
-    """Runs until cancelled (the attempt's end); with ``fail``, returns the stall's cause after its report.
+                events: EventStream | None = None) -> Stalled:
+    """Runs until cancelled (the attempt's end); with ``fail``, returns the stall (its cause, and the node blamed for
+    it where the job's report names one) after its report.
     ``job``: several nodes, whose report is the whole job's (each node's answer takes its own recorder dumps);
     ``recorder``: torch's Flight Recorder, asked for dumps at each report; ``events``: the job's event stream, which
     gets a ``stall`` for each report printed."""
@@ -67,8 +72,9 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
         if signature(samples[-1]) != reported:
             silent = seconds(loop.time() - since)
             found = await _job_report(job, silent, since, console) if job is not None else None
+            blame = None
             if found is not None:
-                cause, title = found
+                cause, title, blame = found
                 stalled = range_string(t.rank for t in targets)  # this node's silent ranks; the title names the job's
             else:
                 title, stalled = _report(console, run_id, silent, samples[-1])
@@ -79,17 +85,17 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
                 events.emit(Stall(stalled, title))
             reported, reported_after = signature(samples[-1]), since
             if fail:
-                return cause
+                return Stalled(cause, blame)
         await asyncio.sleep(max(timeout, SAMPLE_GAP))
 
 
-async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> tuple[str, str] | None:
-    """The whole job's report (printed by the exchange): its cause and first line; None when the store could not
-    give it."""
+async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> tuple[str, str, str | None] | None:
+    """The whole job's report (printed by the exchange): its cause, first line and the node it blames (None: nobody
+    specific); None when the store could not give it."""
     try:
         async with asyncio.timeout(EXCHANGE_BOUND):
             report = await job.stall(silent, since)
-            return report.cause, report.lines[0] if report.lines else ""
+            return report.cause, report.lines[0] if report.lines else "", report.blame or None
     except (StoreUnavailable, TimeoutError) as exc:
         why = str(exc) or f"no report within {EXCHANGE_BOUND:g} s"
         console.write_blocking(console.stderr_fd, f"rankrun: the other nodes' stacks could not be gathered ({why}): "

@@ -9,8 +9,8 @@ in order and acts on them:
   Recorder (``stacks.flight``); the first call starts the start-up timeline's spawn phase (``agent.startup``);
 - ``started``: the workers run: ``workers.start`` goes to the job's event stream, ``--stacks`` samples them, the
   ``--hang-timeout`` watch (``agent.stall``) starts, and so does the look for the workers' signs of life, which
-  emits the attempt's ``startup`` (and its line) once they are known; ``stalled`` ends with the stall's cause,
-  only for ``--hang-action fail``;
+  emits the attempt's ``startup`` (and its line) once they are known; ``stalled`` ends with the stall (its cause, and
+  the node blamed for it), only for ``--hang-action fail``;
 - ``ended``: the group ends: the watch stops, ``--stacks`` says no workers run, and the ``startup`` event comes
   now with what is known if it has not come;
 - ``close``: every worker is reaped: a ``stacks.txt`` that holds no dump is removed;
@@ -46,7 +46,7 @@ from rankrun.stacks.sampler import Sampler, Target
 
 if TYPE_CHECKING:  # one node never imports the exchange
     from rankrun.agent.plan import AttemptPlan
-    from rankrun.proc.group import GroupOutcome
+    from rankrun.proc.group import GroupOutcome, Stalled
     from rankrun.proc.spawn import WorkerHandle
     from rankrun.stacks.exchange import Exchange
 
@@ -81,7 +81,7 @@ class AttemptWatch:
         loop = asyncio.get_running_loop()
         self.activity = Activity(loop.time())  # the workers' last byte, noted by the pumps; starting counts as output
         self._recorder = _recorder(spec, attempt_dir, console)
-        self._stalled: asyncio.Future[str] = loop.create_future()  # none until the workers run
+        self._stalled: asyncio.Future[Stalled] = loop.create_future()  # none until the workers run
 
     def env(self, who: WorkerIdentity, env: dict[str, str]) -> dict[str, str]:
         """``env`` with what the observers need of the worker. A Python worker gets the stack-dump shim, so that a
@@ -111,9 +111,9 @@ class AttemptWatch:
                 job=self._on_demand.job, recorder=self._recorder, events=self._events))
 
     @property
-    def stalled(self) -> Awaitable[str]:
-        """Ends with the stall's cause, after its report, only for ``--hang-action fail``; never before ``started``,
-        nor when ``--hang-timeout`` is off."""
+    def stalled(self) -> Awaitable[Stalled]:
+        """Ends with the stall (its cause, and the node blamed for it), after its report, only for ``--hang-action
+        fail``; never before ``started``, nor when ``--hang-timeout`` is off."""
         return self._stalled
 
     def ended(self) -> None:

@@ -46,6 +46,7 @@ class GroupOutcome:
     second_signal: int | None = None  # a further signal, which killed the group without grace
     regrouped: str | None = None  # why the membership changed, when that stopped the group
     stalled: str | None = None  # the stall that stopped the group (--hang-action fail): a failure
+    stall_blame: str | None = None  # the node the job's stall report holds to account for it (several nodes), if one
     unkillable: list[int] = field(default_factory=list)  # indexes still alive after SIGKILL
 
     @property
@@ -64,7 +65,8 @@ class MovedOn:
 class Stalled:
     """The group stalled and ``--hang-action fail`` asks to stop it as after a failure."""
 
-    what: str
+    what: str  # the stall's cause, one line
+    blame: str | None = None  # the node holding the outliers, as the job's report names it (None: nobody specific)
 
 
 GroupEnd = MovedOn | Stalled
@@ -142,7 +144,7 @@ def _on_ended(  # noqa: PLR0917 - private helper of supervise()
 ) -> None:
     if outcome.interrupted_by is None:
         if isinstance(end, Stalled):
-            outcome.stalled = end.what
+            outcome.stalled, outcome.stall_blame = end.what, end.blame
         else:
             outcome.regrouped = end.why
         if stop.deadline is None:

@@ -306,16 +306,20 @@ class RoundWord:
                          if isinstance(e, dict)))
 
 
-def result_value(ok: bool, summary: str = "", root: Mapping[str, object] | None = None) -> bytes:
+def result_value(ok: bool, summary: str = "", root: Mapping[str, object] | None = None, *, stall: str | None = None,
+                 blame: str | None = None) -> bytes:
     """A node's ``result/<round>/<node>`` key: how its workers ended (its failure in a few lines, and its root cause's
-    event keys)."""
-    return _dump({"ok": ok, "summary": summary} | ({"root": dict(root)} if root is not None else {}))
+    event keys); for a stall (``--hang-action fail``), its cause and the node its report blames. Keys a reader does
+    not know are ignored: an older coordinator reads a stall as any failure (blaming its node)."""
+    return _dump({"ok": ok, "summary": summary} | ({"root": dict(root)} if root is not None else {})
+                 | ({"stall": stall} if stall is not None else {}) | ({"blame": blame} if blame else {}))
 
 
 def result_from(value: bytes, revision: int) -> Result:
     d = _load(value)
-    root = d.get("root")
-    return Result(bool(d.get("ok")), revision, str(d.get("summary", "")), dict(root) if isinstance(root, dict) else None)
+    root, stall, blame = d.get("root"), d.get("stall"), d.get("blame")
+    return Result(bool(d.get("ok")), revision, str(d.get("summary", "")), dict(root) if isinstance(root, dict) else None,
+                  stall=stall if isinstance(stall, str) else None, blame=blame if isinstance(blame, str) and blame else None)
 
 
 @dataclass(frozen=True)

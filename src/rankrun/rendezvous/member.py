@@ -126,8 +126,11 @@ class Member:
                 await watch.close()
         raise StoreUnavailable("the round watch ended")
 
-    async def report(self, round_: int, ok: bool, summary: str = "", root: Mapping[str, object] | None = None) -> None:
-        await self.store.put(self.keys.result(round_, self.info.id), result_value(ok, summary, root),
+    async def report(self, round_: int, ok: bool, summary: str = "", root: Mapping[str, object] | None = None, *,
+                     stall: str | None = None, blame: str | None = None) -> None:
+        """How this node's workers of ``round_`` ended; a stall (``--hang-action fail``) with its cause and the node
+        the job's stall report blames (``rendezvous.round.Result``)."""
+        await self.store.put(self.keys.result(round_, self.info.id), result_value(ok, summary, root, stall=stall, blame=blame),
                              lease=self.job.id if self.job is not None else 0)
 
     async def report_unhealthy(self, reason: str) -> None:

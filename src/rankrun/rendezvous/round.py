@@ -7,10 +7,11 @@ round. Both are property-tested (ranks dense and unique, MIN/MAX respected, surv
 ranks, the host is group rank 0).
 
 Blame and exclusion are decided here too: ``blamed`` names the node held to account for a failed round (the first
-failure the store got), ``over_limit`` excludes it on its ``max_node_failures``-th blame, and a node that says it is
-unhealthy (``View.unhealthy``) is excluded at once. The steps carry the exclusions (``Restart``, ``Regroup``,
-``Finish``, or ``Exclude`` alone); the coordinator leaves an excluded node out of every later ``View``, so the
-placement never sees it again: a spare takes its place, or the job ends at once when too few nodes are left.
+failure the store got, or for a stall the node its stack report names), ``over_limit`` excludes it on its
+``max_node_failures``-th blame, and a node that says it is unhealthy (``View.unhealthy``) is excluded at once. The
+steps carry the exclusions (``Restart``, ``Regroup``, ``Finish``, or ``Exclude`` alone); the coordinator leaves an
+excluded node out of every later ``View``, so the placement never sees it again: a spare takes its place, or the job
+ends at once when too few nodes are left.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Result:
     revision: int  # when the store got it: "first failure" is decided by the store, never by clocks
     summary: str = ""  # the failure in a few lines (rank, host, exit, exception)
     root: Mapping[str, object] | None = None  # the root cause's event keys (rank, host, exit_code, signal, exception)
+    stall: str | None = None  # the workers stalled (--hang-action fail): the stall's cause, one line; no root then
+    blame: str | None = None  # a stall's: the node holding its outliers, as the job's stack report names it
 
 
 @dataclass(frozen=True)
@@ -243,13 +246,13 @@ def _running(view: View, settings: Settings) -> Step:
     results = view.results or {}
     lost = [m for m in view.members if m not in alive and m not in results]
     failures = sorted((r.revision, m) for m, r in results.items() if not r.ok)
-    culprit = blamed(results)
+    culprit = blamed(results, view.members)
     out = _sick(view)
     limit = over_limit(view, settings, culprit)
     if limit is not None and all(e.node != limit.node for e in out):
         out += (limit,)
     if failures or (lost and settings.static):
-        why = f"node {failures[0][1]} reported a worker failure" if failures else _lost(view, lost)
+        why = _reported(failures[0][1], results[failures[0][1]]) if failures else _lost(view, lost)
         return _failed(view, settings, why, lost, out, culprit)
     members = set(view.members)
     if lost or out:
@@ -286,12 +289,33 @@ def _failed(view: View, settings: Settings, why: str, lost: list[str], out: tupl
 # --- blame and exclusion
 
 
-def blamed(results: Mapping[str, Result]) -> str | None:
-    """The node held to account for a round (pure): the one whose failure the store got first (by revision), once.
-    The nodes whose workers failed after it most likely failed because of it; a round stopped for a signal, a lost
-    node or a regroup has no failed result, hence nobody to blame."""
-    first = min(((r.revision, node) for node, r in results.items() if not r.ok), default=None)
-    return first[1] if first is not None else None
+def _reported(node: str, result: Result) -> str:
+    """Why the round failed, as the coordinator says it: who reported the first failure, and a stall's cause."""
+    return f"node {node} reported a stall: {result.stall}" if result.stall is not None else \
+        f"node {node} reported a worker failure"
+
+
+def blamed(results: Mapping[str, Result], members: Sequence[str] | None = None) -> str | None:
+    """The node held to account for a round (pure), once; ``members``: the round's (a stall's blame outside them,
+    a damaged or stale name, is no one's).
+
+    A worker failed first (the store's first failed result, by revision): its node. The nodes whose workers failed
+    after it most likely failed because of it. A stall first (``--hang-action fail``): every node whose workers were
+    silent fails its round, whichever hears of it first, so the node that reported first is no more to blame than
+    another; the node the job's stack report names (``Result.blame``: the one holding the smallest group of stacks,
+    the outliers) is, from the first stall result that names one. A stall that names none (no single node holds the
+    outliers: every rank waits in the same place, a tie, outliers on several nodes, or a node's stacks were missing)
+    blames nobody: arbitrary blame would exclude a healthy node, and the stall still spends a restart. A result
+    without the stall key (an older launcher's) counts as a worker failure. A round stopped for a signal, a lost node
+    or a regroup has no failed result, hence nobody to blame."""
+    failures = sorted(((r.revision, node) for node, r in results.items() if not r.ok))
+    if not failures:
+        return None
+    first = failures[0][1]
+    if results[first].stall is None:
+        return first
+    named = (results[node].blame for _, node in failures if results[node].stall is not None)
+    return next((b for b in named if b is not None and (members is None or b in members)), None)
 
 
 def over_limit(view: View, settings: Settings, culprit: str | None) -> Exclusion | None:
@@ -302,14 +326,24 @@ def over_limit(view: View, settings: Settings, culprit: str | None) -> Exclusion
     count = (view.blame or {}).get(culprit, 0) + 1
     if count < limit:
         return None
-    result = (view.results or {}).get(culprit)
+    result = _evidence(view.results or {}, culprit)
     last = _said(result) if result is not None else "its workers failed"
     return Exclusion(culprit, f"blamed for {count} failures of the job (--max-node-failures {limit}); the last: {last}")
 
 
+def _evidence(results: Mapping[str, Result], culprit: str) -> Result | None:
+    """The result that blamed ``culprit``: the first stall result naming it (its own node may have reported nothing:
+    its workers were not silent, or the round moved on first), else its own."""
+    named = sorted((r.revision, node) for node, r in results.items() if not r.ok and r.stall is not None and r.blame == culprit)
+    return results[named[0][1]] if named else results.get(culprit)
+
+
 def _said(result: Result) -> str:
     """A failure in one line, from its root cause's keys where its node gave them (as every node's restart line says
-    it: ``rank 5 on HOST exited 1: Type: message``), else its summary's first line."""
+    it: ``rank 5 on HOST exited 1: Type: message``), a stall's cause (``the job stalled: no output for 5 s; rank 3 on
+    HOST (the smallest group of stacks) at FRAME``), else its summary's first line."""
+    if result.stall is not None:
+        return f"the job stalled: {result.stall}"
     root = result.root or {}
     rank, host, code, sig, exc = (root.get(k) for k in ("rank", "host", "exit_code", "signal", "exception"))
     if not isinstance(rank, int):

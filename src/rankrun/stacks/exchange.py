@@ -5,7 +5,9 @@ them, grouped (``stacks.wire``: a node's identical stacks once), under its own k
 answers of every node of the round for at most ``ANSWER_BOUND`` seconds, names each node that did not answer
 ("node 3 (10.0.0.4; ranks 24-31): no answer — its agent is stuck or gone"), and renders one report with the
 host of every group. For a stall it writes the report back, and every agent prints it, once per distinct set
-of stacks; for ``rankrun --stacks`` only the asker has it, for the client.
+of stacks; for ``rankrun --stacks`` only the asker has it, for the client. A stall's report also names the node to
+blame for it (``report.stall_outlier``: the one holding the smallest group of stacks, when one node does), which
+``--hang-action fail`` carries into each node's failed result for the coordinator.
 
 Who asks for a stall: the agent that detects it first, by a compare-and-set on the ask key. An agent that
 detects the same stall a moment later finds that ask pending and waits for its report (for at most
@@ -22,7 +24,16 @@ import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 
 from rankrun.rendezvous.keys import Assignment, Keys, node_from, place_from
-from rankrun.stacks.report import RankSample, render, request_title, signature, stall_cause, stall_title, who
+from rankrun.stacks.report import (
+    RankSample,
+    render,
+    request_title,
+    signature,
+    stall_cause,
+    stall_outlier,
+    stall_title,
+    who,
+)
 from rankrun.stacks.wire import Answer, Ask, JobReport
 from rankrun.store.api import EventKind, Store, StoreUnavailable, watching
 
@@ -73,7 +84,8 @@ class Exchange:
                         self._arrived(report)
 
     async def _answer(self, ask: int, why: str) -> None:
-        value = Answer(ask, self.place.round, self.place.group_rank, self.host, tuple(await self._sample(why))).value()
+        value = Answer(ask, self.place.round, self.place.group_rank, self.host, tuple(await self._sample(why)),
+                       self.node_id).value()
         self.sent = len(value)
         await self.store.put(self.keys.stacks_answer(self.node_id), value, lease=self._lease)
 
@@ -112,10 +124,10 @@ class Exchange:
                                                       lease=self._job_lease)
             if number is None:
                 continue  # another node asked just now: wait for that one
-            samples, notes, nodes = await self._collect(number)
+            samples, notes, nodes, owners = await self._collect(number)
             title, running = stall_title(self.run_id, silent, samples, nodes=nodes)
             report = JobReport(number, self.place.round, "stall", fingerprint(running), tuple(render(title, running, notes)),
-                               stall_cause(silent, samples))
+                               stall_cause(silent, samples), stall_outlier(samples, owners) or "")
             await self.store.put(self.keys.stacks_report, report.value(), lease=self._job_lease)
             self._show(report)
             return report
@@ -124,7 +136,7 @@ class Exchange:
         """``rankrun --stacks``: the whole job's report, for the asker alone."""
         number = await self.store.put(self.keys.stacks_ask, Ask(self.place.round, self.node_id, "request").value(),
                                       lease=self._job_lease)
-        samples, notes, nodes = await self._collect(number)
+        samples, notes, nodes, _ = await self._collect(number)
         return render(request_title(self.run_id, samples, nodes=nodes), samples, notes)
 
     async def _wait_for(self, ask: int, bound: float) -> JobReport | None:
@@ -135,9 +147,10 @@ class Exchange:
         found = self._reports.get(ask)
         return found[1] if found is not None else None
 
-    async def _collect(self, ask: int) -> tuple[list[RankSample], list[str], int]:
+    async def _collect(self, ask: int) -> tuple[list[RankSample], list[str], int, dict[int, str]]:
         """Every node's answer to ``ask`` within ``ANSWER_BOUND``: the samples, a line for each node without
-        workers or without an answer, and how many nodes answered."""
+        workers or without an answer, how many nodes answered, and each rank's node id: empty unless every node
+        of the round answered with its workers' stacks and its id (a stall blames nobody on a partial view)."""
         world = self.place.group_world_size
         answers: dict[int, Answer] = {}
 
@@ -165,7 +178,9 @@ class Exchange:
         idle = [f"node {n}: no workers running (between attempts)" for n, a in sorted(answers.items()) if not a.samples]
         silent = await self._silent(sorted(set(range(world)) - answers.keys()))
         samples = [s for a in answers.values() for s in a.samples]
-        return samples, [*idle, *silent], len(answers)
+        whole = len(answers) >= world and all(a.samples and a.id for a in answers.values())
+        owners = {s.rank: a.id for a in answers.values() for s in a.samples} if whole else {}
+        return samples, [*idle, *silent], len(answers), owners
 
     async def _silent(self, missing: list[int]) -> list[str]:
         """A line for each node of the round that did not answer, with its address and ranks where known."""

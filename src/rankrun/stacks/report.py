@@ -11,7 +11,7 @@ not on how many ranks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rankrun.ranges import range_string as ranges
 from rankrun.record import record
@@ -225,6 +225,20 @@ def stall_cause(silent: str, samples: Sequence[RankSample]) -> str:
     at = f" at {where}" if where is not None else ""
     on = f" on {_hosts(outliers.members)}" if len({s.host for s in running}) > 1 else ""
     return f"no output for {silent} s; {who(outliers.ranks)}{on} (the smallest group of stacks){at}"
+
+
+def stall_outlier(samples: Sequence[RankSample], owners: Mapping[int, str]) -> str | None:
+    """The node to blame for a stall (pure): the one (``owners``: rank → node id) holding every rank of the smallest
+    group of stacks, the outliers, among the ranks still running. None where no one node stands out: one group (every
+    rank waits in the same place: the job's own hang, not a node's), a tie for the smallest (no outlier), outliers on
+    several nodes, or a rank whose node is not known (``owners`` is empty when some node's stacks are missing: the
+    smallest group of what was seen need not be the job's)."""
+    groups = group([s for s in samples if s.proc is not None])
+    if len(groups) < 2 or len(groups[0].members) == len(groups[1].members):
+        return None
+    nodes = {owners.get(s.rank) for s in groups[0].members}
+    node = nodes.pop() if len(nodes) == 1 else None
+    return node or None
 
 
 def _user_frame(frames: Sequence[Frame]) -> Frame | None:

@@ -5,14 +5,15 @@ ranks that share it, and every file name once: eight ranks waiting in one collec
 eight. The JSON is deflated (``zlib``): frames repeat the same few paths and function names. Layout of an
 answer, before deflating::
 
-    {"ask": 7, "round": 2, "node": 1, "host": "h2",
+    {"ask": 7, "round": 2, "node": 1, "host": "h2", "id": "node id",
      "files": ["/usr/lib/python3.11/threading.py", ...],
      "stacks": [[[file index, line, function], ...outermost first], ...],     each distinct thread stack once
      "ranks": [[rank, state, cpu, wchan, answered, main stack index, [other threads' stack indexes],
                 [[child pid, name, state], ...]], ...]}
 
-``state`` is ``null`` for a process that is gone, ``main`` is ``-1`` for no Python stack. A value that
-does not decode (another version, a damaged write) is read as no answer: that node is named as silent.
+``state`` is ``null`` for a process that is gone, ``main`` is ``-1`` for no Python stack; ``id`` is the node as the
+rendezvous knows it (a stall's blame names it), absent from an older version's answer. A value that does not decode
+(another version, a damaged write) is read as no answer: that node is named as silent.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Answer:
     node: int  # group rank
     host: str
     samples: tuple[RankSample, ...]
+    id: str = ""  # the node's id in the rendezvous ("": an older version's answer, whose node no stall can blame)
 
     def value(self) -> bytes:
         files: dict[str, int] = {}
@@ -86,7 +88,7 @@ class Answer:
             ranks.append([s.rank, proc.state if proc else None, proc.cpu if proc else None, proc.wchan if proc else "",
                           s.answered, stack(main.frames) if main is not None else -1, [stack(t.frames) for t in others],
                           [[c.pid, c.name, c.state] for c in s.children]])
-        return _pack({"ask": self.ask, "round": self.round, "node": self.node, "host": self.host,
+        return _pack({"ask": self.ask, "round": self.round, "node": self.node, "host": self.host, "id": self.id,
                       "files": list(files),
                       "stacks": [[[files[f.file], f.line, f.function] for f in frames] for frames in stacks],
                       "ranks": ranks})
@@ -105,7 +107,7 @@ class Answer:
                 proc = ProcState(str(state), None if cpu is None else float(cpu), str(wchan)) if state is not None else None
                 samples.append(RankSample(int(rank), host, Dump(tuple(threads)) if threads else None, proc, bool(answered),
                                           tuple(Child(int(p), str(n), str(st)) for p, n, st in children)))
-            return cls(int(d["ask"]), int(d["round"]), int(d["node"]), host, tuple(samples))
+            return cls(int(d["ask"]), int(d["round"]), int(d["node"]), host, tuple(samples), str(d.get("id", "")))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
 
@@ -113,7 +115,9 @@ class Answer:
 @record
 class JobReport:
     """The ``stacks/report`` key: the asker's report of the whole job for ask ``ask``, which every node prints
-    (a stall) once per distinct ``signature``; ``cause`` is the failure report's line for ``--hang-action fail``."""
+    (a stall) once per distinct ``signature``; ``cause`` is the failure report's line for ``--hang-action fail``, and
+    ``blame`` the node holding the stall's outliers (``report.stall_outlier``; "": nobody specific, or an older
+    version's report)."""
 
     ask: int
     round: int
@@ -121,16 +125,17 @@ class JobReport:
     signature: str
     lines: tuple[str, ...]
     cause: str
+    blame: str = ""
 
     def value(self) -> bytes:
         return _pack({"ask": self.ask, "round": self.round, "why": self.why, "signature": self.signature,
-                      "lines": list(self.lines), "cause": self.cause})
+                      "lines": list(self.lines), "cause": self.cause} | ({"blame": self.blame} if self.blame else {}))
 
     @classmethod
     def parse(cls, data: bytes) -> JobReport | None:
         d = _unpack(data)
         try:
             return cls(int(d["ask"]), int(d["round"]), str(d["why"]), str(d["signature"]),
-                       tuple(str(line) for line in d["lines"]), str(d["cause"]))
+                       tuple(str(line) for line in d["lines"]), str(d["cause"]), str(d.get("blame", "")))
         except (KeyError, TypeError, ValueError):
             return None
