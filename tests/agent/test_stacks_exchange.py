@@ -93,6 +93,7 @@ def test_one_stall_is_one_report_of_every_rank_printed_once_by_every_node() -> N
         assert odd < next(i for i, line in enumerate(lines) if line.startswith("  ranks 0-4 on h0, h1, h2 (5 ranks;"))
         assert all(m.printed == [lines] for m in members)  # every node, once
         assert report.cause == "no output for 12 s; rank 5 on h2 (the smallest group of stacks) at /w/train.py:7 in stuck_loading_data"
+        assert report.blame == "n2"  # the node holding the outlier, by its id in the rendezvous (asked by n0)
 
     asyncio.run(scenario())
 
@@ -151,5 +152,20 @@ def test_the_asker_stops_waiting_once_every_node_of_the_round_answered(monkeypat
         await _stop(members)
         assert lines[0] == "rankrun: job job stacks on request: 2 distinct stacks across 6 ranks on 3 nodes"
         assert report.lines[0] == "rankrun: job job stalled: no output for 4 s; 2 distinct stacks across 6 ranks on 3 nodes"
+
+    asyncio.run(scenario())
+
+
+def test_a_stall_whose_node_did_not_answer_blames_nobody(monkeypatch) -> None:
+    """The smallest group of what was seen need not be the job's: with node 2's stacks missing, rank 1 stands out
+    among the ranks seen, yet its node is not blamed."""
+    monkeypatch.setattr(exchange_module, "ANSWER_BOUND", 0.2)
+
+    async def scenario() -> None:
+        _, members = await _job(3, odd=1, serving=[0, 1])  # node 2's agent is stuck: it never answers
+        async with asyncio.timeout(BOUND):
+            report = await members[0].exchange.stall("7", asyncio.get_running_loop().time())
+        await _stop(members)
+        assert "rank 1 on h0 (the smallest group of stacks)" in report.cause and report.blame == ""
 
     asyncio.run(scenario())
