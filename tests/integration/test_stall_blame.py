@@ -41,10 +41,12 @@ def test_the_stalled_outliers_node_is_excluded_not_the_first_to_report(launch, t
     outlier = launch(*_node(endpoint, odd, tmp_path / "outlier.jsonl", host=False), env=env | {"OUTLIER": "1"})
 
     assert outlier.finish(timeout=90) == 4, (outlier.err, host.err, other.err)
+    # (no frame where the outlier's stack did not come back in time: a loaded machine)
     assert re.fullmatch(rf"rankrun: this node \(\S+, {re.escape(odd)}\) is excluded from job stallblame: blamed for 1 "
                         r"failures of the job \(--max-node-failures 1\); the last: the job stalled: no output for [\d.]+ s; "
-                        rf"rank [12] on \S+/{re.escape(odd)} \(the smallest group of stacks\) at \S+stall_node\.py:\d+ in "
-                        r"stuck_loading_data; drain it or reschedule elsewhere", outlier.err[-1]), outlier.err
+                        rf"rank [12] on \S+/{re.escape(odd)} \(the smallest group of stacks\)"
+                        r"( at \S+stall_node\.py:\d+ in stuck_loading_data)?; drain it or reschedule elsewhere",
+                        outlier.err[-1]), outlier.err
     assert [host.finish(timeout=60), other.finish(timeout=60)] == [0, 0], (host.err, other.err)
     for node in (host, other):
         node.wait_for(r"DONE rank [01]", timeout=1)  # the restart ran without the outlier, and finished
