@@ -30,6 +30,7 @@ from rankrun.events.records import (
     Restart,
     Stall,
     Startup,
+    StragglerEvent,
     WorkersEnd,
     WorkersStart,
     as_json,
@@ -54,6 +55,11 @@ FACTS: list[Record] = [  # one of each event, as a producer builds it (no common
     Failure(attempt=0, rank=0, host="127.0.0.1", exit_code=None, signal="SIGKILL", exception=None),
     Restart(attempt=2, reason="worker failed", restarts_left=1),
     Stall(ranks="0,2,4", title="rankrun: ranks 0,2,4 made no progress for 300 s"),
+    StragglerEvent(rank=5, where="node-3/10.0.0.13", verdict="named", lag=0.041, share=0.92, collectives=640,
+                   line="rankrun: straggler: rank 5 on node-3/10.0.0.13 — the other ranks waited for it in 92 % of 640 "
+                        "collectives (median lag +41 ms); CPU 100 %, running"),
+    StragglerEvent(rank=5, where="node-3/10.0.0.13", verdict="recovered", lag=None, share=0.81, collectives=0,
+                   line="rankrun: straggler: rank 5 on node-3/10.0.0.13 keeps up again: the others no longer wait for it"),
     NodeLost(nodes=("127.0.0.2", "127.0.0.3"), reason="missed its heartbeats"),
     NodeExcluded(nodes=("node-c-77-1a2b3c at 10.0.0.3",), reason="blamed for 2 failures of the job (--max-node-failures 2)"),
     Startup(attempt=0, total=4.2, rendezvous=0.9, spawn=0.1, script_p50=2.1, script_max=3.8, script_slowest=5,
@@ -129,6 +135,8 @@ def test_ranges_and_pids_are_checked(key, value):
 @pytest.mark.parametrize(("event", "key", "value"), [
     ("workers.end", "outcome", "crashed"), ("job.end", "outcome", "stopped"), ("failure", "signal", "KILL"),
     ("job.start", "nnodes", "1-2"), ("job.start", "nproc_per_node", 0), ("failure", "exception", "x" * (TEXT_LIMIT + 1)),
+    ("straggler", "verdict", "slow"), ("straggler", "share", 1.5), ("straggler", "lag", -0.1), ("straggler", "collectives", -1),
+    ("straggler", "line", "x" * (TEXT_LIMIT + 1)), ("straggler", "rank", None),
 ])
 def test_values_outside_an_events_domain_fail(event, key, value):
     good = next(as_json(_stream().emit(f)) for f in FACTS if EVENTS[type(f)] == event)
@@ -184,13 +192,17 @@ def test_from_json_refuses_an_event_with_a_key_missing(dropped):
 
 
 def test_a_users_long_text_is_cut_so_a_line_fits_a_pipe_whole():
-    """The exception and the stall title come from the user's program: cut to TEXT_LIMIT characters, the line stays
-    within PIPE_BUF even for the widest characters JSON writes (a control character is six bytes, \\u0000)."""
+    """The exception and the stall title come from the user's program, a straggler's line names a host: cut to
+    TEXT_LIMIT characters, the line stays within PIPE_BUF even for the widest characters JSON writes (a control
+    character is six bytes, \\u0000)."""
     for text in ("x" * 10_000, "\x00" * 10_000, "\U0001f525" * 10_000):
-        for fact in (Failure(attempt=0, rank=16383, host="h" * 64, exit_code=1, signal=None, exception=text),
-                     Stall(ranks="0-16383", title=text)):
+        for fact, key in ((Failure(attempt=0, rank=16383, host="h" * 64, exit_code=1, signal=None, exception=text),
+                           "exception"),
+                          (Stall(ranks="0-16383", title=text), "title"),
+                          (StragglerEvent(rank=16383, where="h" * 253, verdict="named", lag=None, share=1.0,
+                                          collectives=0, line=text), "line")):
             obj = as_json(_stream().emit(fact))
-            cut = obj["exception"] if isinstance(fact, Failure) else obj["title"]
+            cut = obj[key]
             assert len(cut) == TEXT_LIMIT
             assert cut == text[: TEXT_LIMIT - 1] + "…"
             assert _errors(obj) == []

@@ -4,8 +4,9 @@ A producer builds a record with the event's own keys only; the job's ``EventStre
 event has (``ts``, ``mono``, ``run``, ``node``: the trailing fields, which a producer leaves at their defaults) and
 hands the stamped record to each consumer. ``as_json`` is the schema's object for a record and ``from_json`` its
 inverse (for a reader of the events file). Ranks are range strings (``ranges.range_string``), never one event per
-rank. The free text that comes from a user's program (a failure's exception, a stall's title) is cut to
-``TEXT_LIMIT`` characters in the JSON, so that a line stays short enough for a pipe to take whole.
+rank; a failure's root cause and a straggler are one rank each. The free text that comes from a user's program or
+machines (a failure's exception, a stall's title, a straggler's line with its host) is cut to ``TEXT_LIMIT``
+characters in the JSON, so that a line stays short enough for a pipe to take whole.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from rankrun.record import record
 
 VERSION = 1
 COMMON = ("ts", "mono", "run", "node")  # every record's last four fields, in this order; the emitter's to fill
-TEXT_LIMIT = 500  # characters of ``Failure.exception`` and ``Stall.title`` in the JSON (schema.json's maxLength)
+TEXT_LIMIT = 500  # characters of ``Failure.exception``, ``Stall.title``, ``StragglerEvent.line`` in the JSON (maxLength)
 REASON_LIMIT = 200  # characters of ``Restart.reason`` in the JSON (schema.json's maxLength)
 
 WorkersOutcome = Literal["succeeded", "failed", "stopped", "interrupted", "moved_on", "stalled"]
 JobOutcome = Literal["succeeded", "failed", "interrupted", "error"]
+StragglerVerdict = Literal["named", "recovered"]
 
 
 @record
@@ -121,6 +123,24 @@ class Stall:
 
 
 @record
+class StragglerEvent:
+    """A straggler verdict that changed (``straggler``): a rank the others waited for over a window, newly ``named``,
+    or ``recovered`` (named before, no longer). Judged by the host for the whole job and told on every node, once."""
+
+    rank: int
+    where: str  # its node as lines name it: "node-3/10.0.0.13"
+    verdict: StragglerVerdict
+    lag: float | None  # seconds: its median lag on the collectives it was late on; None when judged on stack samples
+    share: float  # 0..1: the share of collectives it was late on, or of the others' stack samples found waiting
+    collectives: int  # the window's collectives it took part in; 0 when judged on stack samples
+    line: str  # the console line that said it
+    ts: float = 0.0
+    mono: float = 0.0
+    run: str = ""
+    node: str = ""
+
+
+@record
 class NodeLost:
     """Nodes lost by the job (``node.lost``): their leases ended."""
 
@@ -176,10 +196,10 @@ class JobEnd:
     node: str = ""
 
 
-Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | NodeLost | NodeExcluded | Startup
-          | JobEnd)
-R = TypeVar("R", JobStart, RdzvRound, WorkersStart, WorkersEnd, Failure, Restart, Stall, NodeLost, NodeExcluded, Startup,
-            JobEnd)
+Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StragglerEvent | NodeLost
+          | NodeExcluded | Startup | JobEnd)
+R = TypeVar("R", JobStart, RdzvRound, WorkersStart, WorkersEnd, Failure, Restart, Stall, StragglerEvent, NodeLost,
+            NodeExcluded, Startup, JobEnd)
 
 EVENTS: dict[type[Record], str] = {
     JobStart: "job.start",
@@ -189,6 +209,7 @@ EVENTS: dict[type[Record], str] = {
     Failure: "failure",
     Restart: "restart",
     Stall: "stall",
+    StragglerEvent: "straggler",
     NodeLost: "node.lost",
     NodeExcluded: "node.excluded",
     Startup: "startup",
@@ -196,8 +217,10 @@ EVENTS: dict[type[Record], str] = {
 }
 _KINDS: dict[str, type[Record]] = {name: kind for kind, name in EVENTS.items()}
 # the free text cut in the JSON, and to how many characters: a restart's reason repeats the failure's exception,
-# which its ``failure`` event already carries whole (to TEXT_LIMIT), so a node's file stays small
-_CUT = {(Failure, "exception"): TEXT_LIMIT, (Stall, "title"): TEXT_LIMIT, (Restart, "reason"): REASON_LIMIT}
+# which its ``failure`` event already carries whole (to TEXT_LIMIT), so a node's file stays small; a straggler's line
+# holds a host name, which a user's machines choose
+_CUT = {(Failure, "exception"): TEXT_LIMIT, (Stall, "title"): TEXT_LIMIT, (StragglerEvent, "line"): TEXT_LIMIT,
+        (Restart, "reason"): REASON_LIMIT}
 
 
 def keys(kind: type[Record]) -> tuple[str, ...]:
