@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankrun.events.metrics import CONTENT_TYPE, Metrics, announcement, answer, url
+from rankrun.events.metrics import CONTENT_TYPE, STRAGGLER_SERIES, Metrics, announcement, answer, top_lags, url
 
 RUN = "job-42"
 Sample = tuple[str, frozenset[tuple[str, str]]]
@@ -195,12 +195,77 @@ def test_events_it_does_not_show_or_cannot_read_leave_the_series_alone() -> None
     assert workers(m) == {"running": 0, "succeeded": 0, "failed": 0, "stopped": 0}
 
 
+def straggler(rank: int, verdict: str = "named", lag: float | None = 0.041) -> dict[str, Any]:
+    return event("straggler", rank=rank, where="node-3/10.0.0.13", verdict=verdict, lag=lag, share=0.92,
+                 collectives=0 if lag is None else 640, line=f"rankrun: straggler: rank {rank} on node-3/10.0.0.13 — ...")
+
+
+def lags(metrics: Metrics) -> dict[str, float]:
+    """``rankrun_straggler_lag_seconds`` by its rank label, as a scraper reads it."""
+    return {dict(labels)["rank"]: v for (name, labels), v in samples(metrics).items()
+            if name == "rankrun_straggler_lag_seconds"}
+
+
+def test_a_named_straggler_is_a_series_by_rank_until_it_recovers() -> None:
+    m = fold(job(8)[:3])
+    assert lags(m) == {}
+    m.on_event(straggler(5))
+    m.on_event(straggler(13, lag=None))  # judged on stack samples: named, with no lag to give
+    assert lags(m) == {"5": 0.041, "13": 0.0}
+    assert 'rankrun_straggler_lag_seconds{run="job-42",rank="5"} 0.041\n' in m.render().decode()
+    m.on_event(straggler(5, lag=0.3))  # named again (a producer's repeat): the latest lag
+    m.on_event(straggler(13, "recovered", lag=None))
+    assert lags(m) == {"5": 0.3}
+    m.on_event(straggler(7, "recovered"))  # never named here: nothing to remove
+    m.on_event(straggler(5, "recovered"))
+    assert lags(m) == {}
+    text = m.render().decode()
+    assert "# TYPE rankrun_straggler_lag_seconds gauge" in text  # the family is there with no sample, as the others
+    assert f"At most {STRAGGLER_SERIES} series" in text
+
+
+def test_the_straggler_series_are_bounded_to_the_largest_lags() -> None:
+    m = fold(job(8)[:3])
+    for rank in range(40):  # a slow node of 40 ranks, each a little later than the one before
+        m.on_event(straggler(rank, lag=0.01 + rank / 1000))
+    assert len(lags(m)) == STRAGGLER_SERIES == 8
+    assert set(lags(m)) == {str(r) for r in range(32, 40)}
+    m.on_event(straggler(39, "recovered"))  # one shown recovers: the next largest is shown in its place
+    assert set(lags(m)) == {str(r) for r in range(31, 39)}
+    assert top_lags({3: 0.5, 1: 0.5, 2: 0.1}, 2) == [(1, 0.5), (3, 0.5)]  # a tie: the lower rank kept; in rank order
+    assert top_lags({}, 8) == []
+
+
+@pytest.mark.parametrize("end", [
+    event("workers.end", attempt=1, outcome="failed"), event("job.end", exit_code=0, outcome="succeeded"),
+    event("workers.start", attempt=2, ranks="0-7", pids=list(range(8))),
+])
+def test_the_stragglers_go_with_their_attempt(end: dict[str, Any]) -> None:
+    m = fold([*job(8), straggler(5), straggler(6, lag=None)])
+    assert len(lags(m)) == 2
+    m.on_event(end)
+    assert lags(m) == {}
+
+
+def test_a_straggler_event_it_cannot_read_leaves_the_series_alone() -> None:
+    m = fold([*job(8), straggler(5)])
+    before = m.render()
+    for bad in (straggler(-1), {**straggler(6), "rank": "6"}, {**straggler(6), "rank": None}, {**straggler(6), "verdict": "slow"},
+                {**straggler(6), "verdict": None}, {**straggler(5), "verdict": "gone"}):
+        m.on_event(bad)
+    assert m.render() == before
+    m.on_event({**straggler(6), "lag": "41 ms"})  # a lag it cannot read: named all the same, as one with no lag
+    assert lags(m) == {"5": 0.041, "6": 0.0}
+
+
 def series(nproc: int, upto: int | None = None) -> dict[Sample, float]:
     """The series of the third of four nodes of ``nproc`` workers each, whose rank ``2 * nproc + 1`` fails attempt 0,
-    after its first ``upto`` events (all, with a stall and a lost node, when None)."""
+    after its first ``upto`` events (all, with a stall, a lost node and every rank of the job named a straggler, the
+    lower ranks the later, when None)."""
     events = job(nproc, nnodes=4, group_rank=2, failed_rank=2 * nproc + 1)
     if upto is None:
         events += [event("stall", ranks=ranges(2 * nproc, nproc), title="stalled"), event("node.lost", nodes=["n9"], reason="x")]
+        events += [straggler(rank, lag=1 / (rank + 1)) for rank in range(4 * nproc)]
     return samples(fold(events[:upto]))
 
 
@@ -208,9 +273,10 @@ def test_the_number_of_series_does_not_grow_with_the_ranks() -> None:
     failed = 6  # the events up to attempt 0's end: one worker failed, the others stopped
     for upto in (failed, None):
         few, many = series(8, upto), series(512, upto)
-        assert set(few) == set(many)  # the same series, whatever the ranks: no rank, pid or host in a label
+        assert set(few) == set(many)  # the same series, whatever the ranks: no pid or host in a label, 8 ranks at most
         assert len(few) <= 60
-        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase"}
+        stragglers = {"rank"} if upto is None else set()
+        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", *stragglers}
     print(f"series: {len(few)} for 8 workers a node, {len(many)} for 512")
     many = series(512, failed)
     assert many[("rankrun_workers", frozenset({"run": RUN, "state": "stopped"}.items()))] == 511

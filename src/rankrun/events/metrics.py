@@ -3,8 +3,9 @@
 ``Metrics`` is a consumer of the event stream: ``on_event`` takes each event in its JSON-object form (event
 schema version 1) and keeps the few numbers the series show; ``render`` writes them in Prometheus's
 text exposition format 0.0.4. Every series carries the job's run id as ``run``, and a label only where its values
-are a fixed set (a worker's state, a start-up phase), never a rank, a pid or a host: the number of series is the
-same for 8 workers as for 512.
+are a fixed set (a worker's state, a start-up phase), never a pid or a host, and a rank only for the few stragglers
+named now (``rankrun_straggler_lag_seconds``: at most ``STRAGGLER_SERIES``, those of the largest lags): the number
+of series is bounded, the same for 8 workers as for 512.
 
 ``MetricsServer`` answers ``GET /metrics`` (and ``HEAD``) over HTTP/1.1, one request per connection, on the socket
 ``rankrun.listen`` binds. It serves from memory on the event loop, so it answers while the job forms or fails. A
@@ -30,6 +31,7 @@ STARTUP_PHASES = ("total", "rendezvous", "spawn", "script_p50", "script_max", "s
 TIMEOUT = 5.0  # seconds a connection may stay open: a scraper sends its request at once and reads a few KB
 MAX_REQUEST = 8192  # bytes of request line and headers; Prometheus sends about 300
 MAX_CONNECTIONS = 32  # open at once; one scraper or two is the usual
+STRAGGLER_SERIES = 8  # rankrun_straggler_lag_seconds's series at most: a slow node's ranks, not a whole job's
 
 # workers.end's one outcome where the workers ended on their own; on any other the launcher ended those still running
 _SUCCEEDED = "succeeded"
@@ -62,6 +64,12 @@ class _Attempt:
         return {"running": 0, "succeeded": 0, "failed": failed, "stopped": total - failed}
 
 
+def top_lags(lags: Mapping[int, float], most: int = STRAGGLER_SERIES) -> list[tuple[int, float]]:
+    """The ``most`` ranks of the largest lags (the lower rank first on a tie), in rank order (pure)."""
+    kept = sorted(lags.items(), key=lambda item: (-item[1], item[0]))[:most]
+    return sorted(kept)
+
+
 class Metrics:
     """The series of one node's launcher, folded from its events; ``render`` is their exposition."""
 
@@ -81,11 +89,14 @@ class Metrics:
         self.group_rank: int | None = None
         self.rendezvous_seconds: float | None = None
         self.startup: dict[str, float] = {}
+        # rank -> median lag of each rank named a straggler now (all of them: when one of the shown recovers, the next
+        # largest is shown); at most the job's ranks, a few bytes each
+        self.stragglers: dict[int, float] = {}
         self._fold: dict[str, Callable[[Mapping[str, Any]], None]] = {
             "job.start": self._job_start, "job.end": self._job_end, "rdzv.round": self._round,
             "workers.start": self._workers_start, "workers.end": self._workers_end, "failure": self._failure,
             "restart": self._restart, "stall": self._stall, "node.lost": self._node_lost, "node.excluded": self._node_excluded,
-            "startup": self._startup,
+            "startup": self._startup, "straggler": self._straggler,
         }
 
     def on_event(self, event: Mapping[str, Any]) -> None:
@@ -103,6 +114,7 @@ class Metrics:
 
     def _job_end(self, _event: Mapping[str, Any]) -> None:
         self.up = False
+        self.stragglers.clear()  # no worker runs: nobody holds the others back
         if self.attempt is not None and self.attempt.outcome is None:
             self.attempt.outcome = "stopped"  # the launcher leaves no worker running when it ends
 
@@ -117,6 +129,7 @@ class Metrics:
         number, ranks = int_of(event, "attempt"), event.get("ranks")
         if number is None or not isinstance(ranks, str):
             return
+        self.stragglers.clear()  # a new attempt's processes: the watch judges them afresh
         try:
             self.attempt = _Attempt(number, tuple(runs(ranks)))
         except ValueError:
@@ -126,6 +139,7 @@ class Metrics:
         outcome = event.get("outcome")
         if self.attempt is not None and int_of(event, "attempt") == self.attempt.number and isinstance(outcome, str):
             self.attempt.outcome = outcome
+            self.stragglers.clear()  # the attempt's workers are gone, and with them its stragglers
 
     def _failure(self, event: Mapping[str, Any]) -> None:
         self.failures += 1
@@ -138,6 +152,16 @@ class Metrics:
 
     def _stall(self, _event: Mapping[str, Any]) -> None:
         self.stalls += 1
+
+    def _straggler(self, event: Mapping[str, Any]) -> None:
+        rank, verdict = int_of(event, "rank"), event.get("verdict")
+        if rank is None or rank < 0:
+            return
+        if verdict == "named":
+            lag = float_of(event, "lag")
+            self.stragglers[rank] = lag if lag is not None and math.isfinite(lag) else 0.0  # stack samples: no lag
+        elif verdict == "recovered":
+            self.stragglers.pop(rank, None)
 
     def _node_lost(self, event: Mapping[str, Any]) -> None:
         nodes = event.get("nodes")
@@ -182,6 +206,11 @@ class Metrics:
             ("rankrun_startup_seconds", "gauge", "The latest start-up reported, by phase: total, rendezvous, spawn, "
              "and over its ranks the p50 and max of reaching the script and of the first store request.",
              [({"phase": p}, self.startup.get(p)) for p in STARTUP_PHASES]),
+            ("rankrun_straggler_lag_seconds", "gauge", "The median lag (seconds) of each rank named a straggler now, "
+             "by rank: how late the others found it in the collectives it was late on, 0 when judged on stack samples "
+             f"(they give no lag). At most {STRAGGLER_SERIES} series, those of the largest lags; a rank's series goes "
+             "when it recovers or its attempt ends.",
+             [({"rank": str(rank)}, lag) for rank, lag in top_lags(self.stragglers)]),
         ]
         run = _label_value(self.run)
         lines: list[str] = []
