@@ -385,3 +385,67 @@ def test_an_exclusion_is_a_job_wide_mark_and_in_the_summary():
     assert mark.label == f"excluded: {excluded}"
     assert f"excluded: {excluded}" in d.summary[0]
     assert "node excluded" in page(d)
+
+
+def straggler(node: str, t: float, rank: int, verdict: str = "named", lag: float | None = 0.041) -> dict[str, object]:
+    """A straggler verdict as every node writes it: rank ``rank`` on 127.0.0.3 (the second node)."""
+    where = job.B
+    line = (f"rankrun: straggler: rank {rank} on {where} keeps up again: the others no longer wait for it"
+            if verdict == "recovered" else f"rankrun: straggler: rank {rank} on {where} — the other ranks waited for it ...")
+    return job.event(node, t, "straggler", rank=rank, where=where, verdict=verdict, lag=lag, share=0.92,
+                     collectives=0 if lag is None else 640, line=line)
+
+
+def with_stragglers(node: str) -> list[dict[str, object]]:
+    """The sample job with, in attempt 1, rank 3 named (+41 ms), then recovered, then rank 2 named on stack samples."""
+    rows = [*job.node_events(node), straggler(node, 13.0, 3), straggler(node, 14.0, 3, "recovered"),
+            straggler(node, 16.0, 2, lag=None)]
+    return sorted(rows, key=lambda r: float(r["mono"]))
+
+
+def test_a_straggler_named_and_recovered_is_a_job_wide_mark_and_counted_in_the_summary():
+    d = layout(events_of(job.A, with_stragglers(job.A)) + events_of(job.B, with_stragglers(job.B)))
+    a, b = lane(d, job.A), lane(d, job.B)
+    assert [(m.label, m.row >= 0) for m in a.marks if m.kind == "straggler"] == [
+        ("straggler: rank 3 on 127.0.0.3 (+41 ms)", True), ("straggler recovered: rank 3", True),
+        ("straggler: rank 2 on 127.0.0.3", True)]  # judged on stack samples: no lag to give
+    # every node writes each verdict: labelled on the first lane, the mark alone on the others
+    assert [(m.label, m.row >= 0) for m in b.marks if m.kind == "straggler"] == [
+        ("straggler: rank 3 on 127.0.0.3 (+41 ms)", False), ("straggler recovered: rank 3", False),
+        ("straggler: rank 2 on 127.0.0.3", False)]
+    assert next(m for m in a.marks if m.kind == "straggler").t == pytest.approx(13.0)
+    assert d.summary[0] == ("2 nodes · world size 4 · 2 attempts · 1 restart · 1 stall report · straggler named 2 times:"
+                            " ranks 2, 3 · lost: 127.0.0.4 · succeeded (exit 0) after 19.0 s")
+    one = layout(events_of(job.A, [r for r in with_stragglers(job.A) if r.get("rank") != 2 or r["event"] != "straggler"]))
+    assert "· straggler named once: rank 3 ·" in one.summary[0]
+    assert "straggler" not in layout(both()).summary[0]
+
+
+@pytest.mark.parametrize(("keys", "words"), [
+    ({"lag": 0.0042}, "straggler: rank 3 on 127.0.0.3 (+4.2 ms)"),
+    ({"lag": 1.2}, "straggler: rank 3 on 127.0.0.3 (+1.20 s)"),
+    ({"rank": None, "where": None}, "straggler (+41 ms)"),
+    ({"verdict": "recovered", "rank": None}, "straggler recovered"),
+    ({"where": "node-with-a-very-long-name-0001.cluster.example/10.0.0.13"},
+     "straggler: rank 3 on node-with-a-…ple/10.0.0.13 (+41 ms)"),
+])
+def test_a_straggler_mark_says_what_is_known(keys, words):
+    rows = [*job.node_events(job.A)]
+    rows.insert(11, {**straggler(job.A, 13.0, 3), **keys})
+    (mark,) = [m for m in layout(events_of(job.A, rows)).lanes[0].marks if m.kind == "straggler"]
+    assert mark.label == words
+    assert len(mark.label) <= 56
+
+
+def test_straggler_events_are_read_and_checked_and_drawn_as_diamonds():
+    named, recovered = straggler(job.A, 13.0, 3), straggler(job.A, 14.0, 3, "recovered")
+    assert check(named) is None
+    assert check({**named, "lag": None, "collectives": 0}) is None
+    assert check({**named, "lag": "41 ms"}) == "'lag' is \"41 ms\", not a finite number"
+    assert check({k: v for k, v in named.items() if k != "share"}) == "no 'share' key in a straggler event"
+    rows = sorted([*job.node_events(job.A), named, recovered], key=lambda r: float(r["mono"]))
+    html = page(layout(events_of(job.A, rows)))
+    diamonds = [a for t, a in parsed(html).tags if t == "path" and a.get("class") == "sym" and "l7,7l-7,7l-7,-7z" in a["d"]]
+    assert [(a["fill"], a["stroke"]) for a in diamonds] == [("#9c5a12", "#fff"), ("#fff", "#9c5a12")]  # named, recovered
+    assert "straggler recovered: rank 3" in html
+    assert ">straggler</span>" in html  # in the legend

@@ -32,7 +32,8 @@ class Bar:
 
 @dataclass(frozen=True)
 class Mark:
-    """A moment: a failure, a restart, a stall, a lost node, the job's start and end, or an event this reader does not know."""
+    """A moment: a failure, a restart, a stall, a straggler named or recovered, a lost node, the job's start and end, or an
+    event this reader does not know."""
 
     kind: str  # the event's name
     t: float
@@ -81,6 +82,31 @@ def failure_words(e: Event) -> str:
     return f"{who} failed"
 
 
+def straggler_words(e: Event) -> str:
+    """``straggler: rank 5 on node-3/10.0.0.13 (+41 ms)`` (no lag when judged on stack samples), or
+    ``straggler recovered: rank 5``."""
+    rank = e.integer("rank")
+    if e.text("verdict") == "recovered":
+        return f"straggler recovered: rank {rank}" if rank is not None else "straggler recovered"
+    text = f"straggler: rank {rank}" if rank is not None else "straggler"
+    lag = e.number("lag")
+    tail = f" (+{_lag(lag)})" if lag is not None else ""
+    if (where := e.text("where")) is not None:
+        # a long node name gives way in its middle: its address at the end, and the lag, stay in the label
+        room = max(MAX_LABEL - len(text) - len(" on ") - len(tail), 9)
+        head = (room - 1) // 2
+        text += " on " + (where if len(where) <= room else where[:head] + "…" + where[-(room - 1 - head) :])
+    return text + tail
+
+
+def _lag(seconds: float) -> str:
+    """41 ms, 4.2 ms, 1.20 s: as the console's straggler line gives a lag."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    ms = seconds * 1000
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+
+
 def mark_label(e: Event) -> str:
     """What a mark says next to it (the whole event is shown on hover)."""
     name = e.name
@@ -91,6 +117,8 @@ def mark_label(e: Event) -> str:
         text = f"restart → attempt {e.integer('attempt')}" + (f" ({left} left)" if left is not None else "")
     elif name == "stall":
         text = f"stall: ranks {e.text('ranks')}" if e.text("ranks") else "stall"
+    elif name == "straggler":
+        text = straggler_words(e)
     elif name == "node.lost":
         nodes = e.data.get("nodes")
         text = "lost: " + ", ".join(nodes) if isinstance(nodes, list) and nodes else "node lost"
@@ -108,7 +136,7 @@ def mark_label(e: Event) -> str:
 
 # facts of the whole job that every node writes: labelled once (on the first lane that has them), a mark only on the
 # others, so that a job of many nodes does not repeat them lane after lane; the root cause is labelled on its node too
-JOB_WIDE = ("failure", "restart", "node.lost", "node.excluded")
+JOB_WIDE = ("failure", "restart", "node.lost", "node.excluded", "straggler")
 DRAWN_AS_BARS = ("rdzv.round", "workers.start", "workers.end", "startup")
 
 
@@ -274,6 +302,7 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
     restarts = {e.integer("attempt"): e for e in events if e.name == "restart"}
     worlds = [w for e in events if e.name == "rdzv.round" and (w := e.integer("world_size")) is not None]
     stalls = sum(1 for e in events if e.name == "stall")
+    named = straggler_namings(events)
     lost = sorted({n for e in events if e.name == "node.lost" for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
     excluded = sorted({n for e in events if e.name == "node.excluded"
                        for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
@@ -286,6 +315,11 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
     shape.append(f"{len(restarts)} restart{'s' if len(restarts) != 1 else ''}")
     if stalls:
         shape.append(f"{stalls} stall report{'s' if stalls != 1 else ''}")
+    if named:
+        ranks = sorted({r for e in events if e.name == "straggler" and e.text("verdict") == "named"
+                        and (r := e.integer("rank")) is not None})
+        shape.append(f"straggler named {'once' if named == 1 else f'{named} times'}"
+                     + (f": rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""))
     if lost:
         shape.append("lost: " + ", ".join(lost))
     if excluded:
@@ -307,6 +341,16 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
                 line += f" ({reason})"
         lines.append(line)
     return tuple(lines)
+
+
+def straggler_namings(events: Sequence[Event]) -> int:
+    """How many times a rank was named a straggler: every node writes each verdict, so the most any one node's file
+    holds (a node that joined later holds fewer)."""
+    per_file: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e.name == "straggler" and e.text("verdict") == "named":
+            per_file[e.source, e.node] = per_file.get((e.source, e.node), 0) + 1
+    return max(per_file.values(), default=0)
 
 
 def nice_ticks(span: float, most: int = 10) -> list[float]:

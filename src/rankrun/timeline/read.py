@@ -23,6 +23,8 @@ KEYS: dict[str, dict[str, str]] = {
     "failure": {"attempt": "int", "rank": "int?", "host": "str?", "exit_code": "int?", "signal": "str?", "exception": "str?"},
     "restart": {"attempt": "int", "reason": "str?", "restarts_left": "int?"},
     "stall": {"ranks": "str?", "title": "str?"},
+    "straggler": {"rank": "int?", "where": "str?", "verdict": "str?", "lag": "num?", "share": "num?", "collectives": "int?",
+                  "line": "str?"},
     "node.lost": {"nodes": "strs?", "reason": "str?"},
     "node.excluded": {"nodes": "strs?", "reason": "str?"},
     "startup": {

@@ -31,7 +31,7 @@ COLORS = {
     "moved_on": "#5b8def", "stalled": "#e08a1e", "open": "#b7bcc2", "unknown": "#b7bcc2",
     "round": "#9dbbe8", "rendezvous": "#9dbbe8", "spawn": "#b99be3", "workers": "#f2c869",
 }
-MARK_COLORS = {"failure": "#d64541", "restart": "#1f5fbf", "stall": "#e08a1e", "node.lost": "#222222",
+MARK_COLORS = {"failure": "#d64541", "restart": "#1f5fbf", "stall": "#e08a1e", "straggler": "#9c5a12", "node.lost": "#222222",
                "node.excluded": "#7a1f1f", "job.start": "#555555", "job.end": "#555555"}
 
 CSS = """
@@ -141,8 +141,8 @@ def _shorter(label: str) -> list[str]:
     return [label, f"{parts[0]} · {parts[-1]}", parts[0]] if len(parts) > 2 else [label, parts[0]]
 
 
-def _symbol(kind: str, x: float, y: float) -> str:
-    """Each kind of mark its own shape, drawn (no font needed)."""
+def _symbol(kind: str, x: float, y: float, hollow: bool = False) -> str:  # noqa: PLR0911 - one return per shape
+    """Each kind of mark its own shape, drawn (no font needed); ``hollow``: a straggler recovered."""
     color = MARK_COLORS.get(kind, "#555555")
     if kind == "failure":
         return (f'<circle class="sym" cx="{x:.1f}" cy="{y:.1f}" r="7" fill="{color}" stroke="#fff" stroke-width="1.5"/>'
@@ -153,6 +153,10 @@ def _symbol(kind: str, x: float, y: float) -> str:
                 f'<path d="M{x + 0.8:.1f},{y - 4.6:.1f}l2.6,0.8l-0.8,2.6z" fill="#fff"/>')
     if kind == "stall":
         return f'<path class="sym" d="M{x:.1f},{y - 8:.1f}l7.5,13h-15z" fill="{color}" stroke="#fff" stroke-width="1.5"/>'
+    if kind == "straggler":  # a diamond: filled when named, an outline when it recovered
+        fill, stroke = ("#fff", color) if hollow else (color, "#fff")
+        return (f'<path class="sym" d="M{x:.1f},{y - 7:.1f}l7,7l-7,7l-7,-7z" fill="{fill}" stroke="{stroke}"'
+                ' stroke-width="1.5"/>')
     if kind in ("node.lost", "node.excluded"):  # a square; excluded, with a cross: a node struck out of the job
         cross = f'<path d="M{x - 3:.1f},{y - 3:.1f}l6,6m0,-6l-6,6" stroke="#fff" stroke-width="2"/>'
         return (f'<rect class="sym" x="{x - 6:.1f}" y="{y - 6:.1f}" width="12" height="12" fill="{color}"'
@@ -166,10 +170,11 @@ def _mark(mark: Mark, label_y: float, sym_y: float, drawing: Drawing) -> str:
     x = _x(mark.t, drawing)
     color = MARK_COLORS.get(mark.kind, "#555555")
     tx, anchor = (x + 6, "start") if mark.right else (x - 6, "end")
+    symbol = _symbol(mark.kind, x, sym_y, hollow=mark.kind == "straggler" and mark.event.text("verdict") == "recovered")
     label = (f'<line class="leader" x1="{x:.1f}" y1="{label_y + 3:.1f}" x2="{x:.1f}" y2="{sym_y:.1f}" stroke="{color}"/>'
-             f'{_symbol(mark.kind, x, sym_y)}'
+             f'{symbol}'
              f'<text class="lbl {_attr(mark.kind)}" x="{tx:.1f}" y="{label_y:.1f}" text-anchor="{anchor}">'
-             f'{escape(mark.label)}</text>') if mark.row >= 0 else _symbol(mark.kind, x, sym_y)
+             f'{escape(mark.label)}</text>') if mark.row >= 0 else symbol
     return f'<g class="mark"{_event_attrs(mark.event, _where(mark.event))}><title>{escape(mark.label)}</title>{label}</g>'
 
 
@@ -237,7 +242,8 @@ LEGEND = [
     ("start-up: rendezvous", COLORS["rendezvous"], "rect"), ("spawn", COLORS["spawn"], "rect"),
     ("workers up", COLORS["workers"], "rect"),
     ("failure", MARK_COLORS["failure"], "circle"), ("restart", MARK_COLORS["restart"], "circle"),
-    ("stall", MARK_COLORS["stall"], "tri"), ("node lost", MARK_COLORS["node.lost"], "rect"),
+    ("stall", MARK_COLORS["stall"], "tri"), ("straggler", MARK_COLORS["straggler"], "diamond"),
+    ("node lost", MARK_COLORS["node.lost"], "rect"),
     ("node excluded", MARK_COLORS["node.excluded"], "rect"),
 ]
 
@@ -249,6 +255,8 @@ def _legend() -> str:
         style = f"background:{color};border-radius:{radius}"
         if shape == "circle":
             style += ";width:11px;height:11px"
+        if shape == "diamond":
+            style += ";width:8px;height:8px;margin:0 1px;transform:rotate(45deg)"
         if shape == "tri":
             style = ("width:0;height:0;border-left:6px solid transparent;border-right:6px solid transparent;"
                      f"border-bottom:11px solid {color}")
