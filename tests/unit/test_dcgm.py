@@ -51,6 +51,9 @@ def test_a_file_per_gpu_holding_the_run_id_while_the_workers_run(tmp_path):
     for path in tmp_path.iterdir():
         assert EXPORTER_NAME.match(path.name)
         assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the exporter runs as another user
+    for other in ("stall", "straggler", "startup"):  # the job's other facts while the workers run: the files stay
+        mapping.on_event({"event": other, "run": "job-7", "rank": 1, "verdict": "recovered"})
+    assert _files(tmp_path) == {"3": "job-7\n", "5": "job-7\n"}
     mapping.on_event({"event": "workers.end", "run": "job-7", "attempt": 0, "outcome": "failed"})
     assert _files(tmp_path) == {}
     mapping.on_event(_start(attempt=1))  # the restarted workers are mapped again

@@ -167,7 +167,7 @@ def test_the_agents_last_line_is_torchs(outcome, state):
 
 def test_every_name_is_one_torch_records_and_other_events_write_nothing():
     job = Job()
-    for event in ("stall", "node.lost", "startup", "no.such.event"):
+    for event in ("stall", "straggler", "node.lost", "node.excluded", "startup", "no.such.event"):
         job(event)
     job("workers.start", attempt="x", ranks=3)  # wrong types
     job("workers.start", attempt=0, ranks="not-a-range")
