@@ -66,7 +66,7 @@ def test_the_host_judges_once_every_node_sent_a_window_and_every_node_reads_the_
             await store.put(key, value)
 
         told: list[list[int]] = []
-        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, {"n0", "n1"}, put, 12.0,
+        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, 2, put, 12.0,
                                                         tell=lambda found: told.append([s.rank for s in found])))
         read: list[list[int]] = []
 
@@ -99,7 +99,7 @@ def test_a_node_that_sends_nothing_does_not_hold_the_verdict_back():
             await store.put(key, value)
 
         # n0 alone sends (its two ranks, one slow); n1's agent is busy: the host judges after LATE windows of 0.2 s
-        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, {"n0", "n1"}, put, 0.2))
+        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, 2, put, 0.2))
         await stragglers.publish(store, KEYS, 1, _window("n0", (0, 1), 1, 1))
         async for found in stragglers.verdicts(store, KEYS, 1):
             host.cancel()

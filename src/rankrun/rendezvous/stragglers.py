@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import EventKind, Events, Store, StoreUnavailable, exact, watching
@@ -134,10 +134,11 @@ async def _tell_time(put: Put, keys: Keys, round_: int, node: str, asked: bytes,
     await put(keys.straggler_time(round_, node), time_value(count, now()))
 
 
-async def judge_job(store: Store, keys: Keys, round_: int, nodes: Collection[str], put: Put,  # noqa: PLR0917
+async def judge_job(store: Store, keys: Keys, round_: int, nodes: int, put: Put,  # noqa: PLR0917
                     window: float, *, tell: Callable[[list[Straggler]], None] | None = None) -> None:
-    """Judge round ``round_`` from its ``nodes``' windows (``window``: their length in seconds) until cancelled;
-    each changed verdict is written (and given to ``tell``)."""
+    """Judge round ``round_`` from its ``nodes`` nodes' windows (``window``: their length in seconds) until
+    cancelled; each changed verdict is written (and given to ``tell``). Only the round's members write under its
+    keys, so any node's window counts."""
     loop = asyncio.get_running_loop()
     prefix = keys.straggler_windows(round_)
     merge = Merge()
@@ -146,13 +147,11 @@ async def judge_job(store: Store, keys: Keys, round_: int, nodes: Collection[str
     since = loop.time()
 
     def take(key: str, value: bytes) -> None:
-        node = key[len(prefix):]
-        if node in nodes:
-            try:
-                merge.add(decode(value))
-            except ValueError:
-                return
-            fresh.add(node)
+        try:
+            merge.add(decode(value))
+        except ValueError:
+            return
+        fresh.add(key[len(prefix):])
 
     entries, revision = await store.range(prefix)
     for entry in entries:
@@ -166,7 +165,7 @@ async def judge_job(store: Store, keys: Keys, round_: int, nodes: Collection[str
                         raise event
                     if event.kind is EventKind.PUT:
                         take(event.key, event.value)
-                    if not fresh >= set(nodes):
+                    if len(fresh) < nodes:
                         continue
             except TimeoutError:
                 if not fresh:
