@@ -140,9 +140,9 @@ def test_only_a_changed_verdict_is_said_and_a_rank_that_catches_up_is_said_once(
     assert [c.line for c in verdict.changes({}, [slow])] == [verdict.line(slow)]
     assert verdict.changes({3: slow}, [slow]) == []
     assert verdict.changes({3: slow}, [other]) == [
-        verdict.Change(1, other.where, verdict.line(other), other),
-        verdict.Change(3, slow.where, "rankrun: straggler: rank 3 on node-1/127.0.0.2 keeps up again: the others no "
-                                      "longer wait for it", None)]
+        verdict.Change(other, True, verdict.line(other)),
+        verdict.Change(slow, False, "rankrun: straggler: rank 3 on node-1/127.0.0.2 keeps up again: the others no "
+                                    "longer wait for it")]
     assert verdict.streaks({3: 2}, [slow, other]) == {3: 3, 1: 1}
 
 

@@ -158,20 +158,20 @@ def recovered_line(rank: int, where: str) -> str:
 
 @dataclass(frozen=True)
 class Change:
-    """One change of the verdict, with its line: a rank newly named (``named``: its figures), or recovered (None)."""
+    """One change of the verdict, with its line: a rank newly ``named`` (its figures), or recovered (the figures it
+    was last named with)."""
 
-    rank: int
-    where: str
+    straggler: Straggler
+    named: bool
     line: str
-    named: Straggler | None
 
 
 def changes(before: Mapping[int, Straggler], now: Sequence[Straggler]) -> list[Change]:
     """What changed from one verdict to the next (pure): each rank newly named, then each named before and no longer;
     a rank named in both says nothing again."""
     named = {s.rank for s in now}
-    out = [Change(s.rank, s.where, line(s), s) for s in now if s.rank not in before]
-    out += [Change(rank, before[rank].where, recovered_line(rank, before[rank].where), None)
+    out = [Change(s, True, line(s)) for s in now if s.rank not in before]
+    out += [Change(before[rank], False, recovered_line(rank, before[rank].where))
             for rank in sorted(before) if rank not in named]
     return out
 
