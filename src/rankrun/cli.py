@@ -40,6 +40,7 @@ from rankrun.spec import (
     Standalone,
     StaticRendezvous,
     StoreSpec,
+    StragglerSpec,
     WorkerSpec,
     check_port,
     parse_endpoint,
@@ -147,6 +148,12 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--hang-action", "--hang_action"), "HANG_ACTION",
      {"default": "report", "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
       "failure: --max-restarts applies)"}),
+    (("--straggler-window", "--straggler_window"), "STRAGGLER_WINDOW",
+     {"default": "60", "metavar": "SECONDS", "help": "every SECONDS, name a rank the others keep waiting for in "
+      "their collectives (default 60, 0: off)"}),
+    (("--straggler-action", "--straggler_action"), "STRAGGLER_ACTION",
+     {"default": "report", "help": "after a straggler verdict: report (a line) or exclude (a rank that stays the "
+      "straggler counts as its node's blame for --max-node-failures)"}),
     (("--health-check", "--health_check"), "HEALTH_CHECK",
      {"default": None, "metavar": "CMD", "help": "run CMD (/bin/sh -c) on every node before each round; a non-zero exit "
       "or a timeout makes the node unhealthy: excluded from the job, exit 4"}),
@@ -497,6 +504,18 @@ def _hang(ns: argparse.Namespace) -> HangSpec:
     return HangSpec(timeout, ns.hang_action)
 
 
+def _straggler(ns: argparse.Namespace) -> StragglerSpec:
+    try:
+        window = float(ns.straggler_window)
+    except ValueError:
+        raise UsageError("--straggler-window", ns.straggler_window, "expected seconds (a number; 0: off)") from None
+    if not 0 <= window < float("inf"):
+        raise UsageError("--straggler-window", ns.straggler_window, "must be 0 (off) or more")
+    if ns.straggler_action not in ("report", "exclude"):
+        raise UsageError("--straggler-action", ns.straggler_action, "expected report or exclude")
+    return StragglerSpec(window, ns.straggler_action)
+
+
 def _health(ns: argparse.Namespace) -> HealthSpec:
     try:
         timeout = float(ns.health_check_timeout)
@@ -567,6 +586,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
         hang=_hang(ns),
         observe=_observe(ns, env, nproc),
         health=_health(ns),
+        straggler=_straggler(ns),
     )
 
 

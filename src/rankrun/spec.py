@@ -228,6 +228,15 @@ class HealthSpec:
 
 
 @record
+class StragglerSpec:
+    """``--straggler-window`` / ``--straggler-action``: how often the launcher judges which rank the others wait for,
+    and what a persistent straggler leads to."""
+
+    window: float = 60.0  # seconds a verdict covers; 0: no watch (no Flight Recorder arrivals, no side thread)
+    action: str = "report"  # "report": a line; "exclude": a persistent straggler counts as its node's blame
+
+
+@record
 class ObserveSpec:
     """Who consumes the job's events: ``--events``, ``--metrics-port``, torchelastic's own lines on stderr
     (``--event-log-handler console``) and dcgm-exporter's GPU-to-job files (``DCGM_HPC_JOB_MAPPING_DIR``)."""
@@ -266,6 +275,7 @@ class LaunchSpec:
     hang: HangSpec = HangSpec()
     observe: ObserveSpec = ObserveSpec()
     health: HealthSpec = HealthSpec()
+    straggler: StragglerSpec = StragglerSpec()
 
     @property
     def multi_node(self) -> bool:

@@ -22,6 +22,8 @@ CASES: list[tuple[list[str], str]] = [
     (["--hang-timeout", "-1", "ok.py"], "--hang-timeout '-1': must be 0 (off) or more"),
     (["--hang-timeout", "soon", "ok.py"], "--hang-timeout 'soon': expected seconds (a number; 0: off)"),
     (["--hang-action", "kill", "ok.py"], "--hang-action 'kill': expected report or fail"),
+    (["--straggler-window", "-1", "ok.py"], "--straggler-window '-1': must be 0 (off) or more"),
+    (["--straggler-action", "kill", "ok.py"], "--straggler-action 'kill': expected report or exclude"),
     (["--nnodes", "3:1", "ok.py"], "--nnodes '3:1': need 0 < MIN <= MAX"),
     (["--nnodes", "a:b", "ok.py"], "--nnodes 'a:b': expected N or \"MIN:MAX\" with integers"),
     (["--nnodes", "1:2:3", "ok.py"], "--nnodes '1:2:3': expected N or \"MIN:MAX\""),

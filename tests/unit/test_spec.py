@@ -18,6 +18,7 @@ from rankrun.spec import (
     RendezvousConf,
     Standalone,
     StaticRendezvous,
+    StragglerSpec,
     Stream,
     parse_endpoint,
     parse_etcd_endpoints,
@@ -255,3 +256,28 @@ def test_network_check_is_a_flag_and_a_pet_variable(tmp_path):
     assert _spec(tmp_path, env={"PET_NETWORK_CHECK": "0"}).health.network is False
     with pytest.raises(UsageError, match="PET_NETWORK_CHECK"):
         _spec(tmp_path, env={"PET_NETWORK_CHECK": "yes"})
+
+
+def test_straggler_window_and_action_take_both_spellings_and_pet_variables(tmp_path):
+    assert _spec(tmp_path).straggler == StragglerSpec(60.0, "report")
+    assert _spec(tmp_path, "--straggler-window", "12.5").straggler.window == 12.5
+    assert _spec(tmp_path, "--straggler_window", "0").straggler.window == 0.0  # off
+    assert _spec(tmp_path, "--straggler_action", "exclude").straggler.action == "exclude"
+    assert _spec(tmp_path, env={"PET_STRAGGLER_WINDOW": "30", "PET_STRAGGLER_ACTION": "exclude"}).straggler == \
+        StragglerSpec(30.0, "exclude")
+    assert _spec(tmp_path, "--straggler-window", "5", env={"PET_STRAGGLER_WINDOW": "30"}).straggler.window == 5.0
+
+
+@pytest.mark.parametrize(("argv", "env", "line"), [
+    (["--straggler-window", "-1"], {}, r"^--straggler-window '-1': must be 0 \(off\) or more$"),
+    (["--straggler-window", "inf"], {}, r"^--straggler-window 'inf': must be 0 \(off\) or more$"),
+    (["--straggler-window", "nan"], {}, r"^--straggler-window 'nan': must be 0 \(off\) or more$"),
+    (["--straggler-window", "soon"], {}, r"^--straggler-window 'soon': expected seconds \(a number; 0: off\)$"),
+    ([], {"PET_STRAGGLER_WINDOW": "x"}, r"^--straggler-window 'x': expected seconds"),
+    (["--straggler-action", "kill"], {}, r"^--straggler-action 'kill': expected report or exclude$"),
+    ([], {"PET_STRAGGLER_ACTION": "fail"}, r"^--straggler-action 'fail': expected report or exclude$"),
+])
+def test_bad_straggler_options_are_one_line_naming_the_flag(tmp_path, argv, env, line):
+    with pytest.raises(UsageError, match=line) as caught:
+        _spec(tmp_path, *argv, env=env)
+    assert caught.value.exit_code == 2
