@@ -55,6 +55,9 @@ def test_worker_env_nproc4_matches_golden_and_torchrun(tmp_path, private_tmpdir)
     from rankrun.fsutil import remove_tree  # noqa: PLC0415
 
     remove_tree(leaked)
+    # rankrun's one addition: the Flight Recorder's buffer for the straggler watch's arrivals (--straggler-window,
+    # on by default), where the user configured none (docs/options.md, the worker's environment)
+    assert [e.pop("TORCH_FR_BUFFER_SIZE") for e in ours.values()] == ["300"] * 4
     assert {r: _normalise(e) for r, e in ours.items()} == {r: _normalise(e) for r, e in theirs.items()}
     assert {r: e["MASTER_ADDR"] for r, e in ours.items()} == {str(r): "127.0.0.1" for r in range(4)}
     assert len({e["MASTER_PORT"] for e in ours.values()}) == 1

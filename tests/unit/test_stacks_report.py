@@ -37,6 +37,19 @@ def test_a_dump_parses_into_threads_with_the_main_one_named_by_the_header() -> N
     assert other.frames[0] == Frame("<frozen x>", 0, "helper") and other.truncated
 
 
+def test_the_shims_own_arrivals_thread_is_left_out_of_a_dump() -> None:
+    own = """\
+Thread 0x00007f75d0000000 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/rankrun/stacks/shim/sitecustomize.py", line 78 in _arrivals
+
+"""
+    dump = parse(own + DUMP, 0x7F75D588BB80)
+    assert [t.ident for t in dump.threads] == [0x7F75D4B296C0, 0x7F75D588BB80]
+    assert len(dump.others) == 1 and dump.others[0].frames[-1].function == "wait"
+    for users in (own.replace("_arrivals", "_arrivals_of_mine"), own.replace("rankrun/stacks/shim", "mine")):
+        assert len(parse(users + DUMP, 0x7F75D588BB80).others) == 2  # the user's own: kept
+
+
 def test_without_a_header_the_current_thread_is_taken_as_main() -> None:
     dump = parse(DUMP, None)
     assert dump.main is not None and dump.main.ident == 0x7F75D588BB80

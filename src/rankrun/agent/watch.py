@@ -5,8 +5,9 @@ the running workers' stacks (the whole job's, through the round's exchange, whil
 the launcher does while none run. For each attempt it makes an ``AttemptWatch``, which is told the attempt's facts
 in order and acts on them:
 
-- ``env``: each worker's variables before it starts: the stack-dump shim (``stacks.channel``) and torch's Flight
-  Recorder (``stacks.flight``); the first call starts the start-up timeline's spawn phase (``agent.startup``);
+- ``env``: each worker's variables before it starts: the stack-dump shim (``stacks.channel``), torch's Flight
+  Recorder (``stacks.flight``) and, with ``--straggler-window`` on, the shim's arrivals (``stacks.channel``), all
+  composed by ``observed_env``; the first call starts the start-up timeline's spawn phase (``agent.startup``);
 - ``started``: the workers run: ``workers.start`` goes to the job's event stream, ``--stacks`` samples them, the
   ``--hang-timeout`` watch (``agent.stall``) starts, and so does the look for the workers' signs of life, which
   emits the attempt's ``startup`` (and its line) once they are known; ``stalled`` ends with the stall (its cause, and
@@ -39,7 +40,7 @@ from rankrun.logs.layout import RunLogs
 from rankrun.logs.pump import Activity
 from rankrun.ranges import range_string
 from rankrun.spec import EntryKind, LaunchSpec
-from rankrun.stacks.channel import channel_env, drop_if_unused
+from rankrun.stacks.channel import arrivals_env, arrivals_every, channel_env, drop_if_unused
 from rankrun.stacks.flight import FOLDER, Recorder, enabled, flight_env
 from rankrun.stacks.report import RankSample, render, request_title
 from rankrun.stacks.sampler import Sampler, Target
@@ -87,13 +88,12 @@ class AttemptWatch:
         """``env`` with what the observers need of the worker. A Python worker gets the stack-dump shim, so that a
         stall report or ``--stacks`` can show where it is; a ``--no-python`` program is described from /proc
         instead, and its environment left exactly as torchrun's. Where the user turned torch's Flight Recorder on,
-        its dump file and pipe go into the attempt's directory."""
+        its dump file and pipe go into the attempt's directory (``observed_env``)."""
         self._startup.spawning()
         dump_file = RunLogs.stacks_file(self._attempt_dir, who.local_rank)
         if dump_file is not None and self._python:
-            env = channel_env(env, str(dump_file))
             self._dump_files.append(dump_file)
-        return flight_env(env, self._attempt_dir)
+        return observed_env(self._spec, self._attempt_dir, who, env)
 
     def started(self, workers: Sequence[StartedWorker]) -> None:
         """The workers run: ``rankrun --stacks`` samples them from now on, and the ``--hang-timeout`` watch starts."""
@@ -130,6 +130,23 @@ class AttemptWatch:
     def finished(self, outcome: GroupOutcome) -> None:
         """The attempt is over, every worker gone and its output delivered: ``workers.end`` with how it ended."""
         self._events.emit(WorkersEnd(self._attempt, workers_outcome(outcome)))
+
+
+def observed_env(spec: LaunchSpec, attempt_dir: Path | None, who: WorkerIdentity, env: dict[str, str]) -> dict[str, str]:
+    """One worker's ``env`` with what the observers need of it (pure): a Python worker gets the stack-dump shim; the
+    Flight Recorder's dumps and pipe go into ``attempt_dir`` where the user turned it on; and with ``--straggler-window``
+    on, a Python worker's shim writes its collectives' arrivals, with a recorder buffer of rankrun's where the user set
+    none. In this order: whether the user turned the recorder on is decided on their settings alone, never on the
+    buffer rankrun adds for the arrivals. No run directory (``--log-dir /dev/null``): neither file, nor the buffer."""
+    python = spec.worker.entry.kind is not EntryKind.BINARY
+    dump_file = RunLogs.stacks_file(attempt_dir, who.local_rank)
+    if dump_file is not None and python:
+        env = channel_env(env, str(dump_file))
+    env = flight_env(env, attempt_dir)
+    arrivals = RunLogs.arrivals_file(attempt_dir, who.rank)
+    if arrivals is not None and python and spec.straggler.window > 0:
+        env = arrivals_env(env, str(arrivals), arrivals_every(spec.straggler.window))
+    return env
 
 
 def _recorder(spec: LaunchSpec, attempt_dir: Path | None, console: Console) -> Recorder | None:

@@ -4,7 +4,9 @@
     <log_dir>/<run_id>_<random>/attempt_<n>/filtered_{stdout,stderr}.log
 
 and ``<local_rank>/stacks.txt`` only for a rank whose stacks were taken (a stall report, ``rankrun --stacks``):
-the dumps, whole (the stack channel's file, removed at the attempt's end when it holds none).
+the dumps, whole (the stack channel's file, removed at the attempt's end when it holds none); and with
+``--straggler-window`` on, ``attempt_<n>/straggler/rank_<rank>.fr`` for each Python worker whose torch recorded a
+collective (the arrivals, ``rankrun.stacks.channel``), named by the rank in the job.
 
 Without ``--log-dir`` the same tree lives in a private temporary directory (it still holds
 the workers' error files) and is removed when the job ends, unless ``-r``/``-t`` asked for
@@ -19,6 +21,8 @@ from pathlib import Path
 from rankrun.errors import LauncherError
 from rankrun.fsutil import make_unique_dir, remove_tree, temp_root
 from rankrun.spec import LogSpec
+
+ARRIVALS_FOLDER = "straggler"
 
 
 class RunLogs:
@@ -59,6 +63,11 @@ class RunLogs:
     def stacks_file(attempt_dir: Path | None, local_rank: int) -> Path | None:
         """Where the worker writes its stack dumps when asked (``rankrun.stacks.channel``), beside its error file."""
         return None if attempt_dir is None else attempt_dir / str(local_rank) / "stacks.txt"
+
+    @staticmethod
+    def arrivals_file(attempt_dir: Path | None, rank: int) -> Path | None:
+        """Where the worker of ``rank`` (in the job) appends its collectives' arrivals (``rankrun.stacks.channel``)."""
+        return None if attempt_dir is None else attempt_dir / ARRIVALS_FOLDER / f"rank_{rank}.fr"
 
     def finish(self, *, keep: bool = False) -> Path | None:
         """Remove a private directory nobody asked to keep (``keep``: something in it must stay, e.g. the Flight

@@ -6,6 +6,13 @@ worker's ``stacks.txt`` beside its ``error.json`` in the attempt directory, so w
 taken stays there, whole; a file that holds no dump (only the shim's header line) is removed when the attempt
 ends (``drop_if_unused``), so a log folder has ``stacks.txt`` only where stacks were taken. Asking and reading
 is ``rankrun.stacks.sampler``.
+
+The same shim writes the collectives' arrivals for the straggler watch (``--straggler-window``, see the shim's
+docstring), where ``arrivals_env`` names its file and period: each rank's ``straggler/rank_<rank>.fr`` in the
+attempt directory (``RunLogs.arrivals_file``), read by ``rankrun.straggler.frfile``. Torch records collectives only
+with a Flight Recorder buffer: rankrun sets ``TORCH_FR_BUFFER_SIZE`` (a small one, ``arrivals_buffer``) only where
+the user configured neither buffer variable, and after ``stacks.flight.flight_env`` has decided from the user's own
+settings whether the recorder's dumps and pipes go into the run directory (a buffer rankrun adds turns none on).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rankrun.stacks.dump import HEADER
+from rankrun.stacks.flight import BUFFER_SIZES
 
 SHIM_DIR = str(Path(__file__).parent / "shim")
 # A real-time signal: SIGUSR1/SIGUSR2 belong to the job (Lightning and submitit requeue on them). Its default
@@ -34,6 +42,37 @@ def channel_env(env: Mapping[str, str], dump_file: str) -> dict[str, str]:
         out["RANKRUN_USER_PYTHONPATH"] = user  # put back by the shim; absent: PYTHONPATH was not set
     out["RANKRUN_STACKS_FILE"] = dump_file
     out["RANKRUN_STACKS_SIGNAL"] = str(int(DUMP_SIGNAL))
+    return out
+
+
+ARRIVALS_PER_WINDOW = 6  # dumps a window: the verdict sees the window's arrivals at most window/6 s late
+# The Flight Recorder's buffer, in entries a second of the period between dumps, within bounds. A dump and its parse
+# cost the worker about 30 us of CPU per entry held (torch 2.13, gloo; most of it with the GIL held), every period,
+# however few are new: 30 a second is ~0.1 % of a core (0.3 % at the floor, with a 1 s period). A job with more
+# collectives than that between two dumps is sampled: each dump holds the last ones before it.
+ARRIVALS_RATE = 30
+ARRIVALS_BUFFER = (100, 2000)
+
+
+def arrivals_every(window: float) -> float:
+    """Seconds between a worker's dumps of its arrivals, for a straggler window of ``window`` s (at least 1 s)."""
+    return max(1.0, window / ARRIVALS_PER_WINDOW)
+
+
+def arrivals_buffer(every: float) -> int:
+    """The Flight Recorder's buffer (entries) for dumps every ``every`` s: ``ARRIVALS_RATE`` a second, bounded."""
+    low, high = ARRIVALS_BUFFER
+    return min(high, max(low, round(ARRIVALS_RATE * every)))
+
+
+def arrivals_env(env: Mapping[str, str], arrivals_file: str, every: float) -> dict[str, str]:
+    """``env`` with the arrivals' file and period named for the shim, and a Flight Recorder buffer unless the user
+    configured one (either variable set, even to 0: their choice stands) (pure)."""
+    out = dict(env)
+    out["RANKRUN_FR_FILE"] = arrivals_file
+    out["RANKRUN_FR_EVERY"] = repr(every)
+    if not any(env.get(name, "").strip() for name in BUFFER_SIZES):
+        out["TORCH_FR_BUFFER_SIZE"] = str(arrivals_buffer(every))
     return out
 
 

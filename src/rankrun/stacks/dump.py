@@ -13,7 +13,9 @@ Format (CPython 3.11 to 3.13, ``faulthandler.register(signum, file, all_threads=
 registers the handler (``rankrun.stacks.shim``) writes ``rankrun-stacks main=0x... pid=N up=T`` once, first, so
 the main thread is known (and when the interpreter came up, ``up_time``). Frames arrive innermost first;
 ``Frame`` tuples here are outermost first, the order of the report.
-A dump cut short (the process died while writing) keeps the threads it finished.
+A dump cut short (the process died while writing) keeps the threads it finished. The shim's own side thread (the
+straggler watch's arrivals, ``_arrivals`` in ``stacks/shim/sitecustomize.py``) is rankrun's, not the job's: it is left
+out, so a report shows the user's threads only.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ HEADER = "rankrun-stacks"
 _HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)(?: up=(\d+\.\d+))?$")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
+_OWN_THREAD = ("/stacks/shim/sitecustomize.py", "_arrivals")  # the outermost frame of the shim's side thread
 
 
 @record
@@ -83,6 +86,10 @@ def parse(text: str, main_ident: int | None) -> Dump:
     def close() -> None:
         if ident is not None:
             main = ident == main_ident if main_ident is not None else current
+            outermost = frames[-1] if frames else None
+            if not main and outermost is not None and outermost.file.endswith(_OWN_THREAD[0]) \
+                    and outermost.function == _OWN_THREAD[1]:
+                return  # rankrun's own thread
             threads.append(ThreadStack(ident, main, tuple(reversed(frames)), truncated))
 
     for line in text.splitlines():

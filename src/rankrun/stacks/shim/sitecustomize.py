@@ -17,6 +17,20 @@ Then it leaves no trace: the two variables are removed, ``PYTHONPATH`` is put ba
 (``RANKRUN_USER_PYTHONPATH``; absent: it was not set), this folder leaves ``sys.path``, and the user's own
 ``sitecustomize``, if there is one further on the path, runs in its place (an error in it is reported
 by ``site`` as usual). Only builtin modules are imported here: every worker's start-up pays for this file.
+
+With ``--straggler-window`` on, rankrun also names a file in ``RANKRUN_FR_FILE`` and a period in
+``RANKRUN_FR_EVERY`` (seconds), both removed here too, and this file starts one side thread (``_thread``, builtin;
+``threading`` would cost the start-up a millisecond, and the interpreter never waits for such a thread at exit).
+Every period, once ``torch.distributed`` is loaded and initialized, it asks torch's Flight Recorder for what it
+recorded (``torch._C._distributed_c10d._dump_fr_trace_json``, a private API, callable from a side thread while the
+main thread is blocked in a collective; dump and parse cost about 30 µs of CPU per entry the buffer holds, most of it
+holding the GIL, hence the small buffer) and appends one line per collective it had not written yet,
+``<process group name> <collective_seq_id> <time_created_ns>``, all of a dump's lines in one ``write``: when each
+collective was entered, by the wall clock, which ``rankrun.straggler.frfile`` reads. No torch, or torch not
+initialized, or no collective yet: the thread only sleeps, and neither the file nor its folder is made. The first
+error from torch's API (a version without it, a changed format) ends the thread for good, silently; nothing of it
+ever reaches the worker. The buffer is ``TORCH_FR_BUFFER_SIZE``, which rankrun sets only where the user configured
+no recorder of their own.
 """
 
 import os
@@ -45,7 +59,52 @@ def _install() -> None:
                           f"up={time.monotonic():.6f}\n".encode())
         except (OSError, ValueError, RuntimeError):
             pass  # no dumps for this worker: rankrun then shows its /proc state instead
+    arrivals = os.environ.pop("RANKRUN_FR_FILE", "")
+    every = os.environ.pop("RANKRUN_FR_EVERY", "")
+    if arrivals and every:
+        try:
+            period = float(every)
+            if period > 0:
+                import _thread  # noqa: PLC0415 - builtin (above: why not threading)
+
+                _thread.start_new_thread(_arrivals, (arrivals, period))
+        except (ValueError, RuntimeError):
+            pass  # no arrivals from this worker: the straggler watch goes by its other signals
     _chain()
+
+
+def _arrivals(path: str, every: float) -> None:
+    """The side thread: every ``every`` s, the collectives torch's Flight Recorder holds that were not written yet,
+    appended to ``path`` (see the module docstring). Ends at the first error, and never raises."""
+    modules, sleep, finalizing = sys.modules, time.sleep, sys.is_finalizing
+    last = -1  # the highest record_id seen: the recorder numbers its entries in order, across process groups
+    out = None
+    try:
+        while True:
+            sleep(every)
+            dist = modules.get("torch.distributed")
+            ready = getattr(dist, "is_initialized", None)  # None: no torch, or torch.distributed still importing
+            if ready is None or finalizing() or not ready():
+                continue
+            dump = modules["json"].loads(modules["torch"]._C._distributed_c10d._dump_fr_trace_json())
+            entries = dump.get("entries", ())  # none recorded yet: no "entries" at all
+            lines, seen = [], last
+            for entry in entries:
+                record_id = entry["record_id"]
+                if record_id > seen and not entry["is_p2p"]:
+                    name = str(entry["process_group"][0]).replace("\n", " ")
+                    lines.append(f"{name} {entry['collective_seq_id']} {entry['time_created_ns']}\n")
+                last = max(last, record_id)
+            if lines:
+                if out is None:  # the first collective: the folder and the file now, none for a job without any
+                    try:  # noqa: SIM105 - contextlib is not builtin
+                        os.mkdir(path.rpartition("/")[0])
+                    except FileExistsError:
+                        pass  # another rank's
+                    out = open(path, "ab", buffering=0)  # noqa: SIM115 - kept for the thread's life
+                out.write("".join(lines).encode())
+    except BaseException:  # torch's private API changed, or the file went: stop, silently, for good
+        return
 
 
 def _chain() -> None:
