@@ -52,11 +52,12 @@ from rankrun.rendezvous.keys import Assignment, Excluded, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member, wall_time
 from rankrun.rendezvous.session import Session, open_session
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
-from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
+from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous, on_etcd
 from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
 
 if TYPE_CHECKING:
+    from rankrun.agent.straggle_job import JobStragglers
     from rankrun.api.node import ApiNode
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
@@ -147,7 +148,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         restarts = word.restarts
         plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra, rendezvous=took)
         placed = word
-        last = await _run_round(spec, deps, stops, logs, member, word, plan)
+        last = await _run_round(spec, deps, stops, logs, member, word, plan, judge=session.coordinator is not None)
         outcome = last.outcome
         if outcome.interrupted_by is not None:
             return Outcome.signalled(outcome.interrupted_by, restarts)
@@ -439,20 +440,39 @@ async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tu
 
 
 async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan,
+    *, judge: bool = False,
 ) -> AttemptResult:
+    """One round's attempt on this node, with the round's stacks exchange and straggler watch; ``judge``: this node
+    coordinates, so it judges the job's stragglers."""
     moved_on = _the_round_moved_on(member, word.round)
     exchange = Exchange(member.store, member.keys, member.info.id, word, host=_host(deps, member), run_id=spec.rendezvous.run_id,
                         sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),
                         lease=member.lease.id, job_lease=member.job.id if member.job is not None else 0)
-    serving = asyncio.create_task(_serve(exchange))
+    serving = [asyncio.create_task(_serve(exchange))]
+    stragglers = _stragglers(spec, deps, member, word, judge=judge)
+    if stragglers is not None:
+        serving.append(asyncio.create_task(stragglers.run()))
     try:
-        with deps.on_demand.round(exchange):  # a stall or a --stacks request gets the whole job's stacks
+        with deps.on_demand.round(exchange, stragglers):  # a stall or a --stacks request gets the whole job's stacks
             return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
     finally:
-        serving.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await serving
+        for task in serving:
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
+
+
+def _stragglers(spec: LaunchSpec, deps: AgentDeps, member: Member, word: Assignment, *,
+                judge: bool) -> JobStragglers | None:
+    """``--straggler-window`` on Python workers: the round's watch of the whole job (``agent.straggle_job``)."""
+    if spec.straggler.window <= 0 or spec.worker.entry.kind is EntryKind.BINARY:
+        return None
+    from rankrun.agent.straggle import Said  # noqa: PLC0415 - with the watch on
+    from rankrun.agent.straggle_job import JobStragglers  # noqa: PLC0415
+
+    said = Said(lambda line: show(deps.console, [line]), deps.events)
+    return JobStragglers(member.store, member.keys, word.round, member.info.id, word.group_world_size,
+                         spec.straggler.window, said, where=_host(deps, member), host=judge, lease=member.lease.id)
 
 
 async def _serve(exchange: Exchange) -> None:

@@ -47,6 +47,8 @@ from rankrun.stacks.sampler import Sampler, Target
 
 if TYPE_CHECKING:  # one node never imports the exchange
     from rankrun.agent.plan import AttemptPlan
+    from rankrun.agent.straggle import StragglerWatch
+    from rankrun.agent.straggle_job import JobStragglers
     from rankrun.proc.group import GroupOutcome, Stalled
     from rankrun.proc.spawn import WorkerHandle
     from rankrun.stacks.exchange import Exchange
@@ -83,6 +85,7 @@ class AttemptWatch:
         self.activity = Activity(loop.time())  # the workers' last byte, noted by the pumps; starting counts as output
         self._recorder = _recorder(spec, attempt_dir, console)
         self._stalled: asyncio.Future[Stalled] = loop.create_future()  # none until the workers run
+        self._straggling: asyncio.Future[None] = loop.create_future()  # --straggler-window's watch, once they run
 
     def env(self, who: WorkerIdentity, env: dict[str, str]) -> dict[str, str]:
         """``env`` with what the observers need of the worker. A Python worker gets the stack-dump shim, so that a
@@ -109,6 +112,20 @@ class AttemptWatch:
             self._stalled = asyncio.ensure_future(stall.watch(
                 spec.hang.timeout, run_id, targets, self.activity, self._console, fail=spec.hang.action == "fail",
                 job=self._on_demand.job, recorder=self._recorder, events=self._events))
+        if spec.straggler.window > 0 and self._python and self._attempt_dir is not None:
+            self._straggling = asyncio.ensure_future(self._straggler_watch(workers, targets).run())
+
+    def _straggler_watch(self, workers: Sequence[StartedWorker], targets: Sequence[Target]) -> StragglerWatch:
+        """``--straggler-window``: one node judges its windows itself; several send them to the host (the round's
+        ``JobStragglers``), which judges the job and tells every node."""
+        from rankrun.agent.straggle import Said, StragglerWatch, local_judge  # noqa: PLC0415 - with the watch on
+
+        files = {w.who.rank: path for w in workers if (path := RunLogs.arrivals_file(self._attempt_dir, w.who.rank))}
+        job = self._on_demand.stragglers
+        if job is not None:
+            return StragglerWatch(self._spec.straggler.window, targets, files, job.where, job.judge)
+        said = Said(lambda line: stall.show(self._console, [line]), self._events)
+        return StragglerWatch(self._spec.straggler.window, targets, files, self._host, local_judge(said))
 
     @property
     def stalled(self) -> Awaitable[Stalled]:
@@ -119,6 +136,7 @@ class AttemptWatch:
     def ended(self) -> None:
         """The group ends (stopping, or gone): the stall watch stops, and ``--stacks`` says no workers run."""
         self._stalled.cancel()
+        self._straggling.cancel()
         self._on_demand.running(self._spec.rendezvous.run_id, [], None)
         self._startup.ended()
 
@@ -168,6 +186,7 @@ class OnDemand:
         self.state = STARTING  # what the launcher does while no workers run
         self.targets: list[Target] = []
         self.job: Exchange | None = None
+        self.stragglers: JobStragglers | None = None  # several nodes: the round's straggler watch, judged by the host
         self.recorder: Recorder | None = None  # torch's Flight Recorder, where on: asked for dumps at a stall
         self._sampler = Sampler()
         self._sampled = float("-inf")
@@ -181,14 +200,14 @@ class OnDemand:
         return AttemptWatch(spec, attempt_dir, console, host, self, events=events, plan=plan, store=store)
 
     @contextlib.contextmanager
-    def round(self, exchange: Exchange) -> Iterator[None]:
+    def round(self, exchange: Exchange, stragglers: JobStragglers | None = None) -> Iterator[None]:
         """Several nodes, for one round: a stall or a ``--stacks`` request gets the whole job's stacks through
-        ``exchange``."""
-        self.job = exchange
+        ``exchange``; the straggler watch sends its windows to ``stragglers``."""
+        self.job, self.stragglers = exchange, stragglers
         try:
             yield
         finally:
-            self.job = None
+            self.job = self.stragglers = None
 
     def running(self, run_id: str, targets: list[Target], recorder: Recorder | None) -> None:
         """The attempt's workers as they start (and ``[]`` once they are gone: between attempts), with their

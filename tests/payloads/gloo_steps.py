@@ -1,0 +1,46 @@
+"""A synchronous training loop for the straggler watch: every rank "computes" COMPUTE_S a step (SLOW_RANK SLOW_S),
+then they all_reduce; for RUN_S seconds. SPIN=1 computes by spinning on the CPU (a CPU quota then slows the rank)
+rather than sleeping. LOAD_EVERY=N: every N steps every rank "loads data" for LOAD_S first. SLOW_AFTER: the slow
+rank is slow only from that many seconds on (it prints ``SLOW FROM <wall time>`` then). Prints ``READY`` after
+init_process_group and ``DONE <steps>`` at the end."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method="env://")
+rank = dist.get_rank()
+compute, slow_s = float(os.environ.get("COMPUTE_S", "0.05")), float(os.environ.get("SLOW_S", "0.3"))
+slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
+run_s, slow_after = float(os.environ.get("RUN_S", "10")), float(os.environ.get("SLOW_AFTER", "0"))
+load_every, load_s = int(os.environ.get("LOAD_EVERY", "0")), float(os.environ.get("LOAD_S", "1.0"))
+spin = os.environ.get("SPIN") == "1"
+
+
+def work(seconds: float) -> None:
+    if not spin:
+        time.sleep(seconds)
+        return
+    end = time.process_time() + seconds  # CPU time: under a quota it takes longer on the wall clock
+    while time.process_time() < end:
+        pass
+
+
+print(f"READY rank {rank}", flush=True)
+t = torch.ones(16)
+start = time.monotonic()
+steps, said = 0, False
+while time.monotonic() - start < run_s:
+    if load_every and steps % load_every == load_every - 1:
+        time.sleep(load_s)  # every rank at once: nobody waits for anybody
+    slow = rank == slow_rank and time.monotonic() - start >= slow_after
+    if slow and not said:
+        print(f"SLOW FROM {time.time():.3f}", flush=True)
+        said = True
+    work(slow_s if slow else compute)
+    dist.all_reduce(t)
+    steps += 1
+print(f"DONE {steps}", flush=True)
+dist.destroy_process_group()
