@@ -28,7 +28,7 @@ def work(seconds: float) -> None:
         pass
 
 
-print(f"READY rank {rank}", flush=True)
+print(f"READY rank {rank} pid {os.getpid()}", flush=True)
 t = torch.ones(16)
 start = time.monotonic()
 steps, said = 0, False

@@ -1,0 +1,129 @@
+"""``--straggler-window`` on real gloo jobs: a synchronous loop (every rank "computes" 50 ms a step, one rank 300 ms,
+then they all_reduce, ``payloads/gloo_steps.py``). The slow rank is named within the run, once, with a lag within a
+quarter of the 250 ms it adds; the same job balanced, or loading data on every rank, names nobody; a rank slowed by a
+CPU quota on its process (a cgroup), not by its code, is named just the same; two nodes of two ranks on loopback
+name the slow rank on the other node with its address, on both nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_environ, fresh_loopback, payload
+
+pytestmark = pytest.mark.usefixtures("private_tmpdir")
+
+pytest.importorskip("torch")
+if not pytest.importorskip("torch.distributed").is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+WINDOW = "3"
+NAMED = r"rankrun: straggler: rank (\d+) on (\S+) — the other ranks waited for it in (\d+) % of (\d+) collectives \(median lag \+(\d+) ms\); CPU \d+ %, \w+"
+ANY = "rankrun: straggler:"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return clean_environ() | {"RANKRUN_RDZV_SECRET": "stragglers"} | extra
+
+
+def _events(path: Path) -> list[dict[str, object]]:
+    return [e for e in (json.loads(line) for line in path.read_text().splitlines()) if e["event"] == "straggler"]
+
+
+def test_the_slow_rank_of_four_is_named_once_with_its_lag_and_an_event(launch, tmp_path):
+    events = tmp_path / "events.jsonl"
+    run = launch("--standalone", "--nproc-per-node", "4", "--straggler-window", WINDOW, "--events", str(events),
+                 payload("gloo_steps.py"), env=_env(SLOW_RANK="2", RUN_S="12"))
+    assert run.finish(timeout=120) == 0, run.err
+    named = [line for line in run.err if ANY in line]
+    assert len(named) == 1, run.err
+    m = re.fullmatch(NAMED, named[0])
+    assert m is not None and m.group(1) == "2", named
+    assert int(m.group(3)) >= 90 and int(m.group(4)) >= 8 and 188 <= int(m.group(5)) <= 312, named  # 250 ms ± 25 %
+    (event,) = _events(events)
+    assert event["rank"] == 2 and event["verdict"] == "named" and 0.188 <= event["lag"] <= 0.312  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("extra", [
+    {"RUN_S": "20"},  # balanced
+    {"RUN_S": "12", "LOAD_EVERY": "8", "LOAD_S": "1.0"},  # every rank loads data at once, every 8 steps
+], ids=["balanced", "loading-data"])
+def test_a_balanced_job_and_one_loading_data_on_every_rank_name_nobody(launch, tmp_path, extra):
+    run = launch("--standalone", "--nproc-per-node", "4", "--straggler-window", WINDOW, payload("gloo_steps.py"),
+                 env=_env(**extra))
+    assert run.finish(timeout=120) == 0, run.err
+    assert not [line for line in run.err if ANY in line], run.err
+    assert any(line.endswith(tuple(f"DONE {n}" for n in range(10, 1000))) for line in run.out), run.out
+
+
+@contextlib.contextmanager
+def _cpu_quota(share: float) -> Iterator[Path]:
+    """A cgroup of its own with a CPU quota (cgroup v2's cpu.max, or v1's cfs quota), removed at the end."""
+    name = f"rankrun-test-{uuid.uuid4().hex[:12]}"
+    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
+    if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.subtree_control").read_text():
+        group = v2 / name
+        group.mkdir()
+        (group / "cpu.max").write_text(f"{int(share * 100_000)} 100000")
+    elif (v1 / "cpu.cfs_quota_us").exists():
+        group = v1 / name
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * 100_000)))
+    else:
+        pytest.skip("no cgroup CPU controller to write here")
+    try:
+        yield group
+    finally:
+        deadline = time.monotonic() + 30
+        while True:  # the worker is gone with its launcher; the group goes once empty
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"{group} still holds processes"
+                time.sleep(0.05)
+
+
+def test_a_rank_slowed_by_a_cpu_quota_on_its_process_is_named_just_the_same(launch, tmp_path):
+    try:
+        quota = _cpu_quota(0.15)
+        group = quota.__enter__()
+    except PermissionError:
+        pytest.skip("cgroups are not writable here")
+    try:
+        # each of two ranks (one a core: spinners sharing a core would be late by turns) spins 50 ms of CPU a step;
+        # rank 1's process may use 15 % of a CPU: ~330 ms a step
+        run = launch("--standalone", "--nproc-per-node", "2", "--straggler-window", WINDOW, payload("gloo_steps.py"),
+                     env=_env(SPIN="1", RUN_S="14", SLOW_S="0.05"))
+        (ready,) = run.wait_for(r"READY rank 1 pid \d+", timeout=90)
+        (group / "cgroup.procs").write_text(ready.split()[-1])
+        assert run.finish(timeout=120) == 0, run.err
+        named = [re.fullmatch(NAMED, line) for line in run.err if ANY in line]
+        assert [m.group(1) for m in named if m] == ["1"], run.err
+    finally:
+        quota.__exit__(None, None, None)
+
+
+def test_two_nodes_name_the_slow_rank_on_the_other_node_with_its_address_on_both(launch, tmp_path):
+    host, other = fresh_loopback(), fresh_loopback()
+    args = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:29433", "--rdzv-id", "stragglers",
+            "--nproc-per-node", "2", "--straggler-window", WINDOW)
+    env = _env(SLOW_RANK="3", RUN_S="14")
+    runs = [launch(*args, "--rdzv-conf", "is_host=1", "--local-addr", host, "--events", str(tmp_path / "host.jsonl"),
+                   payload("gloo_steps.py"), env=dict(env)),
+            launch(*args, "--local-addr", other, "--events", str(tmp_path / "other.jsonl"), payload("gloo_steps.py"),
+                   env=dict(env))]
+    assert [r.finish(timeout=120) for r in runs] == [0, 0], [r.err for r in runs]
+    for run in runs:
+        named = [re.fullmatch(NAMED, line) for line in run.err if ANY in line]
+        assert [(m.group(1), m.group(2).endswith(f"/{other}")) for m in named if m] == [("3", True)], run.err
+    for name in ("host", "other"):
+        assert [e["rank"] for e in _events(tmp_path / f"{name}.jsonl")] == [3]
