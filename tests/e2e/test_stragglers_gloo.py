@@ -127,3 +127,23 @@ def test_two_nodes_name_the_slow_rank_on_the_other_node_with_its_address_on_both
         assert [(m.group(1), m.group(2).endswith(f"/{other}")) for m in named if m] == [("3", True)], run.err
     for name in ("host", "other"):
         assert [e["rank"] for e in _events(tmp_path / f"{name}.jsonl")] == [3]
+
+
+def test_with_straggler_action_exclude_a_node_named_window_after_window_is_excluded_and_the_job_goes_on(launch, tmp_path):
+    """Three nodes of one rank (``--nnodes 2:3``), the third slow on every step: named three windows in a row, it is
+    blamed once, which with ``--max-node-failures 1`` excludes it (exit 4); the other two re-form and finish."""
+    host, b, slow = fresh_loopback(), fresh_loopback(), fresh_loopback()
+    args = ("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:29434", "--rdzv-id", "exclude",
+            "--nproc-per-node", "1", "--straggler-window", "2", "--straggler-action", "exclude", "--max-node-failures", "1",
+            "--max-restarts", "1")
+    env = _env(RUN_S="14", COMPUTE_S="0.02", SLOW_S="0.1")  # ~20 collectives a 2 s window
+    runs = [launch(*args, "--rdzv-conf", "is_host=1,last_call_timeout=5", "--local-addr", host, payload("gloo_steps.py"),
+                   env=dict(env)),
+            launch(*args, "--local-addr", b, payload("gloo_steps.py"), env=dict(env)),
+            launch(*args, "--local-addr", slow, payload("gloo_steps.py"), env=env | {"SLOW_NODE": "1"})]
+    assert runs[2].finish(timeout=120) == 4, [r.err for r in runs]
+    assert re.search(rf"is excluded from job exclude: unhealthy: blamed for 1 stragglers \(--max-node-failures 1\); the "
+                     rf"last: rank \d on \S+/{re.escape(slow)} held the others back for 3 windows in a row", runs[2].err[-1]), \
+        runs[2].err
+    assert [r.finish(timeout=120) for r in runs[:2]] == [0, 0], [r.err for r in runs]
+    assert all(any(re.fullmatch(r".*DONE \d+", line) for line in r.out) for r in runs[:2])

@@ -77,9 +77,10 @@ def test_each_new_collective_is_one_line_p2p_left_out_and_the_first_error_ends_t
     ]
     fr_file = tmp_path / "straggler" / "rank_3.fr"  # its folder made by the shim, at the first line
     done = _run(tmp_path, WORKER, ["4", str(EVERY)], fr_file, dumps)
-    assert done.returncode == 0 and done.stderr == ""  # nothing of the thread's end reaches the worker
+    assert done.returncode == 0 and done.stderr == ""  # nothing of the thread's end reaches the worker (but the file)
     assert done.stdout == "4 []\n"  # four dumps asked, then none; the shim's variables gone from the environment
-    assert fr_file.read_text() == "0 1 1000\nsub group 1 2000\n0 2 3000\n"
+    assert fr_file.read_text() == ("rankrun-arrivals on\n0 1 1000\nsub group 1 2000\n0 2 3000\n"
+                                   "rankrun-arrivals off RuntimeError\n")  # said, for rankrun to sample stacks instead
 
 
 def test_a_worker_without_torch_runs_and_exits_as_it_would_have_and_nothing_is_written(tmp_path):

@@ -2,7 +2,8 @@
 then they all_reduce; for RUN_S seconds. SPIN=1 computes by spinning on the CPU (a CPU quota then slows the rank)
 rather than sleeping. LOAD_EVERY=N: every N steps every rank "loads data" for LOAD_S first. SLOW_AFTER: the slow
 rank is slow only from that many seconds on (it prints ``SLOW FROM <wall time>`` then). Prints ``READY`` after
-init_process_group and ``DONE <steps>`` at the end."""
+init_process_group and ``DONE <steps>`` at the end. SLOW_NODE=1: every rank of this launcher is
+slow, whatever its rank (a slow node, across restarts that renumber the ranks)."""
 
 import os
 import time
@@ -35,7 +36,7 @@ steps, said = 0, False
 while time.monotonic() - start < run_s:
     if load_every and steps % load_every == load_every - 1:
         time.sleep(load_s)  # every rank at once: nobody waits for anybody
-    slow = rank == slow_rank and time.monotonic() - start >= slow_after
+    slow = (rank == slow_rank or os.environ.get("SLOW_NODE") == "1") and time.monotonic() - start >= slow_after
     if slow and not said:
         print(f"SLOW FROM {time.time():.3f}", flush=True)
         said = True

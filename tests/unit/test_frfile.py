@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from rankrun.straggler import frfile
 from rankrun.straggler.frfile import Arrival, parse_line, read_new
 
 
@@ -42,3 +43,14 @@ def test_an_arrival_is_a_frozen_value() -> None:
     assert a == Arrival("0", 1, 2) and hash(a) == hash(Arrival("0", 1, 2))
     with pytest.raises(AttributeError):
         a.seq = 3  # type: ignore[misc]
+
+
+def test_the_shims_word_on_the_recorder_is_read_apart_from_the_arrivals(tmp_path):
+    path = tmp_path / "rank_0.fr"
+    path.write_text("rankrun-arrivals on\n0 1 1000\n")
+    first = frfile.read(path, 0)
+    assert (first.status, [a.seq for a in first.arrivals]) == ("on", [1])
+    with path.open("a") as fh:
+        fh.write("rankrun-arrivals off AttributeError\n")
+    assert frfile.read(path, first.offset) == frfile.Read([], path.stat().st_size, "off AttributeError")
+    assert frfile.read(tmp_path / "none.fr", 0) == frfile.Read([], 0)

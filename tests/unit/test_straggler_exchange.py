@@ -66,8 +66,13 @@ def test_the_host_judges_once_every_node_sent_a_window_and_every_node_reads_the_
             await store.put(key, value)
 
         told: list[list[int]] = []
-        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, 2, put, 12.0,
-                                                        tell=lambda found: told.append([s.rank for s in found])))
+        owners: list[dict[int, str]] = []
+
+        async def tell(found, owner) -> None:
+            told.append([s.rank for s in found])
+            owners.append(dict(owner))
+
+        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, 2, put, 12.0, tell=tell))
         read: list[list[int]] = []
 
         async def reader() -> None:
@@ -86,6 +91,7 @@ def test_the_host_judges_once_every_node_sent_a_window_and_every_node_reads_the_
         host.cancel()
         await asyncio.gather(host, return_exceptions=True)
         assert told == read
+        assert owners == [{0: "n0", 1: "n0", 2: "n1", 3: "n1"}]
         return read
 
     assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [[3]]

@@ -59,6 +59,7 @@ from rankrun.store.api import StoreUnavailable
 if TYPE_CHECKING:
     from rankrun.agent.straggle_job import JobStragglers
     from rankrun.api.node import ApiNode
+    from rankrun.rendezvous.coordinator import Coordinator
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
@@ -148,7 +149,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         restarts = word.restarts
         plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra, rendezvous=took)
         placed = word
-        last = await _run_round(spec, deps, stops, logs, member, word, plan, judge=session.coordinator is not None)
+        last = await _run_round(spec, deps, stops, logs, member, word, plan, judge=session.coordinator)
         outcome = last.outcome
         if outcome.interrupted_by is not None:
             return Outcome.signalled(outcome.interrupted_by, restarts)
@@ -441,10 +442,10 @@ async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tu
 
 async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan,
-    *, judge: bool = False,
+    *, judge: Coordinator | None = None,
 ) -> AttemptResult:
-    """One round's attempt on this node, with the round's stacks exchange and straggler watch; ``judge``: this node
-    coordinates, so it judges the job's stragglers."""
+    """One round's attempt on this node, with the round's stacks exchange and straggler watch; ``judge``: this node's
+    coordinator, if it coordinates: it judges the job's stragglers too."""
     moved_on = _the_round_moved_on(member, word.round)
     exchange = Exchange(member.store, member.keys, member.info.id, word, host=_host(deps, member), run_id=spec.rendezvous.run_id,
                         sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),
@@ -463,7 +464,7 @@ async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
 
 
 def _stragglers(spec: LaunchSpec, deps: AgentDeps, member: Member, word: Assignment, *,
-                judge: bool) -> JobStragglers | None:
+                judge: Coordinator | None) -> JobStragglers | None:
     """``--straggler-window`` on Python workers: the round's watch of the whole job (``agent.straggle_job``)."""
     if spec.straggler.window <= 0 or spec.worker.entry.kind is EntryKind.BINARY:
         return None
@@ -472,7 +473,9 @@ def _stragglers(spec: LaunchSpec, deps: AgentDeps, member: Member, word: Assignm
 
     said = Said(lambda line: show(deps.console, [line]), deps.events)
     return JobStragglers(member.store, member.keys, word.round, member.info.id, word.group_world_size,
-                         spec.straggler.window, said, where=_host(deps, member), host=judge, lease=member.lease.id)
+                         spec.straggler.window, said, where=_host(deps, member), host=judge is not None,
+                         lease=member.lease.id,
+                         blame=judge.straggler if judge is not None and spec.straggler.action == "exclude" else None)
 
 
 async def _serve(exchange: Exchange) -> None:

@@ -7,10 +7,12 @@ script:
 - **arrivals**: each Python worker's shim thread appends the collectives torch's Flight Recorder saw to its rank's
   file (``straggler.frfile``), read at the window's end. Only collectives every local rank recording their group has
   reached are taken; the rest wait for the next window.
-- **stack samples**, only while the last window had too few arrivals to judge on (no torch, a recorder that cannot
-  be read, a job with few collectives): ``SAMPLES`` a window, each a signal to every worker (``stacks.sampler``),
-  whose dump is taken back out of its ``stacks.txt`` once read (samples every few seconds for days must not fill
-  the disk). With arrivals coming, no signal is sent at all.
+- **stack samples**, only where a rank's shim said its recorder cannot be read (torch.distributed is initialized, but
+  the private API is gone or changed) and the last window had too few arrivals to judge on: ``SAMPLES`` a window,
+  each a signal to every worker (``stacks.sampler``), whose dump is taken back out of its ``stacks.txt`` once read
+  (samples every few seconds for days must not fill the disk). Never otherwise: a signal interrupts the worker's
+  blocking calls, and some give up on ``EINTR`` (torch's store client backs off for seconds, then minutes, when its
+  connect is interrupted during ``init_process_group``). A job without torch.distributed has no collectives to judge.
 - **/proc**: each worker's CPU time over the window, and its state letter at every look.
 
 Where the window goes: one node judges it at once (``local_judge``). Several nodes: ``agent.straggle_job`` sends it
@@ -29,7 +31,7 @@ from rankrun.events.records import StragglerEvent
 from rankrun.events.stream import EventStream
 from rankrun.stacks.sampler import Sampler, Target, proc_stat
 from rankrun.straggler import verdict
-from rankrun.straggler.frfile import read_new
+from rankrun.straggler.frfile import read
 from rankrun.straggler.verdict import Arrivals, Change, RankWindow, Straggler
 
 SAMPLES = 20  # stack samples a window, when they are taken (at least verdict.MIN_SAMPLES)
@@ -80,14 +82,17 @@ class LocalArrivals:
     def __init__(self, files: Mapping[int, Path]) -> None:
         self._files = dict(files)
         self._offsets = dict.fromkeys(files, 0)
+        self.off = False  # a rank's shim said its recorder cannot be read (torch.distributed is up, without it)
         self._pending: defaultdict[tuple[str, int], dict[int, float]] = defaultdict(dict)
         self._reached: defaultdict[str, dict[int, int]] = defaultdict(dict)  # group → rank → its last seq read
 
     def complete(self) -> dict[tuple[str, int], dict[int, float]]:
         """What the files hold now: the collectives every local rank recording their group has reached (taken out)."""
         for rank, path in self._files.items():
-            found, self._offsets[rank] = read_new(path, self._offsets[rank])
-            for a in found:
+            found = read(path, self._offsets[rank])
+            self._offsets[rank] = found.offset
+            self.off = self.off or (found.status is not None and found.status != "on")
+            for a in found.arrivals:
                 self._pending[(a.group, a.seq)][rank] = a.created_ns / 1e9
                 reached = self._reached[a.group]
                 reached[rank] = max(reached.get(rank, 0), a.seq)
@@ -108,7 +113,7 @@ class StragglerWatch:
         self._arrivals = LocalArrivals(fr_files)
         self._samples = max(samples, verdict.MIN_SAMPLES)
         self._sampler = Sampler()
-        self.stacks = True  # the first window samples: whether arrivals come is not known yet
+        self.stacks = False  # signals interrupt a worker's blocking calls (torch's store connect gives up on EINTR)
 
     async def run(self) -> None:
         while True:
@@ -140,7 +145,7 @@ class StragglerWatch:
                         seen[t.rank][stat[0]] += 1
         took = loop.time() - started
         arrivals = self._arrivals.complete()
-        self.stacks = len(arrivals) < verdict.MIN_COLLECTIVES
+        self.stacks = self._arrivals.off and len(arrivals) < verdict.MIN_COLLECTIVES
         ranks = [RankWindow(t.rank, self._where, sampled[t.rank], waiting[t.rank], _share(cpu[t.rank], _cpu(t), took),
                             seen[t.rank].most_common(1)[0][0] if seen[t.rank] else "")
                  for t in self._targets]

@@ -8,17 +8,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from rankrun.agent.straggle import Said
 from rankrun.rendezvous import stragglers
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import Store, StoreUnavailable
+from rankrun.straggler import verdict
 from rankrun.straggler.clock import Offset
 from rankrun.straggler.summary import NodeWindow, pick
-from rankrun.straggler.verdict import Arrivals, RankWindow
+from rankrun.straggler.verdict import Arrivals, RankWindow, Straggler
 
 RECLOCK = 10  # windows between two estimates of the host's clock
+STREAK = 3  # windows in a row a rank is named before its node is blamed (--straggler-action exclude)
+
+Blame = Callable[[str, str], Awaitable[None]]  # node id, why (the coordinator's ``straggler``)
 
 
 class JobStragglers:
@@ -27,9 +31,12 @@ class JobStragglers:
     end); a store that fails is the round's business (its own watches say so)."""
 
     def __init__(self, store: Store, keys: Keys, round_: int, node: str, nodes: int, window: float,  # noqa: PLR0917
-                 said: Said, *, where: str, host: bool, lease: int = 0, now: Callable[[], float] = time.time) -> None:
-        """``where``: this node as lines name it (hostname/address)."""
-        self.where = where
+                 said: Said, *, where: str, host: bool, lease: int = 0, now: Callable[[], float] = time.time,
+                 blame: Blame | None = None) -> None:
+        """``where``: this node as lines name it (hostname/address). ``blame`` (the host, ``--straggler-action
+        exclude``): a node whose rank was named ``STREAK`` windows in a row is blamed for it, once a streak."""
+        self.where, self._blame = where, blame
+        self._streaks: dict[int, int] = {}
         self._store, self._keys, self._round, self._node, self._nodes = store, keys, round_, node, nodes
         self._window, self._said, self._host, self._lease, self._now = window, said, host, lease, now
         self._offset: Offset | None = None
@@ -39,9 +46,22 @@ class JobStragglers:
         tasks = [self._verdicts()]
         if self._host:
             tasks += [stragglers.answer_clocks(self._store, self._keys, self._round, self._now, self._put),
-                      stragglers.judge_job(self._store, self._keys, self._round, self._nodes, self._put, self._window)]
+                      stragglers.judge_job(self._store, self._keys, self._round, self._nodes, self._put, self._window,
+                                           tell=self._judged)]
         with contextlib.suppress(StoreUnavailable):
             await asyncio.gather(*tasks)
+
+    async def _judged(self, found: list[Straggler], owners: Mapping[int, str]) -> None:
+        """The host's verdict: a rank named ``STREAK`` windows in a row gets its node blamed (then counts again)."""
+        self._streaks = verdict.streaks(self._streaks, found)
+        if self._blame is None:
+            return
+        for s in found:
+            node = owners.get(s.rank)
+            if self._streaks[s.rank] >= STREAK and node is not None:
+                self._streaks[s.rank] = 0
+                await self._blame(node, f"rank {s.rank} on {s.where} held the others back for {STREAK} windows in a "
+                                        f"row ({verdict.figures(s)})")
 
     async def _put(self, key: str, value: bytes) -> None:
         await self._store.put(key, value, lease=self._lease)

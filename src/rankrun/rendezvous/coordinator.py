@@ -20,6 +20,7 @@ outliers gets an ``unhealthy/`` key from it, which its own watch turns into that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -374,6 +375,28 @@ class Coordinator:
     def _blamed(self, node: str | None) -> None:
         if node is not None:
             self._blame[node] = self._blame.get(node, 0) + 1
+
+    async def straggler(self, node_id: str, why: str) -> None:
+        """``--straggler-action exclude``: ``node_id`` held a rank the others waited for, window after window; that
+        counts as one blame. At its ``--max-node-failures``-th, the node is reported unhealthy (its ``unhealthy/``
+        key, as the network check does), so the round re-forms without it, but only when the job can go on without
+        it (enough nodes stay, or a spare waits): a slow node is better than no job."""
+        if node_id not in self._members or node_id in self._excluded:
+            return
+        self._blamed(node_id)
+        count, limit = self._blame[node_id], self._settings.max_node_failures
+        info = self._nodes.get(node_id)
+        name = f"{node_id} at {info.addr}" if info is not None and info.addr else node_id
+        if limit <= 0 or count < limit:
+            self._say(f"rendezvous: node {name} blamed for a straggler ({count} of --max-node-failures {limit}): {why}")
+            return
+        if len(self._members) - 1 < self._settings.min_nodes and not self._spares:
+            self._say(f"rendezvous: node {name} is a straggler again ({why}), but the job cannot go on without it "
+                      f"({len(self._members)} nodes, at least {self._settings.min_nodes}, no spare): it stays")
+            return
+        reason = f"blamed for {count} stragglers (--max-node-failures {limit}); the last: {why}"
+        with contextlib.suppress(StoreUnavailable, NotCoordinator):
+            await self._put(self._keys.unhealthy_node(node_id), unhealthy_value(reason))
 
     async def _finish(self, step: Finish) -> None:
         await self._stop_check()

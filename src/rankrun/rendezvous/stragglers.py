@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import EventKind, Events, Store, StoreUnavailable, exact, watching
@@ -134,11 +134,14 @@ async def _tell_time(put: Put, keys: Keys, round_: int, node: str, asked: bytes,
     await put(keys.straggler_time(round_, node), time_value(count, now()))
 
 
+Told = Callable[[list[Straggler], Mapping[int, str]], Awaitable[None]]  # a verdict, and each rank's node id
+
+
 async def judge_job(store: Store, keys: Keys, round_: int, nodes: int, put: Put,  # noqa: PLR0917
-                    window: float, *, tell: Callable[[list[Straggler]], None] | None = None) -> None:
+                    window: float, *, tell: Told | None = None) -> None:
     """Judge round ``round_`` from its ``nodes`` nodes' windows (``window``: their length in seconds) until
-    cancelled; each changed verdict is written (and given to ``tell``). Only the round's members write under its
-    keys, so any node's window counts."""
+    cancelled; each verdict that names somebody, or no longer does, is written, and given to ``tell`` with the node
+    id of every rank. Only the round's members write under its keys, so any node's window counts."""
     loop = asyncio.get_running_loop()
     prefix = keys.straggler_windows(round_)
     merge = Merge()
@@ -179,5 +182,5 @@ async def judge_job(store: Store, keys: Keys, round_: int, nodes: int, put: Put,
                 continue  # told nothing, or nobody before and now: nothing to write
             await put(keys.straggler_verdict(round_), verdict_value(found))
             if tell is not None:
-                tell(found)
+                await tell(found, {r.rank: w.node for w in merge.latest.values() for r in w.ranks})
             last = found

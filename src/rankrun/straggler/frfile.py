@@ -2,7 +2,8 @@
 
 With ``--straggler-window`` on, the shim in each Python worker (``rankrun/stacks/shim/sitecustomize.py``) dumps
 torch's Flight Recorder every ``window/6`` s (at least 1 s) and appends to ``<attempt dir>/straggler/rank_<rank>.fr``
-one line per collective it had not written yet (point-to-point operations left out)::
+one line per collective it had not written yet (point-to-point operations left out), after a first line saying whether
+the recorder can be read at all (``rankrun-arrivals on``, or ``rankrun-arrivals off <error type>``)::
 
     <process group name> <collective_seq_id> <time_created_ns>
 
@@ -30,23 +31,45 @@ class Arrival:
     created_ns: int  # when this rank entered it: wall clock, ns since the epoch
 
 
-def read_new(path: Path | str, offset: int) -> tuple[list[Arrival], int]:
+STATUS = "rankrun-arrivals "  # the file's first line: "on", or "off <error type>" (the recorder cannot be read)
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What one read found: the arrivals, where to read next, and the shim's word on the recorder if it came."""
+
+    arrivals: list[Arrival]
+    offset: int
+    status: str | None = None  # "on", "off <error type>"; None: not in this read
+
+
+def read(path: Path | str, offset: int) -> Read:
     """The arrivals appended to ``path`` since byte ``offset``, and the offset to read from next time: just past the
-    last whole line (a line still being written is read next time). No file yet (the worker recorded nothing, or
-    has no torch): nothing, and ``offset`` unchanged."""
+    last whole line (a line still being written is read next time). No file yet (torch.distributed not initialized,
+    or no torch): nothing, and ``offset`` unchanged."""
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
             data = fh.read()
     except FileNotFoundError:
-        return [], offset
+        return Read([], offset)
     end = data.rfind(b"\n") + 1
-    arrivals = []
-    for line in data[:end].split(b"\n")[:-1]:
-        arrival = parse_line(line.decode(errors="replace"))
+    arrivals, status = [], None
+    for raw in data[:end].split(b"\n")[:-1]:
+        line = raw.decode(errors="replace")
+        if line.startswith(STATUS):
+            status = line[len(STATUS):]
+            continue
+        arrival = parse_line(line)
         if arrival is not None:
             arrivals.append(arrival)
-    return arrivals, offset + end
+    return Read(arrivals, offset + end, status)
+
+
+def read_new(path: Path | str, offset: int) -> tuple[list[Arrival], int]:
+    """``read``'s arrivals and next offset."""
+    found = read(path, offset)
+    return found.arrivals, found.offset
 
 
 def parse_line(line: str) -> Arrival | None:

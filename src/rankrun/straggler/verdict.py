@@ -152,6 +152,14 @@ def line(s: Straggler) -> str:
     return f"rankrun: straggler: rank {s.rank} on {s.where} — {why}{_proc(s)}"
 
 
+def figures(s: Straggler) -> str:
+    """The straggler's figures in a few words (for a blame's reason)."""
+    if s.lag is not None:
+        return f"late on {_percent(s.late / s.total)} of {s.total} collectives, median lag +{_ms(s.lag)}"
+    return f"found waiting in {_percent(s.its_waiting or 0.0)} of its samples, the others in " \
+           f"{_percent(s.others_waiting or 0.0)}"
+
+
 def recovered_line(rank: int, where: str) -> str:
     return f"rankrun: straggler: rank {rank} on {where} keeps up again: the others no longer wait for it"
 

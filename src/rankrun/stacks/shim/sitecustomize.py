@@ -27,8 +27,9 @@ main thread is blocked in a collective; dump and parse cost about 30 µs of CPU 
 holding the GIL, hence the small buffer) and appends one line per collective it had not written yet,
 ``<process group name> <collective_seq_id> <time_created_ns>``, all of a dump's lines in one ``write``: when each
 collective was entered, by the wall clock, which ``rankrun.straggler.frfile`` reads. No torch, or torch not
-initialized, or no collective yet: the thread only sleeps, and neither the file nor its folder is made. The first
-error from torch's API (a version without it, a changed format) ends the thread for good, silently; nothing of it
+initialized: the thread only sleeps, and neither the file nor its folder is made. Once initialized, the file's first
+line says whether the recorder can be read (``rankrun-arrivals on``, or ``off`` with the error's type): the first
+error from torch's API (a version without it, a changed format) is said so and ends the thread for good; nothing of it
 ever reaches the worker. The buffer is ``TORCH_FR_BUFFER_SIZE``, which rankrun sets only where the user configured
 no recorder of their own.
 """
@@ -86,24 +87,29 @@ def _arrivals(path: str, every: float) -> None:
             ready = getattr(dist, "is_initialized", None)  # None: no torch, or torch.distributed still importing
             if ready is None or finalizing() or not ready():
                 continue
-            dump = modules["json"].loads(modules["torch"]._C._distributed_c10d._dump_fr_trace_json())
-            entries = dump.get("entries", ())  # none recorded yet: no "entries" at all
-            lines, seen = [], last
-            for entry in entries:
-                record_id = entry["record_id"]
-                if record_id > seen and not entry["is_p2p"]:
-                    name = str(entry["process_group"][0]).replace("\n", " ")
-                    lines.append(f"{name} {entry['collective_seq_id']} {entry['time_created_ns']}\n")
-                last = max(last, record_id)
+            first = out is None
+            if out is None:  # initialized: the folder and the file now, none for a job without torch.distributed
+                try:  # noqa: SIM105 - contextlib is not builtin
+                    os.mkdir(path.rpartition("/")[0])
+                except FileExistsError:
+                    pass  # another rank's
+                out = open(path, "ab", buffering=0)  # noqa: SIM115 - kept for the thread's life
+            try:
+                dump = modules["json"].loads(modules["torch"]._C._distributed_c10d._dump_fr_trace_json())
+                entries = dump.get("entries", ())  # none recorded yet: no "entries" at all
+                lines, seen = ["rankrun-arrivals on\n"] if first else [], last
+                for entry in entries:
+                    record_id = entry["record_id"]
+                    if record_id > seen and not entry["is_p2p"]:
+                        name = str(entry["process_group"][0]).replace("\n", " ")
+                        lines.append(f"{name} {entry['collective_seq_id']} {entry['time_created_ns']}\n")
+                    last = max(last, record_id)
+            except Exception as exc:  # the recorder cannot be read here: said, so rankrun samples stacks instead
+                out.write(f"rankrun-arrivals off {type(exc).__name__}\n".encode())
+                return
             if lines:
-                if out is None:  # the first collective: the folder and the file now, none for a job without any
-                    try:  # noqa: SIM105 - contextlib is not builtin
-                        os.mkdir(path.rpartition("/")[0])
-                    except FileExistsError:
-                        pass  # another rank's
-                    out = open(path, "ab", buffering=0)  # noqa: SIM115 - kept for the thread's life
                 out.write("".join(lines).encode())
-    except BaseException:  # torch's private API changed, or the file went: stop, silently, for good
+    except BaseException:  # the file went, or the interpreter is ending: stop, silently, for good
         return
 
 
