@@ -14,6 +14,13 @@ bounded at ``BOUND`` s (torch's healthy agents then wait on its store for 300 s)
 2``) excludes the node after its second failure: the time from that failure to the healthy nodes' workers running
 without it is read from the ``--events`` files (the black hole's second ``workers.end`` ``failed``, the healthy node
 0's next ``workers.start``: one machine, one monotonic clock).
+
+**The gate at 512 simulated nodes** (``--scale-reps``): one rendezvous round of ``SCALE`` simulated agents on the real
+embedded store (``bench/rendezvous.py``: asyncio tasks in 4 processes, each with its own connection, running
+``Member.join`` + ``Member.next_round``), plain and with every agent first running the real check
+(``health.check.run_check``, ``/bin/sh -c true``, all at once, as each node's agent does before it joins its first
+round), interleaved; seconds from "go" to the last assignment, and CPU of the agents, their checks and the store's
+host. The 512 checks share this machine's cores, where 512 real nodes run one each: an upper bound.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from harness import (  # noqa: E402
 from report import Row, fmt_samples  # noqa: E402
 
 NPROC = 8
+SCALE = 512  # simulated nodes of the gate's round at scale
 KINDS = ("plain", "gate")
 OPTIONS = {"plain": (), "gate": ("--health-check", "true")}
 
@@ -144,6 +152,10 @@ class Result:
     cpu: Samples = field(default_factory=lambda: Samples("ms"))
     load: tuple[float, float] = (0.0, 0.0)  # others' CPU share, steal share
     holes: dict[str, list[BlackHole]] = field(default_factory=dict)
+    scale_reps: int = 0
+    scale_wall: Samples = field(default_factory=lambda: Samples("s"))  # SCALE simulated nodes: one round
+    scale_cpu: Samples = field(default_factory=lambda: Samples("s"))
+    scale_load: tuple[float, float] = (0.0, 0.0)
 
 
 def _launch(kind: str) -> tuple[float, float]:
@@ -154,19 +166,10 @@ def _launch(kind: str) -> tuple[float, float]:
     return timed.wall * 1000, timed.cpu * 1000
 
 
-def run(reps: int, hole_reps: int = 3) -> Result:
-    result = Result(reps, hole_reps)
-    for kind in KINDS:  # unrecorded: the page cache, the bytecode cache
-        _launch(kind)
-    mark = cpu_mark()
-    for rep in range(reps):
-        for kind in KINDS[rep % 2:] + KINDS[:rep % 2]:
-            wall, cpu = _launch(kind)
-            result.wall.add(kind, wall)
-            result.cpu.add(kind, cpu)
-    result.load = foreign_load(mark, cpu_mark())
-    log(f"  health gate, one node: plain {result.wall.median('plain'):.0f} ms, with --health-check true "
-        f"{result.wall.median('gate'):.0f} ms (medians)")
+def run(reps: int, hole_reps: int = 3, scale_reps: int = 0) -> Result:
+    result = Result(reps, hole_reps, scale_reps=scale_reps)
+    if reps:
+        _one_node(result)
     for rep in range(hole_reps):
         for launcher in ("rankrun", "torchrun")[rep % 2:] + ("rankrun", "torchrun")[:rep % 2]:
             hole = blackhole(launcher)
@@ -174,7 +177,41 @@ def run(reps: int, hole_reps: int = 3) -> Result:
             log(f"  black hole, {launcher}: exit codes {hole.codes}, exited at "
                 + ", ".join("-" if t is None else f"{t:.1f} s" for t in hole.exited)
                 + (f", gap {hole.gap * 1000:.1f} ms, restarts {hole.restarts}" if hole.gap is not None else ""))
+    if scale_reps:
+        _scale(result)
     return result
+
+
+def _one_node(result: Result) -> None:
+    """The gate on one node: launches plain and with ``--health-check true``, interleaved."""
+    for kind in KINDS:  # unrecorded: the page cache, the bytecode cache
+        _launch(kind)
+    mark = cpu_mark()
+    for rep in range(result.reps):
+        for kind in KINDS[rep % 2:] + KINDS[:rep % 2]:
+            wall, cpu = _launch(kind)
+            result.wall.add(kind, wall)
+            result.cpu.add(kind, cpu)
+    result.load = foreign_load(mark, cpu_mark())
+    log(f"  health gate, one node: plain {result.wall.median('plain'):.0f} ms, with --health-check true "
+        f"{result.wall.median('gate'):.0f} ms (medians)")
+
+
+def _scale(result: Result) -> None:
+    """The gate at ``SCALE`` simulated nodes: rounds plain and with every node's check, interleaved."""
+    import rendezvous  # noqa: PLC0415 - the scale part only
+
+    checks = {"plain": None, "gate": "true"}
+    rendezvous.run_rankrun(SCALE, 4, "true")  # unrecorded: the page cache, the bytecode cache
+    mark = cpu_mark()
+    for rep in range(result.scale_reps):
+        for kind in KINDS[rep % 2:] + KINDS[:rep % 2]:
+            got = rendezvous.run_rankrun(SCALE, 4, checks[kind])
+            result.scale_wall.add(kind, float(got["seconds"]))  # type: ignore[arg-type]
+            result.scale_cpu.add(kind, float(got["cpu_s"]))  # type: ignore[arg-type]
+    result.scale_load = foreign_load(mark, cpu_mark())
+    log(f"  health gate, {SCALE} simulated nodes: one round plain {result.scale_wall.median('plain'):.2f} s, with every "
+        f"node's check {result.scale_wall.median('gate'):.2f} s (medians)")
 
 
 def _healthy_end(hole: BlackHole) -> float:
@@ -200,21 +237,29 @@ def rows(result: Result) -> list[Row]:
             f"{BOUND:g} s)", "s", rankrun=ends.get("rankrun", float("nan")),
             torchrun=ends.get("torchrun", float("nan")), decimals=1),
     ] if holes else []
-    return [*hole_rows,
+    scale_rows = [
+        Row(f"health gate, --health-check true: one round of {SCALE} simulated nodes, each running the check before it "
+            "joins (all at once on 2 cores: an upper bound), go → the last assignment", "s",
+            rankrun=result.scale_wall.median("gate"), torchrun=float("nan"), baseline=result.scale_wall.median("plain"),
+            baseline_label="without", compare=False, decimals=2),
+        Row(f"health gate, --health-check true: one round of {SCALE} simulated nodes (CPU of the agents, their checks "
+            "and the store's host)", "s", rankrun=result.scale_cpu.median("gate"), torchrun=float("nan"),
+            baseline=result.scale_cpu.median("plain"), baseline_label="without", compare=False, decimals=2),
+    ] if result.scale_reps else []
+    one_rows = [
         Row(f"health gate, --health-check true: one node's round (a launch of {NPROC} --no-python true workers, "
             "wall, exec→exit)", "ms", rankrun=result.wall.median("gate"), torchrun=float("nan"),
             baseline=result.wall.median("plain"), baseline_label="without", compare=False, decimals=1),
         Row(f"health gate, --health-check true: one node's round (CPU of the launcher, its {NPROC} workers and the "
             "check)", "ms", rankrun=result.cpu.median("gate"), torchrun=float("nan"),
             baseline=result.cpu.median("plain"), baseline_label="without", compare=False, decimals=1),
-    ]
+    ] if result.reps else []
+    return [*hole_rows, *one_rows, *scale_rows]
 
 
-def details(result: Result) -> list[str]:
+def _one_node_details(result: Result) -> list[str]:
     others, steal = result.load
     lines = [
-        "### The health gate: what `--health-check` costs a round",
-        "",
         f"`python bench/health_bench.py --reps {result.reps}` (its docstring says how). *without* is `rankrun "
         f"--nproc-per-node {NPROC} --no-python true`, *with* adds `--health-check true`: the launcher runs "
         "`/bin/sh -c true` in its own process group before the attempt and waits for its verdict, so this is the "
@@ -229,6 +274,13 @@ def details(result: Result) -> list[str]:
         p, g = s.median("plain"), s.median("gate")
         lines.append(f"| {name} | {p:.1f} | {g:.1f} | {g - p:+.1f} | {statistics.median(_paired(s)):+.1f} | "
                      f"{fmt_samples(s.by_launcher['plain'])} | {fmt_samples(s.by_launcher['gate'])} |")
+    return lines
+
+
+def details(result: Result) -> list[str]:
+    lines = ["### The health gate: what `--health-check` costs a round"]
+    if result.reps:
+        lines += ["", *_one_node_details(result)]
     if result.holes:
         lines += ["", f"**A black-hole node** (`python bench/health_bench.py --hole-reps {result.hole_reps}`): three "
                   "agents on loopback, `--nnodes 2:3 --max-restarts 3`, one `--no-python sh` worker a node; node 2's "
@@ -245,6 +297,29 @@ def details(result: Result) -> list[str]:
                 used = str(hole.restarts) if hole.restarts is not None else \
                     "all 3 (its budget spent, the black hole exited 1)" if hole.codes[2] == 1 else "—"
                 lines.append(f"| {launcher} | {n + 1} | {codes} | {at} | {gap} | {used} |")
+    if result.scale_reps:
+        others, steal = result.scale_load
+        lines += ["", f"**The gate at {SCALE} simulated nodes** (`python bench/health_bench.py --reps 0 --hole-reps 0 "
+                  f"--scale-reps {result.scale_reps}`): one rendezvous round of {SCALE} simulated agents on the real "
+                  "embedded store (`bench/rendezvous.py --nodes 512 [--check true]`: asyncio tasks in 4 processes, "
+                  "each with its own connection, running `Member.join` + `Member.next_round`); *with*, every agent "
+                  "first runs the real check (`health.check.run_check`: `/bin/sh -c true` in its own process group), "
+                  "all at once, as each node's agent does before it joins its first round. Seconds from \"go\" to the "
+                  "last assignment; CPU of the agents' processes, their checks and the store's host. The "
+                  f"{SCALE} checks share this machine's 2 cores, where real nodes run one each: an upper bound. "
+                  f"Plain and with run interleaved; other processes used {others:.0%} of the machine's CPU meanwhile "
+                  f"(steal {steal:.0%}).", "",
+                  f"| {SCALE} simulated nodes, one round | without | with | with - without (medians) | median of "
+                  "paired differences | samples without | samples with |", "|---|---|---|---|---|---|---|"]
+        for name, s in (("go → the last assignment (s)", result.scale_wall),
+                        ("CPU, agents + checks + host (s)", result.scale_cpu)):
+            p, g = s.median("plain"), s.median("gate")
+            lines.append(f"| {name} | {p:.2f} | {g:.2f} | {g - p:+.2f} | {statistics.median(_paired(s)):+.2f} | "
+                         f"{fmt_samples(s.by_launcher['plain'], 2)} | {fmt_samples(s.by_launcher['gate'], 2)} |")
+        per_node = statistics.median(_paired(result.scale_cpu)) / SCALE * 1000
+        lines += ["", f"Per node, the check costs {per_node:.1f} ms of CPU here (the paired CPU difference ÷ {SCALE}): "
+                  "what one real node pays, once, on its own cores; the round's wall difference is those "
+                  f"{SCALE} checks queued on this machine's 2 cores."]
     return [*lines, ""]
 
 
@@ -252,8 +327,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--hole-reps", type=int, default=3)
+    parser.add_argument("--scale-reps", type=int, default=3, help=f"rounds of {SCALE} simulated nodes, each way")
     args = parser.parse_args()
-    result = run(args.reps, args.hole_reps)
+    result = run(args.reps, args.hole_reps, args.scale_reps)
     print("\n".join(details(result)))
 
 

@@ -6,6 +6,10 @@ their assignment — exactly ``Member.join`` + ``Member.next_round``, the code a
 seconds from "go" to the last assignment received, store operations per node (requests on its connection), and
 bytes per node (both directions, handshake included).
 
+``--check CMD``: each simulated agent first runs ``CMD`` as its ``--health-check`` (``health.check.run_check``, as
+the agent does before it joins the first round), all at once; the round then counts from "go" to the last
+assignment as before. ``cpu_s`` in the JSON: CPU seconds of the agents' processes, their checks and the host.
+
 ``--torch``: the same M with torch's own c10d ``DynamicRendezvousHandler`` (threads in a few processes, one
 TCPStore connection each, torch's TCPStore server in a host process), stopped at ``--bound`` seconds and then
 reported as "did not complete".
@@ -40,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -83,7 +88,8 @@ async def _host(nodes: int) -> None:
 # --------------------------------------------------------------------------- rankrun: simulated agents
 
 
-async def _agents(port: int, count: int, index: int) -> None:
+async def _agents(port: int, count: int, index: int, check: str | None = None) -> None:
+    from rankrun.health.check import check_env, run_check
     from rankrun.rendezvous.keys import Assignment, Keys
     from rankrun.rendezvous.member import Member
     from rankrun.rendezvous.round import NodeInfo
@@ -118,11 +124,16 @@ async def _agents(port: int, count: int, index: int) -> None:
     client_module._Protocol.data_received = received  # type: ignore[method-assign]
     client_module._Protocol.connection_made = made  # type: ignore[method-assign]
     keys = Keys.for_run("bench")
+    env = check_env(os.environ, 1, "bench")
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    cpu = _cpu_self()
     done: list[float] = []
 
     async def agent(i: int) -> None:
+        if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
+            result = await run_check(check, env, 60.0)
+            assert result.healthy, result
         client = await StoreClient.connect("127.0.0.1", port, SECRET)
         info = NodeInfo(f"p{index}-a{i}", 0, 1, "default", "127.0.0.1", "bench", None, False)
         member = await Member.join(client, keys, info, ttl=3600.0)
@@ -133,26 +144,55 @@ async def _agents(port: int, count: int, index: int) -> None:
 
     agents: list[StoreClient] = []
     await asyncio.gather(*(agent(i) for i in range(count)))
+    cpu = _cpu_self() - cpu
     ops = sum(v[0] for v in counted.values())
     moved = sum(v[1] for v in counted.values())
-    print(json.dumps({"last": max(done), "ops": ops, "bytes": moved, "count": count}), flush=True)
+    print(json.dumps({"last": max(done), "ops": ops, "bytes": moved, "count": count, "cpu": cpu}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
         await client.close()
 
 
-def run_rankrun(nodes: int, procs: int) -> dict[str, object]:
+def _run_agents(port: int, count: int, index: int, check: str | None) -> None:
+    if check is not None:  # the launcher's own child watcher (rankrun.main): 3.11's default runs a thread per child
+        from rankrun.main import _use_pidfd_child_watcher
+
+        _use_pidfd_child_watcher()
+    asyncio.run(_agents(port, count, index, check))
+
+
+def _cpu_self() -> float:
+    """CPU seconds of this process and of the children it reaped (the checks' shells)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds of a running process (/proc/<pid>/stat: utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_rankrun(nodes: int, procs: int, check: str | None = None) -> dict[str, object]:
+    """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining. The
+    result's ``cpu_s``: CPU seconds of the agents (their checks included) and the host, from "go" to the last
+    assignment."""
     py = sys.executable
     profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
     host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     children: list[subprocess.Popen[str]] = []
+    checking = ["--check", check] if check is not None else []
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
+        host_cpu = cpu_of(host.pid)
         start = _start_agents(children, nodes, procs, lambda i, share: ["--role", "agents", "--port", str(port),
-                                                                         "--count", str(share), "--index", str(i)])
-        return _collect(children, start, nodes, count_bytes=True)
+                                                                         "--count", str(share), "--index", str(i),
+                                                                         *checking])
+        result = _collect(children, start, nodes, count_bytes=True)
+        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + cpu_of(host.pid) - host_cpu, 3)  # type: ignore[arg-type]
+        return result
     finally:
         for child in children:
             end_process(child)
@@ -168,6 +208,7 @@ def _collect(children: list[subprocess.Popen[str]], start: float, nodes: int, *,
         child.stdin.write("exit\n")
         child.stdin.flush()
     return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
+            "agents_cpu_s": sum(r.get("cpu", 0.0) for r in reports),
             "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
             "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes) if count_bytes else None}
 
@@ -289,7 +330,9 @@ def run_etcd(nodes: int, procs: int) -> dict[str, object]:
             host.stdout.readline()
             start = _start_agents(children, nodes, procs, lambda i, share: [
                 "--role", "etcd-agents", "--endpoints", cluster.endpoints, "--count", str(share), "--index", str(i)])
-            return _collect(children, start, nodes, count_bytes=False)
+            result = _collect(children, start, nodes, count_bytes=False)
+            del result["agents_cpu_s"]  # not counted on etcd
+            return result
         finally:
             for child in children:
                 end_process(child)
@@ -483,6 +526,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
     parser.add_argument("--backend", choices=("embedded", "etcd"), default="embedded", help="rankrun's store")
+    parser.add_argument("--check", default=None,
+                        help="embedded: each simulated agent runs this --health-check command before it joins")
     parser.add_argument("--failover", action="store_true", help="time an etcd leader failover instead (3 members)")
     parser.add_argument("--partition", action="store_true",
                         help="time a keep-alive after the etcd leader is partitioned off instead (3 members, namespaces, root)")
@@ -496,7 +541,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     roles: dict[str, Callable[[], object]] = {
         "host": lambda: asyncio.run(_host(args.nodes)),
-        "agents": lambda: asyncio.run(_agents(args.port, args.count, args.index)),
+        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
         "partition-client": lambda: asyncio.run(_partition_client(args.endpoints, args.ttl)),
@@ -529,7 +574,7 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        result = run_rankrun(args.nodes, args.procs)
+        result = run_rankrun(args.nodes, args.procs, args.check)
     if args.json:
         print(json.dumps(result))
     else:

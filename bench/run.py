@@ -29,6 +29,7 @@ import failure_bench
 import faults_bench
 import health_bench
 import launch_bench
+import netcheck_bench
 import observe_bench
 import rendezvous_bench
 import rss_bench
@@ -54,7 +55,7 @@ from harness import (
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe",
-           "health")
+           "health", "netcheck")
 
 
 @dataclass(frozen=True)
@@ -74,16 +75,20 @@ class Plan:
     observe_fail_reps: int
     health_reps: int
     hole_reps: int
+    gate_scale_reps: int  # rounds of 512 simulated nodes, with and without every node's --health-check
+    netcheck_reps: int  # the network check's parts: one measure, a ring of 8, the rule
+    netcheck_round_reps: int  # its whole protocol at 512 simulated nodes, each variant
+    netcheck_real_reps: int  # jobs of 8 real agents in network namespaces, with and without it
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
             rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
-            health_reps=21, hole_reps=3)
+            health_reps=21, hole_reps=3, gate_scale_reps=5, netcheck_reps=21, netcheck_round_reps=5, netcheck_real_reps=5)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
              rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
-             health_reps=5, hole_reps=1)
+             health_reps=5, hole_reps=1, gate_scale_reps=2, netcheck_reps=5, netcheck_round_reps=2, netcheck_real_reps=2)
 
 
 @dataclass
@@ -210,12 +215,17 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         return observe_bench.rows(r), observe_bench.details(r)
 
     def health() -> tuple[list[Row], list[str]]:
-        r = health_bench.run(plan.health_reps, plan.hole_reps)
+        r = health_bench.run(plan.health_reps, plan.hole_reps, plan.gate_scale_reps)
         return health_bench.rows(r), health_bench.details(r)
+
+    def netcheck() -> tuple[list[Row], list[str]]:
+        r = netcheck_bench.run(plan.netcheck_reps, netcheck_bench.ROUND_NODES, plan.netcheck_round_reps,
+                               plan.netcheck_real_reps)
+        return netcheck_bench.rows(r), netcheck_bench.details(r)
 
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
-            "observe": observe, "health": health}
+            "observe": observe, "health": health, "netcheck": netcheck}
 
 
 def warm_up() -> None:
@@ -294,7 +304,8 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"restart {plan.restart_reps}, console {plan.console_reps}, store {plan.store_reps}, "
         f"rendezvous {plan.rendezvous_reps}, faults {plan.faults_reps}, stacks {plan.stacks_reps}, api {plan.api_reps}, "
         f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps}), health {plan.health_reps} "
-        f"(its black hole {plan.hole_reps})",
+        f"(its black hole {plan.hole_reps}, its 512 simulated nodes {plan.gate_scale_reps}), netcheck {plan.netcheck_reps} "
+        f"(512 simulated nodes {plan.netcheck_round_reps}, 8 agents in namespaces {plan.netcheck_real_reps})",
         "",
         "## Summary (medians)",
         "",
