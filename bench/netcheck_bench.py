@@ -434,7 +434,8 @@ def details(r: Result) -> list[str]:
     lines = [
         "### The network check: what `--network-check` costs a round",
         "",
-        "`python bench/netcheck_bench.py` (its docstring says how).",
+        f"`python bench/netcheck_bench.py --reps {len(r.measure_wall)} --round-reps 0 --real-reps 0` (its docstring "
+        "says how): the check's parts.",
         "",
         f"- one node's measure on loopback ({netcheck.PINGS} round trips, {netcheck.SIZE >> 20} MiB each way, as the "
         f"check measures): {_ms(r.measure_wall)} wall, {_ms(r.measure_cpu)} CPU (both sides), median of "
@@ -448,7 +449,7 @@ def details(r: Result) -> list[str]:
         others, steal = r.round_load
         lines += [
             "",
-            f"**A round of {r.nodes} simulated nodes** (`python bench/netcheck_bench.py --reps 1 --round-reps "
+            f"**A round of {r.nodes} simulated nodes** (`python bench/netcheck_bench.py --reps 1 --real-reps 0 --round-reps "
             f"{r.round_reps}`): `netcheck.take_part` for each of {r.nodes} members in one process, each with its own "
             "connection to the real embedded store, and `netcheck.judge` with the coordinator's writes (the unhealthy "
             "nodes' keys, then the verdict) in the host process that serves it; only the measure is simulated (links "
@@ -471,7 +472,7 @@ def details(r: Result) -> list[str]:
                          f"{', '.join(f'node {g}' for g in runs[0].named) or 'nobody'} |")
     if r.real_reps:
         lines += ["", f"**{REAL_NODES} real agents in network namespaces** (`python bench/netcheck_bench.py --reps 1 "
-                  f"--real-reps {r.real_reps}`): "]
+                  f"--round-reps 0 --real-reps {r.real_reps}`): "]
         if r.real_skipped:
             lines[-1] += f"skipped: {r.real_skipped}."
         else:
