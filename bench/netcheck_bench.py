@@ -485,11 +485,11 @@ def details(r: Result) -> list[str]:
                           f"machine's cores. Other processes used {others:.0%} of the machine's CPU meanwhile (steal "
                           f"{steal:.0%}).")
             lines += ["", "| job | wall (s), samples | the check (s), samples | found |", "|---|---|---|---|"]
-            for kind, runs in r.real.items():
-                checks = [x.check for x in runs if x.check is not None]
+            for kind, jobs in r.real.items():
+                checks = [x.check for x in jobs if x.check is not None]
                 lines.append(f"| {'with --network-check' if kind == 'check' else 'without'} | "
-                             f"{fmt_samples([x.wall for x in runs], 2)} | {fmt_samples(checks, 2) if checks else '—'} | "
-                             f"{runs[0].found or '—'} |")
+                             f"{fmt_samples([x.wall for x in jobs], 2)} | {fmt_samples(checks, 2) if checks else '—'} | "
+                             f"{jobs[0].found or '—'} |")
     return [*lines, ""]
 
 
