@@ -147,3 +147,14 @@ def test_with_straggler_action_exclude_a_node_named_window_after_window_is_exclu
         runs[2].err
     assert [r.finish(timeout=120) for r in runs[:2]] == [0, 0], [r.err for r in runs]
     assert all(any(re.fullmatch(r".*DONE \d+", line) for line in r.out) for r in runs[:2])
+
+
+def test_a_stall_is_the_stall_reports_and_names_no_straggler(launch, tmp_path):
+    """Balanced for 6 s, then rank 1 stops for good before a collective: the stall report (``--hang-action fail``)
+    ends the job; no window named anybody, before or during the stall."""
+    run = launch("--standalone", "--nproc-per-node", "3", "--straggler-window", "2", "--hang-timeout", "3",
+                 "--hang-action", "fail", payload("gloo_steps.py"), env=_env(SLOW_RANK="1", SLOW_S="0.05", STALL_AFTER="6",
+                                                                             RUN_S="60"))
+    assert run.finish(timeout=120) == 1, run.err
+    assert any("stalled" in line for line in run.err), run.err
+    assert not [line for line in run.err if ANY in line], run.err

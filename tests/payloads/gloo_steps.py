@@ -3,7 +3,8 @@ then they all_reduce; for RUN_S seconds. SPIN=1 computes by spinning on the CPU 
 rather than sleeping. LOAD_EVERY=N: every N steps every rank "loads data" for LOAD_S first. SLOW_AFTER: the slow
 rank is slow only from that many seconds on (it prints ``SLOW FROM <wall time>`` then). Prints ``READY`` after
 init_process_group and ``DONE <steps>`` at the end. SLOW_NODE=1: every rank of this launcher is
-slow, whatever its rank (a slow node, across restarts that renumber the ranks)."""
+slow, whatever its rank (a slow node, across restarts that renumber the ranks). STALL_AFTER=S: SLOW_RANK stops
+for good after S seconds, before a collective (a stall: the others wait in it)."""
 
 import os
 import time
@@ -40,6 +41,8 @@ while time.monotonic() - start < run_s:
     if slow and not said:
         print(f"SLOW FROM {time.time():.3f}", flush=True)
         said = True
+    if rank == slow_rank and os.environ.get("STALL_AFTER") and time.monotonic() - start >= float(os.environ["STALL_AFTER"]):
+        time.sleep(3600)  # stuck, silent
     work(slow_s if slow else compute)
     dist.all_reduce(t)
     steps += 1

@@ -114,3 +114,33 @@ def test_a_node_that_sends_nothing_does_not_hold_the_verdict_back():
         return []
 
     assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [1]
+
+
+@pytest.mark.parametrize("skew", [0.050, -0.050])
+def test_over_the_embedded_store_on_loopback_the_skew_is_recovered_within_2_ms(skew):
+    """The node's questions go through a real client over TCP to the embedded store's server; the host answers from
+    the store's own side (its agent runs beside the server, as on the host node)."""
+    from rankrun.store.embedded.client import StoreClient  # noqa: PLC0415
+    from rankrun.store.embedded.server import StoreServer  # noqa: PLC0415
+
+    async def main() -> float:
+        store = MemoryStore(FakeTimers())
+        server = StoreServer(store, secret=b"secret")
+        port = await server.start("127.0.0.1", 0)
+        client = await StoreClient.connect("127.0.0.1", port, b"secret")
+
+        async def put(key: str, value: bytes) -> None:
+            await store.put(key, value)
+
+        host = asyncio.create_task(stragglers.answer_clocks(store, KEYS, 1, lambda: time.time() + skew, put))
+        try:
+            found = await stragglers.offset(client, KEYS, 1, "n1", time.time)
+        finally:
+            host.cancel()
+            await asyncio.gather(host, return_exceptions=True)
+            await client.close()
+            await server.close()
+        assert found is not None
+        return found.offset
+
+    assert abs(asyncio.run(asyncio.wait_for(main(), BOUND)) - skew) <= 0.002
