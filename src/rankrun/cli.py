@@ -493,27 +493,30 @@ def _numa(mode: str | None, env: Mapping[str, str], nproc: int) -> tuple[frozens
 
 
 def _hang(ns: argparse.Namespace) -> HangSpec:
-    try:
-        timeout = float(ns.hang_timeout)
-    except ValueError:
-        raise UsageError("--hang-timeout", ns.hang_timeout, "expected seconds (a number; 0: off)") from None
-    if not 0 <= timeout < float("inf"):
-        raise UsageError("--hang-timeout", ns.hang_timeout, "must be 0 (off) or more")
-    if ns.hang_action not in ("report", "fail"):
-        raise UsageError("--hang-action", ns.hang_action, "expected report or fail")
-    return HangSpec(timeout, ns.hang_action)
+    timeout = _off_or_seconds("--hang-timeout", ns.hang_timeout)
+    return HangSpec(timeout, _one_of("--hang-action", ns.hang_action, ("report", "fail")))
 
 
 def _straggler(ns: argparse.Namespace) -> StragglerSpec:
+    window = _off_or_seconds("--straggler-window", ns.straggler_window)
+    return StragglerSpec(window, _one_of("--straggler-action", ns.straggler_action, ("report", "exclude")))
+
+
+def _off_or_seconds(flag: str, value: str) -> float:
+    """A period in seconds, 0 for off; ``UsageError`` naming ``flag`` otherwise."""
     try:
-        window = float(ns.straggler_window)
+        seconds = float(value)
     except ValueError:
-        raise UsageError("--straggler-window", ns.straggler_window, "expected seconds (a number; 0: off)") from None
-    if not 0 <= window < float("inf"):
-        raise UsageError("--straggler-window", ns.straggler_window, "must be 0 (off) or more")
-    if ns.straggler_action not in ("report", "exclude"):
-        raise UsageError("--straggler-action", ns.straggler_action, "expected report or exclude")
-    return StragglerSpec(window, ns.straggler_action)
+        raise UsageError(flag, value, "expected seconds (a number; 0: off)") from None
+    if not 0 <= seconds < float("inf"):
+        raise UsageError(flag, value, "must be 0 (off) or more")
+    return seconds
+
+
+def _one_of(flag: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise UsageError(flag, value, f"expected {' or '.join(choices)}")
+    return value
 
 
 def _health(ns: argparse.Namespace) -> HealthSpec:

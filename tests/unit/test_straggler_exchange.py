@@ -13,6 +13,7 @@ import pytest
 from fakes import FakeTimers
 from rankrun.rendezvous import stragglers
 from rankrun.rendezvous.keys import Keys
+from rankrun.store.api import Store
 from rankrun.store.memory import MemoryStore
 from rankrun.straggler import summary
 from rankrun.straggler.summary import NodeWindow
@@ -22,22 +23,26 @@ KEYS = Keys.for_run("job")
 BOUND = 30
 
 
+async def _skewed_offset(store: MemoryStore, node_side: Store, skew: float) -> float:
+    """The host answers on ``store``'s own side with its clock ``skew`` ahead; the node asks through ``node_side``."""
+    async def put(key: str, value: bytes) -> None:
+        await store.put(key, value)
+
+    host = asyncio.create_task(stragglers.answer_clocks(store, KEYS, 1, lambda: time.time() + skew, put))
+    try:
+        found = await stragglers.offset(node_side, KEYS, 1, "n1", time.time)
+    finally:
+        host.cancel()
+        await asyncio.gather(host, return_exceptions=True)
+    assert found is not None
+    return found.offset
+
+
 @pytest.mark.parametrize("skew", [0.050, -0.050])
 def test_a_nodes_offset_to_the_host_is_recovered_through_the_store_within_2_ms(skew):
     async def main() -> float:
         store = MemoryStore(FakeTimers())
-
-        async def put(key: str, value: bytes) -> None:
-            await store.put(key, value)
-
-        host = asyncio.create_task(stragglers.answer_clocks(store, KEYS, 1, lambda: time.time() + skew, put))
-        try:
-            found = await stragglers.offset(store, KEYS, 1, "n1", time.time)
-        finally:
-            host.cancel()
-            await asyncio.gather(host, return_exceptions=True)
-        assert found is not None
-        return found.offset
+        return await _skewed_offset(store, store, skew)
 
     assert abs(asyncio.run(asyncio.wait_for(main(), BOUND)) - skew) <= 0.002
 
@@ -128,19 +133,10 @@ def test_over_the_embedded_store_on_loopback_the_skew_is_recovered_within_2_ms(s
         server = StoreServer(store, secret=b"secret")
         port = await server.start("127.0.0.1", 0)
         client = await StoreClient.connect("127.0.0.1", port, b"secret")
-
-        async def put(key: str, value: bytes) -> None:
-            await store.put(key, value)
-
-        host = asyncio.create_task(stragglers.answer_clocks(store, KEYS, 1, lambda: time.time() + skew, put))
         try:
-            found = await stragglers.offset(client, KEYS, 1, "n1", time.time)
+            return await _skewed_offset(store, client, skew)
         finally:
-            host.cancel()
-            await asyncio.gather(host, return_exceptions=True)
             await client.close()
             await server.close()
-        assert found is not None
-        return found.offset
 
     assert abs(asyncio.run(asyncio.wait_for(main(), BOUND)) - skew) <= 0.002
