@@ -5,6 +5,7 @@ the clock-offset estimate (``rankrun.straggler.clock``) on round trips with an i
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,29 @@ def test_the_shortest_round_trip_is_trusted_and_a_backwards_one_is_left_out():
     found = clock.estimate([slow, backwards, quick])
     assert found == clock.Offset(pytest.approx(10.0), pytest.approx(0.001))  # type: ignore[arg-type]
     assert clock.estimate([backwards]) is None and clock.estimate([]) is None
+
+
+# --- recorded: the arrivals files of two real 4-rank gloo jobs (tests/payloads/gloo_steps.py, 8 s each), as the shim
+# wrote them: rank 2 computing 300 ms a step against 50 ms, and every rank 50 ms
+
+
+def _recorded(name: str) -> tuple[dict[tuple[str, int], dict[int, float]], float]:
+    from rankrun.agent.straggle import LocalArrivals  # noqa: PLC0415 - the agent's reader of the same files
+
+    folder = Path(__file__).resolve().parents[1] / "golden" / name
+    arrivals = LocalArrivals({r: folder / f"rank_{r}.fr" for r in range(4)}).complete()
+    times = [t for when in arrivals.values() for t in when.values()]
+    return arrivals, max(times) - min(times)
+
+
+def test_a_recorded_job_with_one_slow_rank_names_it_with_its_lag_within_a_quarter():
+    arrivals, span = _recorded("arrivals_slow_rank_2")
+    found = verdict.judge(_where(4), arrivals, span)
+    assert found is not None and [s.rank for s in found] == [2]
+    assert found[0].late >= 0.9 * found[0].total and 0.75 * 0.25 <= found[0].lag <= 1.25 * 0.25  # type: ignore[operator]
+
+
+def test_a_recorded_balanced_job_names_nobody():
+    arrivals, span = _recorded("arrivals_balanced")
+    assert len(arrivals) >= 100
+    assert verdict.judge(_where(4), arrivals, span) == []
