@@ -1,5 +1,5 @@
 """A synchronous training loop for the straggler watch: every rank "computes" COMPUTE_S a step (SLOW_RANK SLOW_S),
-then they all_reduce; for RUN_S seconds. SPIN=1 computes by spinning on the CPU (a CPU quota then slows the rank)
+then they all_reduce; until one rank has run RUN_S seconds (the all_reduce carries it: they stop together). SPIN=1 computes by spinning on the CPU (a CPU quota then slows the rank)
 rather than sleeping. LOAD_EVERY=N: every N steps every rank "loads data" for LOAD_S first. SLOW_AFTER: the slow
 rank is slow only from that many seconds on (it prints ``SLOW FROM <wall time>`` then). Prints ``READY`` after
 init_process_group and ``DONE <steps>`` at the end. SLOW_NODE=1: every rank of this launcher is
@@ -34,7 +34,7 @@ print(f"READY rank {rank} pid {os.getpid()}", flush=True)
 t = torch.ones(16)
 start = time.monotonic()
 steps, said = 0, False
-while time.monotonic() - start < run_s:
+while True:
     if load_every and steps % load_every == load_every - 1:
         time.sleep(load_s)  # every rank at once: nobody waits for anybody
     slow = (rank == slow_rank or os.environ.get("SLOW_NODE") == "1") and time.monotonic() - start >= slow_after
@@ -44,7 +44,10 @@ while time.monotonic() - start < run_s:
     if rank == slow_rank and os.environ.get("STALL_AFTER") and time.monotonic() - start >= float(os.environ["STALL_AFTER"]):
         time.sleep(3600)  # stuck, silent
     work(slow_s if slow else compute)
+    t[0] = float(time.monotonic() - start >= run_s)  # the ranks stop together: once any rank's time is up
     dist.all_reduce(t)
     steps += 1
+    if t[0] > 0:
+        break
 print(f"DONE {steps}", flush=True)
 dist.destroy_process_group()
