@@ -22,6 +22,7 @@ from rankrun import procfs
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.loop import run_agent
 from rankrun.errors import EXIT_LAUNCHER, NodeExcluded, RankrunError, exit_code
+from rankrun.fdlimit import raise_soft_limit
 from rankrun.logs.console import Console
 from rankrun.logs.routes import ConsoleFacts
 from rankrun.proc.early import EarlyCatcher
@@ -36,6 +37,7 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher, *, note: str = "") -> int:
     worker starts (``python -m rankrun.launch``'s deprecation note: a launch that fails before has its one line)."""
     # Started by `exec` from a shell that already had children? Those are not ours to reap.
     keep = frozenset(procfs.children("self"))
+    raise_soft_limit()  # one connection per rank on the host: the common soft default (1,024) is too few for a large job
     watchdog = Watchdog.start()
     become_subreaper()
     _use_pidfd_child_watcher()

@@ -43,6 +43,7 @@ from rankrun.agent.watch import WAITING
 from rankrun.errors import LauncherError, NodeExcluded, StoreError
 from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import NodeLost, RdzvRound, Restart
+from rankrun.fdlimit import job_fits
 from rankrun.health.outliers import Link
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
@@ -159,6 +160,14 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         await _round_over(spec, deps, member, api, word, last, attempt)
         previous = word.round
         joined = loop.time()  # the next round's time counts from here
+
+
+def _say_fd_short(spec: LaunchSpec, deps: AgentDeps, word: Assignment) -> None:
+    """The host of this round's workers' store (and, embedded, of the rendezvous) says if it cannot hold them."""
+    nodes = 0 if on_etcd(spec.rendezvous) else word.group_world_size  # etcd holds the nodes' connections, not this process
+    short = job_fits(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc)
+    if short is not None:
+        deps.console.say(short)
 
 
 async def _round_over(  # noqa: PLR0917 - private; what _rounds holds
@@ -446,6 +455,8 @@ async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
 ) -> AttemptResult:
     """One round's attempt on this node, with the round's stacks exchange and straggler watch; ``judge``: this node's
     coordinator, if it coordinates: it judges the job's stragglers too."""
+    if judge is not None and plan.attempt == 0:  # the host, before its first workers start (said once, not per restart)
+        _say_fd_short(spec, deps, word)
     moved_on = _the_round_moved_on(member, word.round)
     exchange = Exchange(member.store, member.keys, member.info.id, word, host=_host(deps, member), run_id=spec.rendezvous.run_id,
                         sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),

@@ -1,0 +1,65 @@
+"""Open-file limits: the launcher's soft ``RLIMIT_NOFILE`` raised to the hard limit at start, and whether a job fits.
+
+The host of a job holds one connection per rank in the workers' store and, for the embedded rendezvous, one per node:
+a 4,096-rank job cannot be served by a process whose soft limit is the common default of 1,024. Raising the soft limit
+to the hard one needs no privilege (the hard limit is what an administrator chose), so the launcher does it once, at
+start; a failure is ignored (the check below then says what does not fit). Workers inherit the raised limit.
+``fd_budget`` is the decision, pure: what the job needs against what the process has, as one line to say (or None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+from pathlib import Path
+
+OWN = 64
+"""Descriptors the launcher holds whatever the job: stdio, its loop, listeners, the console, the event log."""
+PER_LOCAL_WORKER = 8
+"""Per worker of this node: its stdout/stderr pipes, its pidfd, its log files, its stack channel (generous)."""
+_NR_OPEN = Path("/proc/sys/fs/nr_open")  # the kernel's ceiling for any RLIMIT_NOFILE (an infinite hard limit)
+
+
+def nofile() -> tuple[int, int]:
+    """This process's (soft, hard) ``RLIMIT_NOFILE``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft, hard
+
+
+def raise_soft_limit() -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (never lowered; any failure ignored); the (soft, hard) after."""
+    soft, hard = nofile()
+    target = hard
+    if hard == resource.RLIM_INFINITY:  # Linux refuses an infinite soft limit: its ceiling is fs.nr_open
+        try:
+            target = int(_NR_OPEN.read_text())
+        except (OSError, ValueError):
+            return soft, hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return nofile()
+
+
+def fd_budget(*, world_size: int, nodes: int, local_workers: int, soft: int, hard: int) -> str | None:
+    """One line when a host serving ``world_size`` ranks' store connections and ``nodes`` rendezvous connections (0
+    where it serves none, e.g. etcd) with ``local_workers`` of its own cannot fit under ``soft`` open files; else None.
+    """
+    need = world_size + nodes + PER_LOCAL_WORKER * local_workers + OWN
+    if need <= soft:
+        return None
+    what = f"{world_size} worker-store connections (one per rank)"
+    if nodes:
+        what += f", {nodes} rendezvous connections (one per node)"
+    limit = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    fix = (f"raise the hard limit to at least {need} for the user running rankrun (limits.conf nofile, systemd "
+           f"LimitNOFILE=, docker --ulimit nofile=)" if hard != resource.RLIM_INFINITY and hard < need
+           else f"run `ulimit -n {need}` before rankrun")
+    return (f"this host needs about {need} open files ({what}, and its own) but its open-files limit (RLIMIT_NOFILE) "
+            f"is {soft} (hard {limit}): the ranks past it cannot connect and the job will hang in init_process_group; {fix}")
+
+
+def job_fits(*, world_size: int, nodes: int, local_workers: int) -> str | None:
+    """``fd_budget`` against this process's limits now: the line to say before any worker starts, or None."""
+    soft, hard = nofile()
+    return fd_budget(world_size=world_size, nodes=nodes, local_workers=local_workers, soft=soft, hard=hard)

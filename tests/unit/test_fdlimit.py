@@ -1,0 +1,39 @@
+"""``fd_budget``: whether a host's open-files limit holds the job's connections, and the one line when it does not."""
+
+from __future__ import annotations
+
+import resource
+
+from rankrun.fdlimit import OWN, PER_LOCAL_WORKER, fd_budget
+
+
+def test_a_job_that_fits_says_nothing() -> None:
+    need = 4096 + 512 + PER_LOCAL_WORKER * 8 + OWN
+    assert fd_budget(world_size=4096, nodes=512, local_workers=8, soft=need, hard=need) is None
+
+
+def test_one_past_the_limit_names_the_limit_the_need_and_ulimit_when_the_hard_limit_allows() -> None:
+    need = 4096 + PER_LOCAL_WORKER * 8 + OWN
+    line = fd_budget(world_size=4096, nodes=0, local_workers=8, soft=need - 1, hard=20000)
+    assert line is not None
+    assert "\n" not in line
+    assert f"about {need} open files" in line
+    assert "4096 worker-store connections (one per rank)" in line
+    assert "rendezvous" not in line  # etcd: the nodes' connections are etcd's
+    assert f"RLIMIT_NOFILE) is {need - 1} (hard 20000)" in line
+    assert f"`ulimit -n {need}`" in line
+
+
+def test_past_the_hard_limit_the_fix_is_the_hard_limit() -> None:
+    line = fd_budget(world_size=32768, nodes=4096, local_workers=8, soft=20000, hard=20000)
+    assert line is not None
+    assert "4096 rendezvous connections (one per node)" in line
+    assert "raise the hard limit to at least 36992" in line
+    assert "ulimit -n" not in line
+
+
+def test_an_unlimited_hard_limit_is_said_so() -> None:
+    line = fd_budget(world_size=2048, nodes=0, local_workers=1, soft=1024, hard=resource.RLIM_INFINITY)
+    assert line is not None
+    assert "(hard unlimited)" in line
+    assert "`ulimit -n 2120`" in line
