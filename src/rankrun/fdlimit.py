@@ -1,10 +1,14 @@
-"""Open-file limits: the launcher's soft ``RLIMIT_NOFILE`` raised to the hard limit at start, and whether a job fits.
+"""Open-file limits: the launcher's soft ``RLIMIT_NOFILE`` raised to the hard limit at start, and whether a job fits
+(its connections under that limit, its connect storm in the listen queue).
 
 The host of a job holds one connection per rank in the workers' store and, for the embedded rendezvous, one per node:
 a 4,096-rank job cannot be served by a process whose soft limit is the common default of 1,024. Raising the soft limit
 to the hard one needs no privilege (the hard limit is what an administrator chose), so the launcher does it once, at
 start; a failure is ignored (the check below then says what does not fit). Workers inherit the raised limit.
-``fd_budget`` is the decision, pure: what the job needs against what the process has, as one line to say (or None).
+``fd_budget`` is the decision, pure: what the job needs against what the process has, as one line to say (or None);
+``listen_budget`` the same for the listen queue: every rank connects to the workers' store within a second, and a
+connection past ``net.core.somaxconn`` is dropped (its client retries after 1 s; measured at 16,384 ranks: thousands
+of ``ListenOverflows``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ OWN = 64
 """Descriptors the launcher holds whatever the job: stdio, its loop, listeners, the console, the event log."""
 PER_LOCAL_WORKER = 8
 """Per worker of this node: its stdout/stderr pipes, its pidfd, its log files, its stack channel (generous)."""
-_NR_OPEN = Path("/proc/sys/fs/nr_open")  # the kernel's ceiling for any RLIMIT_NOFILE (an infinite hard limit)
+_NR_OPEN = Path("/proc/sys/fs/nr_open")
+_SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # the kernel's ceiling for any RLIMIT_NOFILE (an infinite hard limit)
 
 
 def nofile() -> tuple[int, int]:
@@ -63,3 +68,22 @@ def job_fits(*, world_size: int, nodes: int, local_workers: int) -> str | None:
     """``fd_budget`` against this process's limits now: the line to say before any worker starts, or None."""
     soft, hard = nofile()
     return fd_budget(world_size=world_size, nodes=nodes, local_workers=local_workers, soft=soft, hard=hard)
+
+
+def listen_budget(*, world_size: int, somaxconn: int) -> str | None:
+    """One line when ``world_size`` ranks connecting at once cannot all wait in a listen queue capped at ``somaxconn``."""
+    if somaxconn >= world_size:
+        return None
+    return (f"net.core.somaxconn is {somaxconn}, below the {world_size} ranks that connect to the workers' store at "
+            f"once: connections past the listen queue are dropped and retried 1 s later, slowing init_process_group; "
+            f"set `sysctl -w net.core.somaxconn={world_size}` on this host (net.ipv4.tcp_max_syn_backlog too where SYN "
+            f"cookies are off)")
+
+
+def listen_fits(*, world_size: int) -> str | None:
+    """``listen_budget`` against this host's ``net.core.somaxconn`` (None where it cannot be read)."""
+    try:
+        somaxconn = int(_SOMAXCONN.read_text())
+    except (OSError, ValueError):
+        return None
+    return listen_budget(world_size=world_size, somaxconn=somaxconn)

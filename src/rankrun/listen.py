@@ -35,7 +35,11 @@ from rankrun.errors import StoreError
 
 logger = logging.getLogger(__name__)
 
-BACKLOG = 4096  # thousands of agents connect within a second of each other
+# Thousands of agents (or every rank of a job) connect within a second of each other: a SYN past the listen queue is
+# dropped and costs its client a 1 s retransmit. The kernel caps this at net.core.somaxconn, so ask for the most and get
+# min(this, somaxconn) (fdlimit.listen_short says when somaxconn is below a job's world size).
+BACKLOG = 65535
+ACCEPT_BATCH = 4096  # accepted per loop turn at most: the rest of the queue next turn, other callbacks between
 PAUSE_FIRST_S = 0.05  # out of file descriptors: accepting resumes after this, doubling ...
 PAUSE_MAX_S = 1.0  # ... up to this: a freed descriptor is used within a second, and a paused listener costs nothing
 REBIND_ATTEMPTS = 16  # the one rebind failed in 3 of 12 loaded test runs: 16 failures in a row do not happen
@@ -112,7 +116,7 @@ class _Acceptor:
 
     def _ready(self) -> None:
         accept = self._sock.accept
-        for _ in range(BACKLOG):  # the whole listen queue, in bounded turns (other callbacks run between)
+        for _ in range(ACCEPT_BATCH):  # the whole listen queue, in bounded turns (other callbacks run between)
             try:
                 conn, addr = accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from rankrun.fdlimit import OWN, PER_LOCAL_WORKER, fd_budget
+from rankrun.fdlimit import OWN, PER_LOCAL_WORKER, fd_budget, listen_budget
 
 
 def test_a_job_that_fits_says_nothing() -> None:
@@ -37,3 +37,15 @@ def test_an_unlimited_hard_limit_is_said_so() -> None:
     assert line is not None
     assert "(hard unlimited)" in line
     assert "`ulimit -n 2120`" in line
+
+
+def test_a_listen_queue_that_holds_every_rank_says_nothing() -> None:
+    assert listen_budget(world_size=4096, somaxconn=4096) is None
+
+
+def test_a_listen_queue_below_the_world_size_says_what_to_set() -> None:
+    line = listen_budget(world_size=16384, somaxconn=4096)
+    assert line is not None
+    assert "\n" not in line
+    assert "net.core.somaxconn is 4096, below the 16384 ranks" in line
+    assert "`sysctl -w net.core.somaxconn=16384`" in line

@@ -288,12 +288,12 @@ def test_handshake_at_every_byte_boundary() -> None:
 
 def test_many_pipelined_requests_in_one_read() -> None:
     async def scenario(server: TCPStoreServer, conn: Fed) -> None:
-        assert conn.feed(b"".join(add(b"/n", 1) for _ in range(500))) == 1
-        assert conn.transport.writes == 1  # 500 replies, one write
-        assert conn.take() == b"".join(i64(n) for n in range(1, 501))
-        reads = conn.feed(b"".join(add(b"/n", 1) for _ in range(4500)))  # more than one buffer's worth
+        assert conn.feed(b"".join(add(b"/n", 1) for _ in range(50))) == 1  # 50 x 19 bytes: one idle buffer (1 KiB)
+        assert conn.transport.writes == 1  # 50 replies, one write
+        assert conn.take() == b"".join(i64(n) for n in range(1, 51))
+        reads = conn.feed(b"".join(add(b"/n", 1) for _ in range(4950)))  # many buffers' worth
         assert conn.transport.writes == reads
-        assert conn.take() == b"".join(i64(n) for n in range(501, 5001))
+        assert conn.take() == b"".join(i64(n) for n in range(51, 5001))
         assert server.snapshot()[b"/n"] == b"5000"
 
     fed(scenario)

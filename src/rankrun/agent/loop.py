@@ -23,7 +23,7 @@ from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.watch import DONE, STARTING
 from rankrun.errors import LauncherError, NodeExcluded, RankrunError, exit_code
 from rankrun.events.records import RdzvRound, Restart
-from rankrun.fdlimit import job_fits
+from rankrun.fdlimit import job_fits, listen_fits
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -95,8 +95,10 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, observers: 
         else:
             await observers.begin(spec.local_addr or LOCAL_ADDRESS)
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
-            if (short := job_fits(world_size=spec.worker.nproc, nodes=0, local_workers=spec.worker.nproc)) is not None:
-                deps.console.say(short)  # before any worker starts: a job that cannot fit would hang in its init
+            for short in (job_fits(world_size=spec.worker.nproc, nodes=0, local_workers=spec.worker.nproc),
+                          listen_fits(world_size=spec.worker.nproc)):
+                if short is not None:
+                    deps.console.say(short)  # before any worker starts: a job that cannot fit would hang in its init
             final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
         deps.on_demand.idle(spec.rendezvous.run_id, DONE)

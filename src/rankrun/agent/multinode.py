@@ -43,7 +43,7 @@ from rankrun.agent.watch import WAITING
 from rankrun.errors import LauncherError, NodeExcluded, StoreError
 from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import NodeLost, RdzvRound, Restart
-from rankrun.fdlimit import job_fits
+from rankrun.fdlimit import job_fits, listen_fits
 from rankrun.health.outliers import Link
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
@@ -165,9 +165,10 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
 def _say_fd_short(spec: LaunchSpec, deps: AgentDeps, word: Assignment) -> None:
     """The host of this round's workers' store (and, embedded, of the rendezvous) says if it cannot hold them."""
     nodes = 0 if on_etcd(spec.rendezvous) else word.group_world_size  # etcd holds the nodes' connections, not this process
-    short = job_fits(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc)
-    if short is not None:
-        deps.console.say(short)
+    for short in (job_fits(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc),
+                  listen_fits(world_size=word.ranks.world_size)):
+        if short is not None:
+            deps.console.say(short)
 
 
 async def _round_over(  # noqa: PLR0917 - private; what _rounds holds

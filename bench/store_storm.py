@@ -1,0 +1,244 @@
+"""The connect storm: N raw-protocol TCPStore clients at once against rankrun's ``TCPStoreServer`` and torch's own
+``TCPStore(is_master=True)`` server (libuv), each server in a fresh process of its own per run, alternating.
+
+Every client does what ``init_process_group``'s store traffic does: connect, VALIDATE, ADD a counter; rank 0 SETs a
+128-byte id, every other rank WAITs for it and GETs it; then a closing barrier (ADD, the last one SETs a key, everyone
+WAITs for it). The clients run in ``--client-procs`` processes (asyncio streams), started and made ready before the
+clock starts. Per run: the whole sequence, the storm (every client connected, handshaken and its ADD answered), the
+server's CPU (``/proc/<pid>/stat``), its RSS before and with every connection open and idle (per connection), and
+the kernel's ``ListenOverflows``/``ListenDrops``/``TCPSynRetrans`` (``/proc/net/netstat``, TcpExt) before and after.
+
+Both servers get the same open-files limit: their soft limit raised to the hard one.
+
+    python bench/store_storm.py --sizes 1024,4096 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+SRC = HERE.parents[1] / "src"
+HOST = "127.0.0.1"
+ID = bytes(range(128))
+TIMEOUT_S = 300.0
+
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+
+
+def _s(data: bytes) -> bytes:
+    return _U64.pack(len(data)) + data
+
+
+VALIDATE = b"\x00" + _U32.pack(0x3C85F7CE)
+
+
+def _add(key: bytes, n: int) -> bytes:
+    return b"\x04" + _s(key) + _I64.pack(n)
+
+
+def _set(key: bytes, value: bytes) -> bytes:
+    return b"\x01" + _s(key) + _s(value)
+
+
+def _wait(key: bytes) -> bytes:
+    return b"\x06" + _U64.pack(1) + _s(key)
+
+
+def _get(key: bytes) -> bytes:
+    return b"\x03" + _s(key)
+
+
+# -- the server process ---------------------------------------------------------------------------------------------
+
+
+def serve(kind: str, src: str = str(SRC)) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if kind == "torch":
+        import torch.distributed as dist  # noqa: PLC0415 - only the torch server process imports torch
+
+        store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, use_libuv=True)
+        print("port", store.port, flush=True)
+        sys.stdin.read()
+        return
+    sys.path.insert(0, src)
+    from rankrun.workerstore.tcpstore import TCPStoreServer  # noqa: PLC0415
+
+    async def main() -> None:
+        server = TCPStoreServer()
+        print("port", await server.start(HOST, 0), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await server.close()
+
+    asyncio.run(main())
+
+
+# -- a client process -------------------------------------------------------------------------------------------------
+
+
+async def _rank(rank: int, world: int, port: int, stormed: list[float], held: list[asyncio.StreamWriter]) -> None:
+    reader, writer = await asyncio.open_connection(HOST, port, limit=4096)
+    held.append(writer)
+    writer.write(VALIDATE + _add(b"init", 1))
+    await reader.readexactly(8)
+    stormed.append(time.monotonic())
+    if rank == 0:
+        writer.write(_set(b"id", ID))
+    else:
+        writer.write(_wait(b"id"))  # as torch's client: the GET only after the WAIT's reply (libuv answers a
+        await reader.readexactly(1)  # pipelined GET at once, before the WAIT it follows)
+        writer.write(_get(b"id"))
+        (size,) = _U64.unpack(await reader.readexactly(8))
+        assert await reader.readexactly(size) == ID
+    writer.write(_add(b"done", 1))
+    (arrived,) = _I64.unpack(await reader.readexactly(8))
+    writer.write((_set(b"fin", b"1") if arrived == world else b"") + _wait(b"fin"))
+    await reader.readexactly(1)
+
+
+def clients(port: int, world: int, first: int, count: int) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        print("ready", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)  # "go"
+        stormed: list[float] = []
+        held: list[asyncio.StreamWriter] = []
+        await asyncio.wait_for(asyncio.gather(*(_rank(r, world, port, stormed, held) for r in range(first, first + count))),
+                               TIMEOUT_S)
+        print("storm", max(stormed), "done", time.monotonic(), flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)  # "close": connections held until the RSS is read
+        for writer in held:
+            writer.close()
+
+    asyncio.run(main())
+
+
+# -- the driver -------------------------------------------------------------------------------------------------------
+
+
+def _netstat() -> dict[str, int]:
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return dict(zip(names.split()[1:], map(int, values.split()[1:]), strict=True))
+    return {}
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _child(*args: str, quiet: bool = False) -> subprocess.Popen[str]:
+    # torch's server does a reverse-DNS lookup per connection on its loop thread; a resolver that loses queries stalls
+    # it 5 s each (1,024 ranks: 96 s here). As bench/harness.py: RES_OPTIONS shortens that to 1 s (still counted).
+    env = {**os.environ, "RES_OPTIONS": os.environ.get("RES_OPTIONS", "timeout:1 attempts:1")}
+    return subprocess.Popen([sys.executable, str(HERE), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env, stderr=subprocess.DEVNULL if quiet else None)
+
+
+def _line(proc: subprocess.Popen[str]) -> list[str]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{proc.args} ended: {proc.wait()}")
+    return line.split()
+
+
+def _tell(proc: subprocess.Popen[str], word: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(word + "\n")
+    proc.stdin.flush()
+
+
+def one_run(kind: str, world: int, procs: int, src: str) -> dict[str, float]:
+    server = _child("serve", kind, src, quiet=kind == "torch")  # torch warns per failed lookup
+    port = int(_line(server)[1])
+    per = -(-world // procs)
+    parts = [(first, min(per, world - first)) for first in range(0, world, per)]
+    workers = [_child("clients", str(port), str(world), str(first), str(count)) for first, count in parts]
+    try:
+        for worker in workers:
+            assert _line(worker) == ["ready"]
+        rss0, cpu0, net0 = _rss_kib(server.pid), _cpu_s(server.pid), _netstat()
+        start = time.monotonic()
+        for worker in workers:
+            _tell(worker, "go")
+        ends = [_line(worker) for worker in workers]
+        storm = max(float(end[1]) for end in ends) - start
+        total = max(float(end[3]) for end in ends) - start
+        cpu = _cpu_s(server.pid) - cpu0
+        rss = _rss_kib(server.pid)
+        net1 = _netstat()
+        for worker in workers:
+            _tell(worker, "close")
+        for worker in workers:
+            worker.wait(timeout=60)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        if server.stdin is not None:
+            server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    return {"total_s": total, "storm_s": storm, "cpu_s": cpu, "cpu_us_per_rank": cpu / world * 1e6,
+            "rss_mib": rss / 1024, "kib_per_conn": (rss - rss0) / world,
+            **{k: float(net1.get(k, 0) - net0.get(k, 0)) for k in ("ListenOverflows", "ListenDrops", "TCPSynRetrans")}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024,4096")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--servers", default="rankrun,torch")
+    parser.add_argument("--client-procs", type=int, default=2)
+    parser.add_argument("--src", default=str(SRC), help="the rankrun sources to serve from (another checkout: before/after)")
+    args = parser.parse_args()
+    kinds = args.servers.split(",")
+    sysctl = Path("/proc/sys/net")
+    print(f"somaxconn {(sysctl / 'core/somaxconn').read_text().strip()}, tcp_max_syn_backlog "
+          f"{(sysctl / 'ipv4/tcp_max_syn_backlog').read_text().strip()}, NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)}, "
+          f"{os.cpu_count()} CPUs")
+    print("server   ranks  rep  total_s storm_s  cpu_s  cpu_us/rank  rss_MiB  KiB/conn  overflows drops synretrans")
+    for world in map(int, args.sizes.split(",")):
+        for rep in range(args.reps):
+            for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:  # alternating which goes first
+                r = one_run(kind, world, args.client_procs, args.src)
+                print(f"{kind:8} {world:6} {rep:4} {r['total_s']:8.2f} {r['storm_s']:7.2f} {r['cpu_s']:6.2f} "
+                      f"{r['cpu_us_per_rank']:12.1f} {r['rss_mib']:8.1f} {r['kib_per_conn']:9.2f} "
+                      f"{r['ListenOverflows']:10.0f} {r['ListenDrops']:5.0f} {r['TCPSynRetrans']:10.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        serve(*sys.argv[2:4])
+    elif sys.argv[1:2] == ["clients"]:
+        clients(*map(int, sys.argv[2:6]))
+    else:
+        main()
