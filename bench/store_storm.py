@@ -81,7 +81,13 @@ def serve(kind: str, src: str = str(SRC)) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await server.close()
 
-    asyncio.run(main())
+    profile = os.environ.get("STORM_PROFILE")  # a path: the server's cProfile stats go there (where the CPU goes)
+    if not profile:
+        asyncio.run(main())
+        return
+    import cProfile  # noqa: PLC0415 - only when asked
+
+    cProfile.runctx("asyncio.run(main())", globals(), {"main": main, "asyncio": asyncio}, profile)
 
 
 # -- a client process -------------------------------------------------------------------------------------------------
