@@ -224,7 +224,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--servers", default="rankrun,torch")
     parser.add_argument("--client-procs", type=int, default=2)
-    parser.add_argument("--src", default=str(SRC), help="the rankrun sources to serve from (another checkout: before/after)")
+    parser.add_argument("--src", default=str(SRC), help="the rankrun sources to serve from")
+    parser.add_argument("--before-src", default="", help="another checkout's sources, served as the server 'before'")
     args = parser.parse_args()
     kinds = args.servers.split(",")
     sysctl = Path("/proc/sys/net")
@@ -235,7 +236,8 @@ def main() -> None:
     for world in map(int, args.sizes.split(",")):
         for rep in range(args.reps):
             for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:  # alternating which goes first
-                r = one_run(kind, world, args.client_procs, args.src)
+                src = args.before_src if kind == "before" else args.src
+                r = one_run("rankrun" if kind == "before" else kind, world, args.client_procs, src)
                 print(f"{kind:8} {world:6} {rep:4} {r['total_s']:8.2f} {r['storm_s']:7.2f} {r['cpu_s']:6.2f} "
                       f"{r['cpu_us_per_rank']:12.1f} {r['rss_mib']:8.1f} {r['kib_per_conn']:9.2f} "
                       f"{r['ListenOverflows']:10.0f} {r['ListenDrops']:5.0f} {r['TCPSynRetrans']:10.0f}", flush=True)
