@@ -139,17 +139,20 @@ class _Acceptor:
     def _serve(self, conn: socket.socket, addr: object) -> None:
         conn.setblocking(False)
         make = self._make
-        if make is not None:
-            try:
-                make(conn, self._factory(), extra={"peername": addr}, server=self._server)
-                return
-            except TypeError:  # its signature changed after all: the public path from now on
-                self._make = None
-            except Exception as exc:  # a protocol factory that failed: this connection only
-                logger.debug("closing accepted connection from %s: %r", addr, exc)
-                conn.close()
-                return
-        self._loop.create_task(self._adopt(conn))
+        if make is None:
+            self._loop.create_task(self._adopt(conn))
+            return
+        try:
+            protocol = self._factory()
+        except Exception as exc:  # a protocol factory that failed: this connection only
+            logger.debug("closing accepted connection from %s: %r", addr, exc)
+            conn.close()
+            return
+        try:
+            make(conn, protocol, extra={"peername": addr}, server=self._server)
+        except TypeError:  # its signature changed after all: the public path from now on (a fresh protocol)
+            self._make = None
+            self._loop.create_task(self._adopt(conn))
 
     async def _adopt(self, conn: socket.socket) -> None:
         try:
