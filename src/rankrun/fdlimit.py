@@ -21,8 +21,8 @@ OWN = 64
 """Descriptors the launcher holds whatever the job: stdio, its loop, listeners, the console, the event log."""
 PER_LOCAL_WORKER = 8
 """Per worker of this node: its stdout/stderr pipes, its pidfd, its log files, its stack channel (generous)."""
-_NR_OPEN = Path("/proc/sys/fs/nr_open")
-_SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # the kernel's ceiling for any RLIMIT_NOFILE (an infinite hard limit)
+_NR_OPEN = Path("/proc/sys/fs/nr_open")  # the kernel's ceiling for any RLIMIT_NOFILE (an infinite hard limit)
+_SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # the kernel's ceiling for any listen backlog
 
 
 def nofile() -> tuple[int, int]:

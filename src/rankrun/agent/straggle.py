@@ -48,14 +48,12 @@ class Said:
     def __init__(self, say: Callable[[str], None], events: EventStream) -> None:
         self._say, self._events = say, events
         self.verdict: dict[int, Straggler] = {}
-        self.streaks: dict[int, int] = {}
 
     def update(self, found: Sequence[Straggler]) -> None:
         for change in verdict.changes(self.verdict, found):
             self._say(change.line)
             self._events.emit(event(change))
         self.verdict = {s.rank: s for s in found}
-        self.streaks = verdict.streaks(self.streaks, found)
 
 
 def event(change: Change) -> StragglerEvent:

@@ -10,8 +10,8 @@ times name nobody. Only *who arrives last* does. Two signals, from what the laun
   how much. A rank is a straggler when it was late on at least ``SHARE`` of the window's collectives it took part
   in (most of them, not once), on at least ``MIN_COLLECTIVES``, and its lags add up to at least ``COST`` of the
   window: the others spent that much of the window waiting for it. NCCL's asynchronous collectives still record
-  when each rank enqueued them, which is what arrival order needs.
-- **Stack samples** (where there are no arrivals: no torch, a private API gone, the recorder off): the share of a
+  when each rank enqueued them, which is what arrival order needs (not verified here: no GPU).
+- **Stack samples** (where a rank's recorder cannot be read: a private API gone or changed): the share of a
   rank's samples that found its main thread waiting in a collective. A straggler is almost never found waiting
   (at most ``ITS_WAITING``) while the others mostly are (the median of theirs at least ``OTHERS_WAITING``). Not
   always (over ``PROGRESS``): a job where every rank waits in every sample is not progressing at all, which is a
