@@ -56,13 +56,11 @@ def test_the_slow_rank_of_four_is_named_once_with_its_lag_and_an_event(launch, t
     assert event["rank"] == 2 and event["verdict"] == "named" and 0.188 <= event["lag"] <= 0.312  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("extra", [
-    {"RUN_S": "20"},  # balanced
-    {"RUN_S": "12", "LOAD_EVERY": "8", "LOAD_S": "1.0"},  # every rank loads data at once, every 8 steps
-], ids=["balanced", "loading-data"])
-def test_a_balanced_job_and_one_loading_data_on_every_rank_name_nobody(launch, tmp_path, extra):
+def test_a_balanced_job_loading_data_on_every_rank_names_nobody(launch, tmp_path):
+    """Balanced, with every rank loading data at once every 8 steps (a second each: 4 windows of 3 s, each with a
+    load); the stall test below is balanced with nothing else for its first 3 windows."""
     run = launch("--standalone", "--nproc-per-node", "4", "--straggler-window", WINDOW, payload("gloo_steps.py"),
-                 env=_env(**extra))
+                 env=_env(RUN_S="12", LOAD_EVERY="8", LOAD_S="1.0"))
     assert run.finish(timeout=180) == 0, _tail(run)
     assert not [line for line in run.err if ANY in line], run.err
     assert any(line.endswith(tuple(f"DONE {n}" for n in range(10, 1000))) for line in run.out), run.out
@@ -141,7 +139,7 @@ def test_with_straggler_action_exclude_a_node_named_window_after_window_is_exclu
     args = ("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:29434", "--rdzv-id", "exclude",
             "--nproc-per-node", "1", "--straggler-window", "2", "--straggler-action", "exclude", "--max-node-failures", "1",
             "--max-restarts", "1")
-    env = _env(RUN_S="14", COMPUTE_S="0.02", SLOW_S="0.1")  # ~20 collectives a 2 s window
+    env = _env(RUN_S="14", RESTARTED_RUN_S="2", COMPUTE_S="0.02", SLOW_S="0.1")  # ~20 collectives a 2 s window
     runs = [launch(*args, "--rdzv-conf", "is_host=1,last_call_timeout=5", "--local-addr", host, payload("gloo_steps.py"),
                    env=dict(env)),
             launch(*args, "--rdzv-conf", "is_host=0", "--local-addr", b, payload("gloo_steps.py"), env=dict(env)),
