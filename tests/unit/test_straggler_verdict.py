@@ -199,3 +199,64 @@ def test_a_recorded_balanced_job_names_nobody():
     arrivals, span = _recorded("arrivals_balanced")
     assert len(arrivals) >= 100
     assert verdict.judge(_where(4), arrivals, span) == []
+
+
+# --- the rule's thresholds, each exactly on its boundary and just past it (times exact in binary: 0.0 and k/4)
+
+
+def _exact(late: dict[int, float], collectives: int, ranks: int = 4) -> dict[tuple[str, int], dict[int, float]]:
+    """``collectives`` collectives every rank entered at 0.0 but each rank in ``late``, which entered every one of
+    them ``late[rank]`` seconds later."""
+    return {("0", seq): {r: late.get(r, 0.0) for r in range(ranks)} for seq in range(collectives)}
+
+
+def test_a_lag_of_exactly_the_floor_is_late_and_just_below_it_is_jitter():
+    ((count, lags),) = [v for r, v in verdict.lags(_exact({3: verdict.LAG_FLOOR}, 1)).items() if r == 3]
+    assert (count, lags) == (1, [verdict.LAG_FLOOR])
+    assert verdict.lags(_exact({3: verdict.LAG_FLOOR * 0.999}, 1))[3] == (1, [])
+
+
+def test_exactly_min_collectives_are_judged_and_one_fewer_tells_nothing():
+    window = 1.0  # lags of 0.25 s: far over the cost threshold; no stack samples to fall back on
+    assert [s.rank for s in verdict.judge(_where(4), _exact({3: 0.25}, verdict.MIN_COLLECTIVES), window)] == [3]
+    assert verdict.judge(_where(4), _exact({3: 0.25}, verdict.MIN_COLLECTIVES - 1), window) is None
+
+
+def test_late_on_exactly_the_share_is_named_and_on_one_fewer_is_not():
+    arrivals = _exact({}, 8)
+    for seq in range(4):  # late on 4 of 8: exactly SHARE
+        arrivals[("0", seq)][3] = 0.25
+    assert [s.rank for s in verdict.judge(_where(4), arrivals, 1.0)] == [3]
+    arrivals[("0", 3)][3] = 0.0  # 3 of 8
+    assert verdict.judge(_where(4), arrivals, 1.0) == []
+
+
+def test_lags_adding_up_to_exactly_the_cost_are_named_and_a_longer_window_is_not():
+    arrivals = _exact({3: 0.25}, 8)  # 8 x 0.25 = 2.0 s of lag
+    exact = 2.0 / verdict.COST  # the window in which 2.0 s is exactly COST
+    assert [s.rank for s in verdict.judge(_where(4), arrivals, exact)] == [3]
+    assert verdict.judge(_where(4), arrivals, exact * 1.001) == []
+    assert [s.rank for s in verdict.judge(_where(4), arrivals, exact * 1.001, scale=1.01)] == [3]  # a sample's scale counts
+
+
+def _shares(its: tuple[int, int], others: tuple[int, int]) -> list[RankWindow]:
+    """Rank 0 waiting ``its[0]`` of ``its[1]`` samples; ranks 1-3 ``others[0]`` of ``others[1]``."""
+    return [RankWindow(0, "node-0", samples=its[1], waiting=its[0])] + [
+        RankWindow(r, f"node-{r}", samples=others[1], waiting=others[0]) for r in (1, 2, 3)]
+
+
+@pytest.mark.parametrize(("its", "others", "named"), [
+    ((3, 12), (6, 12), True),  # exactly ITS_WAITING (0.25), the others exactly OTHERS_WAITING (0.5)
+    ((4, 12), (6, 12), False),  # over ITS_WAITING
+    ((3, 12), (5, 12), False),  # the others under OTHERS_WAITING
+    ((0, 50), (49, 50), True),  # the others exactly PROGRESS (0.98)
+    ((0, 10), (10, 10), None),  # every other rank always waiting: the job's median over PROGRESS, a stall
+    ((0, 10), (6, 10), True),  # exactly MIN_SAMPLES each
+    ((0, 9), (6, 9), None),  # one fewer: too little to go on
+], ids=["its-at", "its-over", "others-under", "progress-at", "stall", "min-samples-at", "min-samples-under"])
+def test_the_sample_rule_on_each_boundary(its, others, named):
+    found = verdict.judge(_shares(its, others), {}, WINDOW)
+    if named is None:
+        assert found is None
+    else:
+        assert found is not None and (0 in [s.rank for s in found]) is named
