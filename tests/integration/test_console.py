@@ -194,8 +194,11 @@ def _check_order(text: str) -> None:
     assert "    ValueError: the real error" in report
 
 
+REPEATS = 10  # a race between the two pipes and the report: each run is a fresh draw (20 took 30 s on a terminal)
+
+
 def test_report_is_last_and_stderr_follows_its_stdout_on_a_pipe(tmp_path, reaper):
-    for _ in range(20):
+    for _ in range(REPEATS):
         proc = _pipe_launch(reaper, payload("order.py"), cwd=tmp_path)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 1
@@ -203,7 +206,7 @@ def test_report_is_last_and_stderr_follows_its_stdout_on_a_pipe(tmp_path, reaper
 
 
 def test_report_is_last_and_stderr_follows_its_stdout_on_a_terminal(pty_launch):
-    for _ in range(20):
+    for _ in range(REPEATS):
         term = pty_launch(payload("order.py"))
         assert term.finish() == 1
         _check_order(term.text())
