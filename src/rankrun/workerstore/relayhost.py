@@ -83,13 +83,14 @@ class _SharedWait(_Connection):
     Released as that many WAITs would be: a value for the key releases them all (``00``); a queue push releases one
     (``02``), the others keep their place at the front of the key's waiters, where they were."""
 
-    __slots__ = ("_count", "_key")
+    __slots__ = ("_count", "_ended", "_key")
 
     def __init__(self, server: TCPStoreServer) -> None:
         super().__init__(server)
         self._table = _SHARED_HANDSHAKE  # the store's dispatch tables, with this class's WAIT
         self._count = 0
         self._key = b""
+        self._ended = False  # all released: the relay releases every waiter it has on that reply, JOINs in flight too
 
     def _op_validate(self, mv: memoryview, pos: int, end: int) -> int:
         """VALIDATE, as the store's, but not counted among the workers' first requests (it is the relay's)."""
@@ -113,8 +114,10 @@ class _SharedWait(_Connection):
 
     def join(self) -> None:
         """One more local waiter (the relay's JOIN)."""
+        if self._ended:
+            return
         self._count += 1
-        if self._pending is None and self._key:  # it was over when the JOIN came: wait again, as that WAIT would
+        if self._pending is None and self._key:  # the pushes released every waiter but this one: wait again
             self._arm()
 
     def leave(self) -> None:
@@ -146,6 +149,7 @@ class _SharedWait(_Connection):
         """Reply for a wake-up: all released (the key has a value) or one (a queue push); whether it was one."""
         one = self._key not in self._keyspace.values
         self._count = self._count - 1 if one else 0
+        self._ended = not one
         reply = bytes([mux.ONE_RELEASED if one else mux.ALL_RELEASED])
         if self._busy:
             self._out.append(reply)
