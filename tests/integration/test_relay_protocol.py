@@ -9,7 +9,6 @@ the relay, the host refusing a relay without the job's secret, and the relay's c
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -201,4 +200,21 @@ def test_many_clients_through_one_relay_add_exactly(store: RelayedStore) -> None
     assert len(store.host.links) == 1
 
 
-del asyncio
+
+def test_a_lost_link_closes_the_relays_clients_and_the_next_client_reconnects(store: RelayedStore) -> None:
+    old = store.client()
+    old.send(set_(b"/k", b"v"))
+    old.assert_quiet()
+    lost: list[str] = []
+    store.relay.on_lost = lost.append
+
+    async def cut() -> None:
+        for link in list(store.host.links):
+            assert link._transport is not None
+            link._transport.abort()  # the network between the node and the host fails
+
+    store.run(cut())
+    old.assert_closed()  # as a store that went away
+    fresh = store.client()  # the relay connects again for it
+    assert fresh.call(get(b"/k"), 9) == s(b"v")  # the same store: the keys are still there
+    assert len(lost) == 1 and "was lost" in lost[0]
