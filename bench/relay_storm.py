@@ -83,14 +83,15 @@ def host() -> None:
     from rankrun.workerstore.relayhost import RelayHost  # noqa: PLC0415
     from rankrun.workerstore.tcpstore import TCPStoreServer  # noqa: PLC0415
 
-    waits = [0]
-    original = Keyspace.wait
+    waits = [0]  # WAITs the keyspace registered: a direct client's (wait), a relay's shared wait's (enqueue)
+    for name in ("wait", "enqueue"):
+        original = getattr(Keyspace, name)
 
-    def counted(self: Keyspace, *args: object, **kwargs: object) -> object:
-        waits[0] += 1
-        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+        def counted(self: Keyspace, *args: object, _original: object = original, **kwargs: object) -> object:
+            waits[0] += 1
+            return _original(self, *args, **kwargs)  # type: ignore[operator]
 
-    Keyspace.wait = counted  # type: ignore[method-assign]
+        setattr(Keyspace, name, counted)
 
     async def main() -> None:
         server = TCPStoreServer()

@@ -20,7 +20,7 @@ from rankrun.errors import StoreError
 from rankrun.workerstore.keyspace import Keyspace
 from rankrun.workerstore.relay import StoreRelay
 from rankrun.workerstore.relayhost import RelayHost
-from tcpwire import CANCEL_WAIT, CANCELED, STOP, get, s, set_, wait
+from tcpwire import CANCEL_WAIT, CANCELED, STOP, get, i64, qlen, qpush, s, set_, wait
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,15 +67,16 @@ def store() -> Iterator[ServedStore]:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How many WAITs and GETs the host's keyspace served."""
-    counts = {"wait": 0, "get": 0}
-    original_wait = Keyspace.wait
+    """How many WAITs the host's keyspace registered (a client's, or a shared wait's)."""
+    counts = {"wait": 0}
+    for name in ("wait", "enqueue"):
+        original = getattr(Keyspace, name)
 
-    def counting_wait(self: Keyspace, *args: object, **kwargs: object) -> object:
-        counts["wait"] += 1
-        return original_wait(self, *args, **kwargs)  # type: ignore[arg-type]
+        def counting(self: Keyspace, *args: object, _original: object = original, **kwargs: object) -> object:
+            counts["wait"] += 1
+            return _original(self, *args, **kwargs)  # type: ignore[operator]
 
-    monkeypatch.setattr(Keyspace, "wait", counting_wait)
+        monkeypatch.setattr(Keyspace, name, counting)
     return counts
 
 
@@ -218,3 +219,31 @@ def test_a_lost_link_closes_the_relays_clients_and_the_next_client_reconnects(st
     fresh = store.client()  # the relay connects again for it
     assert fresh.call(get(b"/k"), 9) == s(b"v")  # the same store: the keys are still there
     assert len(lost) == 1 and "was lost" in lost[0]
+
+
+def test_queue_pushes_release_shared_and_direct_waiters_in_arrival_order(store: RelayedStore, counted: dict[str, int]) -> None:
+    """Two relayed waiters share one wait; a direct client's WAIT came between theirs: each push releases the oldest."""
+    a, b = store.client(), store.client()
+    direct = RawClient(store.store_port)
+    pusher = RawClient(store.store_port)
+    try:
+        a.send(wait(b"q"))
+        a.assert_quiet()  # its JOIN reached the host before its PING did
+        direct.send(wait(b"q"))
+        direct.assert_quiet()
+        b.send(wait(b"q"))
+        b.assert_quiet()
+        assert store.relay.stats.coalesced == 1  # b joined a's shared wait
+        pusher.send(qpush(b"q", b"1"))
+        assert a.recv(1) == STOP
+        direct.assert_quiet()
+        b.assert_quiet()
+        pusher.send(qpush(b"q", b"2"))
+        assert direct.recv(1) == STOP
+        b.assert_quiet()
+        pusher.send(qpush(b"q", b"3"))
+        assert b.recv(1) == STOP
+        assert pusher.call(qlen(b"q"), 8) == i64(3)  # nobody popped: the three values are still there
+    finally:
+        direct.close()
+        pusher.close()

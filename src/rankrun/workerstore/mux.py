@@ -16,10 +16,11 @@ Then both sides send frames, ``u8 kind | u32 id | u32 length | payload``: the re
 sends its client's request bytes as DATA and CLOSEs it when the client goes; the host sends DATA (the replies) and
 CLOSE (it dropped that connection: a protocol error, a reset for a new attempt, close()).
 
-A *shared wait* (``SHARED``: a connection of the relay's own, opened for one WAIT on one key that several local
-clients wait on) counts its waiters: its WAIT is the first, each JOIN one more, each LEAVE one fewer. The host
-answers it ``00`` when the key got a value (every waiter is released, as every WAIT on it would be), ``02`` when a
-queue push released one waiter (the oldest, as a push releases only the oldest WAIT; the others keep their place).
+A *shared wait* (``SHARED``, its key as payload: a connection of the relay's own for the WAITs of several clients on
+one key) gets a JOIN per waiter (their index: 0, 1, ... in order) and a LEAVE (``u32`` index) for a waiter that
+canceled or went. The host answers ``u8 kind | u32 number``: ``ALL`` n, the key got a value and the first n waiters are
+released (every one joined so far, as every WAIT on the key would be); ``ONE`` i, a queue push released waiter i (a
+push releases only the oldest WAIT, ours or another's; each waiter keeps its place, its arrival at the host).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ MAX_FRAME = 16 << 20  # a frame carries one read of a client's bytes (or replies
 
 OPEN, DATA, CLOSE, SHARED, JOIN, LEAVE = 1, 2, 3, 4, 5, 6
 ALL_RELEASED, ONE_RELEASED = 0, 2  # a shared wait's replies
+RELEASE = struct.Struct("<BI")  # a shared wait's reply: kind, number
+INDEX = struct.Struct("<I")  # a LEAVE's payload: the waiter's index
 HEADER = struct.Struct("<BII")
 _NO_PROOF = bytes(PROOF_LEN)
 

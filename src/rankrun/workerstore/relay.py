@@ -5,8 +5,9 @@ ranks`` store connections, whatever the world size.
 Each local client gets a virtual connection on the host (``workerstore.relayhost``: the store's own connection code),
 so the host applies every request exactly as it would a socket's; the relay only cuts its clients' byte streams into
 requests (``workerstore.mux.RequestCutter``) and follows their replies (``ReplyTracker``) for one purpose: identical
-concurrent GETs, and WAITs on the same keys, of several local clients go upstream once, on a virtual connection of the
-relay's own, and the reply is given to each (8 local ranks waiting for one id cost the host one WAIT and one GET).
+concurrent GETs of several local clients go upstream once, on a virtual connection of the relay's own, and the reply
+is given to each; their WAITs on one key join one shared wait (``mux``: released as their WAITs would be, a queue push
+releasing the oldest WAIT of all). 8 local ranks waiting for one id cost the host one shared wait and one GET.
 This is safe because one ordered connection carries everything: a reply reaches the relay before any reply that
 reflects a later state of the host, so a client that joins a request in flight could not have known of a newer
 value; and a client is only joined when it owes no other reply (torch's client never pipelines a request behind
@@ -56,14 +57,16 @@ class RelayStats:
 class _Shared:
     """One GET, or one WAIT on one key, in flight upstream for several local clients (``waiters``, oldest first)."""
 
-    __slots__ = ("cid", "code", "key", "waiters")
+    __slots__ = ("cid", "code", "indices", "joined", "key", "pending", "waiters")
 
     def __init__(self, code: int, key: bytes, cid: int) -> None:
         self.code = code
         self.key = key
         self.cid = cid  # a WAIT: its shared wait's connection; a GET: the reader's
         self.waiters: list[_Local] = []
-
+        self.joined = 0  # a WAIT: JOINs sent (the next waiter's index)
+        self.indices: dict[_Local, int] = {}  # a WAIT: each waiter's index
+        self.pending = b""  # a WAIT: an incomplete reply
 
 class _Local(asyncio.Protocol):
     """One local worker's TCPStore connection."""
@@ -448,8 +451,6 @@ class StoreRelay:
         shared = table.get(key)
         if shared is not None:
             self.stats.coalesced += 1
-            if code == mux.WAIT:
-                self._send(mux.JOIN, shared.cid)
         elif code == mux.GET:  # all GETs share one connection of the relay's: they never block, replies come in order
             if self._reader == 0:
                 self._reader = self._new_id()
@@ -460,18 +461,21 @@ class StoreRelay:
             self._reader_replies.expect("s")
             self._send(mux.DATA, self._reader, request)
             self.stats.shared += 1
-        else:  # a WAIT: a shared wait of its own (one pending WAIT per connection)
+        else:  # a WAIT: a shared wait (mux), one JOIN per waiter
             shared = table[key] = _Shared(code, key, self._new_id())
             self._waiting[shared.cid] = shared
-            self._send(mux.SHARED, shared.cid)
-            self._send(mux.DATA, shared.cid, _VALIDATE + request)
+            self._send(mux.SHARED, shared.cid, key)
             self.stats.shared += 1
+        if code == mux.WAIT:
+            shared.indices[client] = shared.joined
+            shared.joined += 1
+            self._send(mux.JOIN, shared.cid)
         shared.waiters.append(client)
         client.attached = shared
 
     def _detach(self, client: _Local) -> None:
-        """A waiter canceled its WAIT or went: the others keep waiting (LEAVE); the last one's going ends the shared
-        wait (CLOSE: the host forgets it). A GET's reply is only given to those still there."""
+        """A waiter canceled its WAIT or went: the others keep waiting (LEAVE, its index); the last one's going ends
+        the shared wait (CLOSE: the host forgets it). A GET's reply is only given to those still there."""
         shared, client.attached = client.attached, None
         if shared is None:
             return
@@ -479,8 +483,9 @@ class StoreRelay:
             shared.waiters.remove(client)
         if shared.code != mux.WAIT:
             return
+        index = shared.indices.pop(client)
         if shared.waiters:
-            self._send(mux.LEAVE, shared.cid)
+            self._send(mux.LEAVE, shared.cid, mux.INDEX.pack(index))
         else:
             self._end_wait(shared, tell=True)
 
@@ -510,12 +515,20 @@ class StoreRelay:
         shared = self._waiting.get(cid)
         if shared is None:  # a shared wait ended here (its CLOSE is on its way): its late replies are nobody's
             return False
-        for byte in data:
-            if byte == mux.ALL_RELEASED:  # the key has a value: every waiter
-                released, shared.waiters = shared.waiters, []
-            else:  # a queue push: the oldest waiter (the others still wait, upstream too)
-                released, shared.waiters = shared.waiters[:1], shared.waiters[1:]
+        data, size = shared.pending + data, mux.RELEASE.size
+        whole = len(data) - len(data) % size
+        shared.pending = data[whole:]
+        for at in range(0, whole, size):
+            kind, number = mux.RELEASE.unpack_from(data, at)
+            if kind == mux.ALL_RELEASED:  # the key got a value: every waiter the host knew of (its JOIN arrived)
+                released = [w for w in shared.waiters if shared.indices[w] < number]
+                if self._waits.get(shared.key) is shared:  # later waiters start a shared wait of their own
+                    del self._waits[shared.key]
+            else:  # a queue push released that one
+                released = [w for w in shared.waiters if shared.indices[w] == number]
             for waiter in released:
+                shared.waiters.remove(waiter)
+                del shared.indices[waiter]
                 waiter.attached = None
                 waiter.write(b"\x00")
             if not shared.waiters:

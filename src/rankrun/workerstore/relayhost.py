@@ -17,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from rankrun.listen import listen
 from rankrun.workerstore import mux
 from rankrun.workerstore.keyspace import KeyWaiter
-from rankrun.workerstore.tcpstore import _HANDLERS, _HANDSHAKE, MAGIC, TCPStoreServer, _Connection, _ProtocolError
+from rankrun.workerstore.tcpstore import MAX_KEY_LEN, TCPStoreServer, _Connection
 
 __all__ = ["RelayHost"]
 
@@ -78,91 +77,87 @@ class _Virtual(asyncio.Transport):
 
 
 class _SharedWait(_Connection):
-    """A relay's shared wait (``mux``): one WAIT on one key standing for ``count`` local waiters.
+    """A relay's shared wait (``mux``): one key that several of the relay's clients WAIT on, one JOIN each.
 
-    Released as that many WAITs would be: a value for the key releases them all (``00``); a queue push releases one
-    (``02``), the others keep their place at the front of the key's waiters, where they were."""
+    Released as their WAITs would be, with one keyspace registration at a time: a value for the key releases every
+    waiter joined so far (``ALL``, with how many), a queue push the oldest waiter of all, ours or another's (``ONE``,
+    with its index), after which the next of ours waits at its own place (its arrival number, taken at its JOIN). A
+    waiter that leaves (CANCEL_WAIT, or gone) is forgotten where it stood. Dropped (reset(), close(), the relay's
+    link gone): every registration goes."""
 
-    __slots__ = ("_count", "_ended", "_key")
+    __slots__ = ("_joined", "_key", "_queue", "_waiter")
 
-    def __init__(self, server: TCPStoreServer) -> None:
+    def __init__(self, server: TCPStoreServer, key: bytes) -> None:
         super().__init__(server)
-        self._table = _SHARED_HANDSHAKE  # the store's dispatch tables, with this class's WAIT
-        self._count = 0
-        self._key = b""
-        self._ended = False  # all released: the relay releases every waiter it has on that reply, JOINs in flight too
+        self._key = key
+        self._joined = 0  # JOINs so far: the next one's index
+        self._queue: list[tuple[int, int]] = []  # (index, arrival number) of the waiters not yet released, oldest first
+        self._waiter: KeyWaiter | None = None  # the keyspace's registration, for _queue[0]
 
-    def _op_validate(self, mv: memoryview, pos: int, end: int) -> int:
-        """VALIDATE, as the store's, but not counted among the workers' first requests (it is the relay's)."""
-        if end - pos < 5:
-            return -1
-        if int.from_bytes(mv[pos + 1 : pos + 5], "little") != MAGIC:
-            raise _ProtocolError("bad magic")
-        self._table = _SHARED_HANDLERS
-        return pos + 5
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
 
-    def _op_wait(self, mv: memoryview, pos: int, end: int) -> int:
-        got = self._items(mv, pos, end, 1)
-        if got is None:
-            return -1
-        self._require_idle("WAIT")
-        if len(got[0]) != 1:
-            raise _ProtocolError("a shared wait on more than one key")
-        self._key, self._count = got[0][0], 1
-        self._arm()
-        return got[1]
+    def abort(self) -> None:
+        self._cancel()
+        super().abort()
 
     def join(self) -> None:
-        """One more local waiter (the relay's JOIN)."""
-        if self._ended:
+        """One more waiter: released at once if the key is there (a value: all; a queued value: this one)."""
+        index, self._joined = self._joined, self._joined + 1
+        keyspace = self._keyspace
+        self._queue.append((index, keyspace.stamp()))
+        if self._waiter is not None:  # behind the first: registered when it is its turn, at its place
             return
-        self._count += 1
-        if self._pending is None and self._key:  # the pushes released every waiter but this one: wait again
-            self._arm()
+        if self._key in keyspace.values:
+            self._all()
+        elif keyspace.exists(self._key):  # a non-empty queue: a WAIT on it returns at once
+            self._one()
+        else:
+            self._register()
 
-    def leave(self) -> None:
-        """One local waiter fewer (canceled, or gone): the last one's going forgets the wait."""
-        self._count = max(self._count - 1, 0)
-        if not self._count:
-            self._forget_pending()
-
-    def _arm(self) -> None:
-        """Wait for the key; each waiter a present key (or queued value) satisfies is released at once."""
-        while self._count:
-            waiter = self._keyspace.wait((self._key,), self._release)
-            if waiter is not None:
-                self._pending = waiter
+    def leave(self, index: int) -> None:
+        for at, (queued, _) in enumerate(self._queue):
+            if queued == index:
+                del self._queue[at]
+                if at == 0:  # it was the one registered: the next takes its own place
+                    self._cancel()
+                    self._register()
                 return
-            self._released()
 
-    def _release(self) -> None:
-        self._pending = None
+    def _register(self) -> None:
+        if not self._queue or self._closed:
+            return
+        self._waiter = KeyWaiter(self._ready, {self._key}, self._queue[0][1])
+        self._keyspace.enqueue(self._key, self._waiter)
+
+    def _ready(self) -> None:
+        """The keyspace released our registration: a value was set (every waiter goes) or a push came (the oldest)."""
+        self._waiter = None
         if self._closed:
             return
-        if self._released() and self._count:  # a push released the oldest: the others stay where they were, in front
-            waiters = self._keyspace._key_waiters  # the keyspace's own index (this package's): no public "insert first"
-            again = KeyWaiter(self._release, {self._key})
-            waiters[self._key] = {again: None, **waiters.get(self._key, {})}
-            self._pending = again
+        if self._key in self._keyspace.values:
+            self._all()
+        else:
+            self._one()
+            self._register()
 
-    def _released(self) -> bool:
-        """Reply for a wake-up: all released (the key has a value) or one (a queue push); whether it was one."""
-        one = self._key not in self._keyspace.values
-        self._count = self._count - 1 if one else 0
-        self._ended = not one
-        reply = bytes([mux.ONE_RELEASED if one else mux.ALL_RELEASED])
-        if self._busy:
-            self._out.append(reply)
-        elif self._transport is not None:
-            self._transport.write(reply)
-        return one
+    def _all(self) -> None:
+        self._queue.clear()
+        self._reply(mux.ALL_RELEASED, self._joined)
 
+    def _one(self) -> None:
+        index, _ = self._queue.pop(0)
+        self._reply(mux.ONE_RELEASED, index)
 
-_WAIT = 6
-_Handler = Callable[[_Connection, memoryview, int, int], int]
-_SHARED_HANDLERS: tuple[_Handler, ...] = tuple(
-    cast(_Handler, _SharedWait._op_wait) if code == _WAIT else handler for code, handler in enumerate(_HANDLERS))
-_SHARED_HANDSHAKE: tuple[_Handler, ...] = (cast(_Handler, _SharedWait._op_validate), *_HANDSHAKE[1:])
+    def _reply(self, kind: int, number: int) -> None:
+        if self._transport is not None:
+            self._transport.write(mux.RELEASE.pack(kind, number))
+
+    def _cancel(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._keyspace.cancel(waiter)
 
 
 class _Link(asyncio.Protocol):
@@ -252,9 +247,9 @@ class _Link(asyncio.Protocol):
             if kind == mux.DATA:
                 self._deliver(cid, memoryview(buf)[start:pos])
             elif kind in (mux.OPEN, mux.SHARED):
-                self._open(cid, shared=kind == mux.SHARED)
+                self._open(cid, bytes(buf[start:pos]) if kind == mux.SHARED else None)
             elif kind in (mux.JOIN, mux.LEAVE):
-                self._count(cid, join=kind == mux.JOIN)
+                self._count(cid, None if kind == mux.JOIN else mux.INDEX.unpack_from(buf, start)[0])
             elif kind == mux.CLOSE:
                 client = self._clients.get(cid)
                 if client is not None:
@@ -265,28 +260,25 @@ class _Link(asyncio.Protocol):
                 return
         del buf[:pos]
 
-    def _count(self, cid: int, *, join: bool) -> None:
+    def _count(self, cid: int, leaving: int | None) -> None:
         virtual = self._clients.get(cid)
         if virtual is None:  # dropped here already
             return
         connection = virtual.protocol
         if not isinstance(connection, _SharedWait):
             raise mux.MuxError(f"a JOIN or LEAVE for {cid}, not a shared wait")
-        if join:
+        if leaving is None:
             connection.join()
         else:
-            connection.leave()
-        self._flush_soon_if_needed()
+            connection.leave(leaving)
 
-    def _flush_soon_if_needed(self) -> None:
-        if self._out and self._flush_soon is None:
-            self._flush_soon = asyncio.get_running_loop().call_soon(self._flush)
-
-    def _open(self, cid: int, *, shared: bool = False) -> None:
+    def _open(self, cid: int, shared: bytes | None) -> None:
         if cid in self._clients:
             raise mux.MuxError(f"virtual connection {cid} opened twice")
+        if shared is not None and len(shared) > MAX_KEY_LEN:
+            raise mux.MuxError(f"a shared wait on a key of {len(shared)} bytes")
         virtual = _Virtual(self, cid)
-        connection = _SharedWait(self._host.server) if shared else _Connection(self._host.server)
+        connection = _SharedWait(self._host.server, shared) if shared is not None else _Connection(self._host.server)
         virtual.protocol = connection
         self._clients[cid] = virtual
         connection.connection_made(virtual)  # a closed server aborts it at once (CLOSE goes back)
