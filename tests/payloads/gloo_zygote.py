@@ -2,7 +2,8 @@
 
 ``gloo_zygote.py serve SOCKET``: import torch, print ``READY``, then for each connection on the Unix socket SOCKET fork
 a child that takes the environment sent (the worker's: RANK, MASTER_ADDR, MASTER_PORT, ...), runs
-``init_process_group("gloo", init_method="env://")``, one barrier and ``destroy_process_group``, with its output on the
+``init_process_group("gloo", init_method="env://")`` (rank FAIL_RANK then raises, on attempt 0), one barrier and
+``destroy_process_group``, with its output on the
 connection, and its exit code as the last line (``EXIT n``). A child lives at most CHILD_LIMIT_S (SIGALRM).
 
 ``gloo_zygote.py SOCKET`` (what rankrun starts, one per rank): send this process's environment, print what the child
@@ -27,9 +28,11 @@ def rank_main(env: dict[str, str]) -> int:
     os.environ.clear()
     os.environ.update(env)
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=45))
+    rank, world, restart = dist.get_rank(), dist.get_world_size(), env["TORCHELASTIC_RESTART_COUNT"]
+    if str(rank) == env.get("FAIL_RANK") and restart == "0":  # after init: the next attempt must start clean
+        raise ValueError(f"boom from rank {rank}")
     dist.barrier()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank} of {world} via {env['MASTER_ADDR']}:{env['MASTER_PORT']}", flush=True)
+    print(f"rank {rank} of {world} restart {restart} via {env['MASTER_ADDR']}:{env['MASTER_PORT']}", flush=True)
     dist.destroy_process_group()
     return 0
 
