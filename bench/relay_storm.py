@@ -15,6 +15,7 @@ the relays' coalescing (GETs and WAITs sent upstream on their own connections, a
 and the WAITs the host's keyspace registered.
 
     python bench/relay_storm.py --ranks 25000 --relays 25 --client-procs 5
+    python bench/relay_storm.py --latency 5000     # one client's ADD round trip, direct and through a relay
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def relay_address(index: int) -> str:
 # -- the host and relay processes -------------------------------------------------------------------------------------
 
 
-def host() -> None:
+def host(direct: bool = False) -> None:
     _raise_nofile()
     sys.path.insert(0, str(SRC))
     from rankrun.workerstore.keyspace import Keyspace  # noqa: PLC0415
@@ -95,9 +96,9 @@ def host() -> None:
 
     async def main() -> None:
         server = TCPStoreServer()
-        await server.start(HOST, 0)
+        store_port = await server.start(HOST, 0)
         relays = RelayHost(server, b"bench secret")
-        print("port", await relays.start(HOST, 0), flush=True)
+        print("port", await relays.start(HOST, 0), store_port if direct else "", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         print("waits", waits[0], flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -289,19 +290,69 @@ def run(world: int, relays: int, client_procs: int, every: float) -> None:
                 p.wait()
 
 
+def _round_trips(port: int, address: str, count: int) -> list[float]:
+    import socket  # noqa: PLC0415
+
+    with socket.create_connection((address, port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(VALIDATE)
+        took = []
+        for _ in range(count):
+            start = time.perf_counter()
+            sock.sendall(_add(b"n", 1))
+            got = b""
+            while len(got) < 8:
+                got += sock.recv(8 - len(got))
+            took.append(time.perf_counter() - start)
+    return took
+
+
+def latency(count: int) -> None:
+    """One client's ADD round trip (p50, p99), to the store directly and through a relay, host and relay in processes
+    of their own."""
+    host_proc = _child("host-direct")
+    procs = [host_proc]
+    try:
+        _, relay_port, store_port = _line(host_proc)
+        relay_proc = _child("relay", relay_port, "0")
+        procs.append(relay_proc)
+        port = int(_line(relay_proc)[1])
+        for name, where in (("direct", (int(store_port), HOST)), ("relay", (port, relay_address(0))),
+                            ("direct", (int(store_port), HOST)), ("relay", (port, relay_address(0)))):
+            took = sorted(_round_trips(*where, count))
+            print(f"{name:7} ADD round trip: p50 {took[len(took) // 2] * 1e6:7.1f} us, p99 "
+                  f"{took[int(len(took) * 0.99)] * 1e6:7.1f} us ({count})", flush=True)
+        for p in (relay_proc, host_proc):
+            _tell(p, "stats")
+            _line(p)
+            _tell(p, "close")
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=25000)
     parser.add_argument("--relays", type=int, default=25)
     parser.add_argument("--client-procs", type=int, default=5)
     parser.add_argument("--sample-s", type=float, default=0.5)
+    parser.add_argument("--latency", type=int, default=0, metavar="N", help="only: N ADD round trips, direct and relayed")
     args = parser.parse_args()
+    if args.latency:
+        latency(args.latency)
+        return
     run(args.ranks, args.relays, args.client_procs, args.sample_s)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["host"]:
         host()
+    elif sys.argv[1:2] == ["host-direct"]:
+        host(direct=True)
     elif sys.argv[1:2] == ["relay"]:
         relay(*map(int, sys.argv[2:4]))
     elif sys.argv[1:2] == ["clients"]:
