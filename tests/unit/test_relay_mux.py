@@ -63,6 +63,13 @@ def test_past_the_stores_limits_or_unknown_is_an_error_at_once(request_):
         mux.RequestCutter().cut(request_, 0, 17)
 
 
+def test_a_requests_key_count_is_its_own():
+    cutter, stream = mux.RequestCutter(), multi_get(b"a", b"b", b"c") + get(b"k")
+    first = cutter.cut(stream, 0, len(stream))
+    assert first is not None and first[2] == 3
+    assert cutter.cut(stream, first[1], len(stream)) == (3, len(stream), 0)
+
+
 def test_the_keys_of_a_get_and_a_wait():
     assert mux.keys_of(get(b"id"), 0, 0) == (b"id",)
     assert mux.keys_of(wait(b"a", b"bc"), 0, 0) == (b"a", b"bc")

@@ -152,7 +152,7 @@ class RequestCutter:
         if fields is None:
             raise MuxError(f"unknown query type {code}")
         if self._field < 0:
-            self._field, self._at, self._left = 0, 1, -1
+            self._field, self._at, self._left, self._count = 0, 1, -1, 0
         while self._field < len(fields):
             kind = fields[self._field]
             at = pos + self._at
