@@ -17,6 +17,7 @@ import test_tcpstore_protocol as suite
 from test_tcpstore_protocol import RawClient, ServedStore
 
 from rankrun.errors import StoreError
+from rankrun.workerstore import tcpstore
 from rankrun.workerstore.keyspace import Keyspace
 from rankrun.workerstore.relay import StoreRelay
 from rankrun.workerstore.relayhost import RelayHost
@@ -84,23 +85,47 @@ def _gets(store: RelayedStore) -> int:
     return store.relay.stats.shared
 
 
-def test_eight_waiters_on_one_key_cost_the_host_one_wait_and_one_get(store: RelayedStore, counted: dict[str, int]) -> None:
+def test_eight_waiters_on_one_key_cost_the_host_one_wait_and_one_get(store: RelayedStore, counted: dict[str, int],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    gets = [0]
+    original = tcpstore._HANDLERS[3]
+
+    def counting_get(connection: object, *args: object) -> int:
+        gets[0] += 1
+        return original(connection, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tcpstore, "_HANDLERS", (*tcpstore._HANDLERS[:3], counting_get, *tcpstore._HANDLERS[4:]))
     waiters = [store.client() for _ in range(8)]
     for w in waiters:
         w.send(wait(b"/id"))
     for w in waiters:
-        w.assert_quiet()  # every WAIT is parked (at the relay: the PING behind it went upstream and back)
+        w.assert_quiet()  # every WAIT has joined the shared one (the PING behind it went upstream and back)
     writer = store.client()
     writer.send(set_(b"/id", b"unique-id"))
     assert [w.recv(1) for w in waiters] == [STOP] * 8
-    # all eight GET at once (as ranks woken together do): one GET upstream, the value to each
+    assert counted["wait"] == 1
+
+    async def host_reads(reading: bool) -> None:
+        for link in store.host.links:
+            assert link._transport is not None
+            (link._transport.resume_reading if reading else link._transport.pause_reading)()
+
+    # the eight GET at once, as ranks woken together do; the host reads nothing meanwhile, so all join the first
+    store.run(host_reads(False))
     for w in waiters:
         w.send(get(b"/id"))
-    assert [w.recv(17) for w in waiters] == [s(b"unique-id")] * 8
-    assert counted["wait"] == 1
     stats = store.relay.stats
-    assert stats.shared + stats.coalesced == 16
-    assert stats.shared <= 1 + 8 and stats.coalesced >= 7  # the WAIT: one upstream; the GETs: as many as overlapped
+
+    async def settled() -> bool:
+        return stats.shared + stats.coalesced == 16
+
+    for _ in range(10_000):  # bounded: until the relay has read every GET (its counters are the event)
+        if store.run(settled()):
+            break
+    store.run(host_reads(True))
+    assert [w.recv(17) for w in waiters] == [s(b"unique-id")] * 8
+    assert (stats.shared, stats.coalesced) == (2, 14)  # one WAIT and one GET upstream
+    assert gets[0] == 1  # the host served one GET for the eight
 
 
 def test_a_waiter_that_cancels_leaves_the_others_waiting(store: RelayedStore, counted: dict[str, int]) -> None:
