@@ -131,6 +131,11 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
      {"default": "127.0.0.1", "help": "address the worker store binds and MASTER_ADDR (static backend)"}),
     (("--master-port", "--master_port"), "MASTER_PORT",
      {"default": None, "type": int, "help": "port of the worker store (static backend; 0 lets the OS choose)"}),
+    (("--store-relays", "--store_relays"), "STORE_RELAYS",
+     {"default": "auto", "nargs": "?", "const": "1", "metavar": "auto|1|0",
+      "help": "several nodes: each node's agent serves its own workers' store connections and forwards them to the "
+      "host over one connection (MASTER_ADDR names it); auto (the default): when the host cannot hold one connection "
+      "per rank"}),
     (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None, "help": "this node's address (default 127.0.0.1)"}),
     (("--logs-specs", "--logs_specs"), None, {"default": None, "help": "only 'default' (torchrun's own layout)"}),
     (("--numa-binding", "--numa_binding"), None,
@@ -224,7 +229,33 @@ def build_parser(env: Mapping[str, str], *, legacy: bool = False) -> argparse.Ar
 
 def parse_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool = False) -> argparse.Namespace:
     parser = build_parser(env, legacy=legacy)
-    return parser.parse_args(_use_env_values(list(argv), parser) if legacy else list(argv))
+    args = _bare_store_relays(list(argv), parser)
+    return parser.parse_args(_use_env_values(args, parser) if legacy else args)
+
+
+_RELAYS_VALUES = ("auto", "1", "0", "true", "false", "yes", "no", "on", "off")
+
+
+def _bare_store_relays(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--store-relays`` alone is ``--store-relays=1``: argparse's optional value would take the script that follows
+    (``--store-relays train.py``) as its value. Only among the launcher's options, before the script."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, _ = arg.partition("=")
+        if not arg.startswith("-") or arg == "--":
+            return out + argv[i:]
+        if name in ("--store-relays", "--store_relays") and not eq:
+            given = i + 1 < len(argv) and argv[i + 1].lower() in _RELAYS_VALUES
+            out += [f"{name}={argv[i + 1]}"] if given else [f"{name}=1"]
+            i += 2 if given else 1
+            continue
+        action = parser._option_string_actions.get(name)  # which options take a value
+        takes = action is not None and action.nargs != 0 and not eq
+        out += argv[i:i + 2] if takes else [arg]
+        i += 2 if takes else 1
+    return out
 
 
 def _use_env_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -378,6 +409,18 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     # torchrun's default for an empty c10d endpoint: localhost:29400
     host, port = parse_endpoint(ns.rdzv_endpoint or "localhost", C10D_DEFAULT_PORT)
     return DynamicRendezvous(backend, host, port, run_id, min_nodes, max_nodes, conf), StoreSpec(local_host, 0)
+
+
+def _store_relays(value: str) -> bool | None:
+    """``--store-relays``: on (1, true, yes, on), off (0, false, no, off) or auto (None)."""
+    text = value.strip().lower()
+    if text == "auto":
+        return None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise UsageError("--store-relays", value, "expected auto, 1 or 0")
 
 
 def _secret(rdzv: RendezvousSpec, env: Mapping[str, str]) -> bytes | None:
@@ -571,6 +614,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
     _slurm(ns, argv, env)
     nproc = _nproc(ns.nproc_per_node, env)
     rdzv, store = _rendezvous(ns)
+    store = StoreSpec(store.host, store.port, _store_relays(ns.store_relays))
     _unsupported(ns)
     signals_text = ns.signals_to_handle
     return LaunchSpec(

@@ -87,3 +87,28 @@ def listen_fits(*, world_size: int) -> str | None:
     except (OSError, ValueError):
         return None
     return listen_budget(world_size=world_size, somaxconn=somaxconn)
+
+
+def relays_wanted(option: bool | None, *, world_size: int, nodes: int, local_workers: int, soft: int, hard: int) -> bool:
+    """Whether the nodes relay their workers' store connections (``--store-relays``): as asked, else (auto) when the
+    host cannot hold one connection per rank (``fd_budget``). Every node decides from its own limits: nodes of one job
+    normally share them, and a node that decides otherwise is still served (relayed or not, a worker's connection is
+    the same to the host's store)."""
+    if option is not None:
+        return option
+    return fd_budget(world_size=world_size, nodes=nodes, local_workers=local_workers, soft=soft, hard=hard) is not None
+
+
+def relay_budget(*, world_size: int, nodes: int, local_workers: int, asked: bool) -> list[str]:
+    """The host's lines for a job whose other nodes relay: that relays are used (when it was the automatic choice), and
+    ``fd_budget``'s line if even ``nodes`` relays' connections and its own workers' do not fit."""
+    soft, hard = nofile()
+    lines = [] if asked else [
+        f"this host cannot hold {world_size} worker-store connections (one per rank) under its open-files limit "
+        f"(RLIMIT_NOFILE {soft}): store relays are used: each other node's agent serves its own workers' connections "
+        f"and forwards them over one connection, so this host holds about {nodes + local_workers} (--store-relays 0: "
+        f"never)"]
+    short = fd_budget(world_size=nodes + local_workers, nodes=nodes, local_workers=local_workers, soft=soft, hard=hard)
+    if short is not None:
+        lines.append(short)
+    return lines

@@ -180,6 +180,8 @@ class StoreSpec:
 
     host: str  # address the store binds and MASTER_ADDR advertises
     port: int  # 0 = let the OS choose, once, and hold it
+    relays: bool | None = None  # --store-relays: each node's agent relays its workers' connections (None: when the
+    # host cannot hold one connection per rank, ``fdlimit.relays_wanted``)
 
 
 @record

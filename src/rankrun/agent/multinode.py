@@ -32,18 +32,20 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from rankrun.agent import relays
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
 from rankrun.agent.gate import unhealthy
 from rankrun.agent.plan import AttemptPlan, Membership
+from rankrun.agent.relays import NodeRelay
 from rankrun.agent.stall import show
 from rankrun.agent.watch import WAITING
 from rankrun.errors import LauncherError, NodeExcluded, StoreError
 from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import NodeLost, RdzvRound, Restart
-from rankrun.fdlimit import job_fits, listen_fits
+from rankrun.fdlimit import job_fits, listen_fits, relay_budget
 from rankrun.health.outliers import Link
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
@@ -86,8 +88,13 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                 await begin(session.member.info.addr or session.address)
             if sick is not None:  # joined only to be excluded for good (the blocklist), or to serve without workers
                 await session.member.report_unhealthy(f"health check: {sick}")
-            async with _probe_endpoint(spec, session) as probe:
-                return await _rounds(spec, deps, stops, logs, session, joined, sick=sick, probe=probe)
+            relay = NodeRelay(spec, deps.console.say, hosting=session.coordinator is not None and not etcd,
+                              address=session.member.info.addr or session.address)
+            try:
+                async with _probe_endpoint(spec, session) as probe:
+                    return await _rounds(spec, deps, stops, logs, session, joined, sick=sick, probe=probe, relay=relay)
+            finally:
+                await relay.close()
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None
 
@@ -97,7 +104,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
 
 async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float, *,
-    sick: str | None = None, probe: tuple[str, int] | None = None,
+    sick: str | None = None, probe: tuple[str, int] | None = None, relay: NodeRelay | None = None,
 ) -> Outcome:
     """``sick``: why this node said it is unhealthy (its --health-check): it runs no workers, and waits to be told;
     a job that ends first (the others' workers were quick) ends it as excluded all the same. ``probe``: where this
@@ -148,7 +155,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank, took))
         attempt += 1
         restarts = word.restarts
-        plan = AttemptPlan(attempt, word.restarts, _membership(spec, word), extra, rendezvous=took)
+        master = await relay.master(word) if relay is not None else (word.master_addr, word.master_port)
+        plan = AttemptPlan(attempt, word.restarts, _membership(spec, word, master), extra, rendezvous=took)
         placed = word
         last = await _run_round(spec, deps, stops, logs, member, word, plan, judge=session.coordinator)
         outcome = last.outcome
@@ -165,6 +173,11 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
 def _say_fd_short(spec: LaunchSpec, deps: AgentDeps, word: Assignment) -> None:
     """The host of this round's workers' store (and, embedded, of the rendezvous) says if it cannot hold them."""
     nodes = 0 if on_etcd(spec.rendezvous) else word.group_world_size  # etcd holds the nodes' connections, not this process
+    if relays.wanted(spec, word):  # the other nodes relay: this host holds one connection per node, and its own workers'
+        for line in relay_budget(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc,
+                                 asked=spec.store.relays is True):
+            deps.console.say(line)
+        return
     for short in (job_fits(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc),
                   listen_fits(world_size=word.ranks.world_size)):
         if short is not None:
@@ -429,9 +442,9 @@ async def _timeout_message(spec: LaunchSpec, member: Member) -> str:
     return text
 
 
-def _membership(spec: LaunchSpec, word: Assignment) -> Membership:
-    return Membership(word.round, word.group_rank, word.group_world_size, spec.worker.nproc, word.ranks, word.master_addr,
-                      word.master_port)
+def _membership(spec: LaunchSpec, word: Assignment, master: tuple[str, int]) -> Membership:
+    """``master``: where this node's workers reach the store (the host's, or this node's relay)."""
+    return Membership(word.round, word.group_rank, word.group_world_size, spec.worker.nproc, word.ranks, *master)
 
 
 async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tuple[tuple[str, str], ...]:

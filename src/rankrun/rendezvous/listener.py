@@ -1,8 +1,9 @@
 """One listening port for the rendezvous and the worker store, told apart by the client's first byte.
 
 A torch TCPStore client always starts with ``0x00`` (VALIDATE); a rankrun agent starts with
-``RKRN`` (``store.embedded.wire``). Neither server speaks first, so the listener waits for the first
-bytes, then hands the connection (and those bytes) to the right server. This is how
+``RKRN`` (``store.embedded.wire``); another node's store relay with ``rkrl`` (``workerstore.mux``).
+Neither server speaks first, so the listener waits for the first bytes, then hands the connection
+(and those bytes) to the right server. This is how
 ``MASTER_PORT`` can be the ``--master-port`` (static) or the endpoint's port (dynamic) for the
 workers of every node, as under torchrun, while agents meet on the same port. The TCPStore side
 cannot be authenticated (torch's protocol has no place for it): the port is bound to one
@@ -17,6 +18,8 @@ import contextlib
 from rankrun.listen import listen
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.server import StoreServer
+from rankrun.workerstore import mux
+from rankrun.workerstore.relayhost import RelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 
@@ -37,6 +40,8 @@ class _Sniffer(asyncio.Protocol):
             self._listener.worker_store.adopt(transport, data)
         elif data[:1] == wire.MAGIC[:1]:
             self._listener.rendezvous.adopt(transport, data)
+        elif data[:1] == mux.MAGIC[:1] and self._listener.relays is not None:
+            self._listener.relays.adopt(transport, data)
         else:
             transport.close()
 
@@ -48,6 +53,7 @@ class SharedListener:
     def __init__(self, rendezvous: StoreServer, worker_store: TCPStoreServer | None) -> None:
         self.rendezvous = rendezvous
         self.worker_store = worker_store
+        self.relays: RelayHost | None = None  # other nodes' store relays (--store-relays), for worker_store
         self._server: asyncio.Server | None = None
         self.address = ""
 

@@ -46,13 +46,14 @@ def _wrap_int64(number: int) -> int:
 
 
 class KeyWaiter:
-    """A blocked WAIT: ``on_ready()`` once every key in ``missing`` has appeared."""
+    """A blocked WAIT: ``on_ready()`` once every key in ``missing`` has appeared; ``seq``: its arrival (``Keyspace.stamp``)."""
 
-    __slots__ = ("missing", "on_ready")
+    __slots__ = ("missing", "on_ready", "seq")
 
-    def __init__(self, on_ready: Callable[[], None], missing: set[bytes]) -> None:
+    def __init__(self, on_ready: Callable[[], None], missing: set[bytes], seq: int = 0) -> None:
         self.on_ready = on_ready
         self.missing = missing
+        self.seq = seq
 
 
 class BarrierWaiter:
@@ -79,6 +80,20 @@ class Keyspace:
         # dicts used as insertion-ordered sets: FIFO wake-one and O(1) removal.
         self._key_waiters: dict[bytes, dict[KeyWaiter, None]] = {}
         self._barrier_waiters: dict[bytes, dict[BarrierWaiter, None]] = {}
+        self._arrivals = 0
+
+    def stamp(self) -> int:
+        """The next arrival number: every WAIT gets one, in order; a store relay's shared wait takes one per waiter."""
+        self._arrivals += 1
+        return self._arrivals
+
+    def enqueue(self, key: bytes, waiter: KeyWaiter) -> None:
+        """Register a one-key ``waiter`` at the place its arrival number gives it among the key's waiters (a relayed
+        waiter that stood behind its shared wait's first one: a queue push releases the oldest WAIT)."""
+        waiters = self._key_waiters.setdefault(key, {})
+        waiters[waiter] = None
+        if any(w.seq > waiter.seq for w in waiters):  # behind later ones: the key's waiters again in arrival order
+            self._key_waiters[key] = dict.fromkeys(sorted(waiters, key=lambda w: w.seq))
 
     def exists(self, key: bytes) -> bool:
         """A key exists if it holds a value or names a non-empty queue."""
@@ -149,7 +164,7 @@ class Keyspace:
         missing = {key for key in keys if key not in values and not queues.get(key)}
         if not missing:
             return None
-        waiter = KeyWaiter(on_ready, missing)
+        waiter = KeyWaiter(on_ready, missing, self.stamp())
         for key in missing:
             self._key_waiters.setdefault(key, {})[waiter] = None
         return waiter
