@@ -144,9 +144,11 @@ def _netstat() -> dict[str, int]:
     return {}
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _rss_kib(pid: int) -> int:
@@ -194,7 +196,9 @@ def one_run(kind: str, world: int, procs: int, src: str) -> dict[str, float]:
         ends = [_line(worker) for worker in workers]
         storm = max(float(end[1]) for end in ends) - start
         total = max(float(end[3]) for end in ends) - start
-        cpu = _cpu_s(server.pid) - cpu0
+        cpu1 = _cpu_s(server.pid)
+        user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+        cpu = user + system
         rss = _rss_kib(server.pid)
         net1 = _netstat()
         for worker in workers:
@@ -214,6 +218,7 @@ def one_run(kind: str, world: int, procs: int, src: str) -> dict[str, float]:
             server.kill()
             server.wait()
     return {"total_s": total, "storm_s": storm, "cpu_s": cpu, "cpu_us_per_rank": cpu / world * 1e6,
+            "user_us_per_rank": user / world * 1e6, "sys_us_per_rank": system / world * 1e6,
             "rss_mib": rss / 1024, "kib_per_conn": (rss - rss0) / world,
             **{k: float(net1.get(k, 0) - net0.get(k, 0)) for k in ("ListenOverflows", "ListenDrops", "TCPSynRetrans")}}
 
@@ -232,14 +237,15 @@ def main() -> None:
     print(f"somaxconn {(sysctl / 'core/somaxconn').read_text().strip()}, tcp_max_syn_backlog "
           f"{(sysctl / 'ipv4/tcp_max_syn_backlog').read_text().strip()}, NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)}, "
           f"{os.cpu_count()} CPUs")
-    print("server   ranks  rep  total_s storm_s  cpu_s  cpu_us/rank  rss_MiB  KiB/conn  overflows drops synretrans")
+    print("server   ranks  rep  total_s storm_s  cpu_s  cpu_us/rank (user+sys)  rss_MiB  KiB/conn  overflows drops synretrans")
     for world in map(int, args.sizes.split(",")):
         for rep in range(args.reps):
             for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:  # alternating which goes first
                 src = args.before_src if kind == "before" else args.src
                 r = one_run("rankrun" if kind == "before" else kind, world, args.client_procs, src)
                 print(f"{kind:8} {world:6} {rep:4} {r['total_s']:8.2f} {r['storm_s']:7.2f} {r['cpu_s']:6.2f} "
-                      f"{r['cpu_us_per_rank']:12.1f} {r['rss_mib']:8.1f} {r['kib_per_conn']:9.2f} "
+                      f"{r['cpu_us_per_rank']:6.1f} ({r['user_us_per_rank']:4.0f}+{r['sys_us_per_rank']:4.0f}) "
+                      f"{r['rss_mib']:8.1f} {r['kib_per_conn']:9.2f} "
                       f"{r['ListenOverflows']:10.0f} {r['ListenDrops']:5.0f} {r['TCPSynRetrans']:10.0f}", flush=True)
 
 

@@ -50,7 +50,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import socket
 import struct
 import time
 from collections.abc import Callable
@@ -189,7 +188,6 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self._keyspace = server._keyspace  # the attempt's keyspace when the connection is served, not accepted
         server._connections[self] = None
-        _tune_socket(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - asyncio's signature
         self._closed = True
@@ -591,16 +589,6 @@ _HANDLERS: tuple[_Handler, ...] = tuple(_BY_CODE.get(code, _Connection._op_unkno
 _HANDSHAKE: tuple[_Handler, ...] = (_Connection._op_validate,) + (_Connection._op_before_validate,) * 255
 
 
-def _tune_socket(transport: asyncio.BaseTransport) -> None:
-    """SO_KEEPALIVE (idle NAT paths). TCP_NODELAY (tiny latency-bound replies) is asyncio's already: every TCP socket
-    transport sets it (a second setsockopt was one syscall per connection of a 16,384-rank storm for nothing)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-
-
 class TCPStoreServer:
     """Serves one keyspace on one listening socket, bound once and held until close().
 
@@ -624,7 +612,7 @@ class TCPStoreServer:
         """
         if self._server is not None or self._closed:
             raise RuntimeError("TCPStoreServer.start() runs once, before close()")
-        self._server, self._port = await listen(host, port, self._connection)
+        self._server, self._port = await listen(host, port, self._connection, polled=True)
         return self._port
 
     @property
