@@ -269,15 +269,17 @@ class Polled(asyncio.Transport):
 
     As asyncio's socket transport for a protocol: ``connection_made`` first, then ``buffer_updated`` (a
     ``BufferedProtocol``) or ``data_received``, ``eof_received``, flow control (``pause_writing`` past 64 KiB unsent,
-    ``resume_writing`` below 16 KiB), ``connection_lost`` once, on the loop's next turn. ``get_extra_info``: "peername"
-    and "socket" (the socket itself). No ``write_eof``: the workers' store never half-closes.
+    ``resume_writing`` below 16 KiB), ``connection_lost`` once, on the loop's next turn. ``get_extra_info``: "peername",
+    "sockname" and "socket" (the socket itself). No ``write_eof``: the workers' store never half-closes.
     """
 
-    __slots__ = ("_buffered", "_closing", "_done", "_out", "_paused", "_poller", "_protocol", "_reading", "_sock",
-                 "fd", "mask")
+    __slots__ = ("_buffered", "_closing", "_done", "_out", "_paused", "_peer", "_poller", "_protocol", "_reading",
+                 "_sock", "fd", "mask")
 
     def __init__(self, poller: _Poller, sock: socket.socket, protocol: asyncio.BaseProtocol, peer: object) -> None:
-        super().__init__({"peername": peer, "socket": sock})
+        # No BaseTransport.__init__: its extra-info dict would be one more object per connection for the garbage
+        # collector to walk (get_extra_info is answered from the slots)
+        self._peer = peer
         self._poller = poller
         self._sock = sock
         self.fd = sock.fileno()
@@ -394,6 +396,16 @@ class Polled(asyncio.Transport):
 
     def is_reading(self) -> bool:
         return self._reading
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "peername":
+            return self._peer
+        if name == "socket":
+            return self._sock
+        if name == "sockname":
+            with contextlib.suppress(OSError):
+                return self._sock.getsockname()
+        return default
 
     def get_write_buffer_size(self) -> int:
         return len(self._out)
