@@ -25,8 +25,7 @@ and a connection costs a transport and its protocol, without asyncio's Task per 
 ``listen(..., polled=True)`` (the workers' store, 16,384 connections in a second at scale) goes further: its
 connections are not asyncio transports but ``Polled`` ones, all in one epoll of the listener's own (``_Poller``) that
 the loop watches as one reader. A wake-up reads every ready connection in one loop (no Handle, no callback per event),
-a transport sends at once and buffers only what the socket refuses, and the first request is read right after
-``accept`` (a client speaks first, and in a storm its request is there before it is accepted). Measured at 4,096
+and a transport sends at once and buffers only what the socket refuses. Measured at 4,096
 clients (``bench/store_storm.py``): the asyncio transports cost the server 100-130 us of user CPU per rank against
 libuv's 17; the figures of this path are in ``workerstore/tcpstore.py``. Still one thread: the loop's.
 """
@@ -225,13 +224,12 @@ class _Poller:
         transport = Polled(self, sock, protocol, peer)
         self._conns[transport.fd] = transport
         epoll.register(transport.fd, _IN)
+        # No read right after accept, although clients speak first: measured, 0 of 16,384 first requests were in by
+        # then (the queue is drained as the handshakes complete), so it was one failed recv per connection
         try:
             protocol.connection_made(transport)
         except Exception as exc:  # a protocol that fails loses its connection, not the listener
             transport.fail(exc, "connection_made() failed")
-            return
-        if transport.mask & _IN:
-            transport.ready()  # the client spoke first: its request is usually in already (else: one EAGAIN)
 
     def modify(self, transport: Polled, mask: int) -> None:
         transport.mask = mask
@@ -315,8 +313,12 @@ class Polled(asyncio.Transport):
             if not n:
                 if protocol.eof_received():  # type: ignore[attr-defined]
                     self.pause_reading()  # half-closed by the peer: nothing more to read, replies may still go
-                else:
+                elif self._out:
                     self.close()
+                else:  # every client's end: connection_lost now, from the poller (no callback scheduled per connection)
+                    self._closing = True
+                    self._reading = False
+                    self._finish(None, now=True)
             elif data is None:
                 protocol.buffer_updated(n)  # type: ignore[attr-defined]
             else:
@@ -439,14 +441,19 @@ class Polled(asyncio.Transport):
     def _wanted(self) -> int:
         return (_IN if self._reading else 0) | (_OUT if self._out else 0)
 
-    def _finish(self, exc: Exception | None) -> None:
+    def _finish(self, exc: Exception | None, *, now: bool = False) -> None:
+        """Closed: the protocol hears of it on the loop's next turn (as from asyncio's transport: never inside a call of
+        its own), or ``now`` where the poller, not the protocol, is running."""
         if self._done:
             return
         self._done = True
         self.mask = 0  # a later event of this batch finds nothing to read
         self._poller.forget(self)
         self._sock.close()
-        self._poller._loop.call_soon(self._protocol.connection_lost, exc)
+        if now:
+            self._protocol.connection_lost(exc)
+        else:
+            self._poller._loop.call_soon(self._protocol.connection_lost, exc)
 
 
 def paused_line(address: object, exc: OSError) -> str:
