@@ -11,6 +11,11 @@ the kernel's ``ListenOverflows``/``ListenDrops``/``TCPSynRetrans`` (``/proc/net/
 Both servers get the same open-files limit: their soft limit raised to the hard one.
 
     python bench/store_storm.py --sizes 1024,4096 --reps 2
+
+It is also ``bench/run.py``'s ``store_scale`` metric (``run_scale``, ``rows``, ``details``): 1,024, 4,096 and 16,384
+clients, the two servers alternating, a row per size and quantity, medians over the repetitions, with issue 24's
+targets at 16,384: the whole sequence within 1.2x torch's, server CPU within 1.5x, at most 4 KiB per idle connection
+and no listen overflow.
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ import argparse
 import asyncio
 import os
 import resource
+import statistics
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from report import Row, Target
 
 HERE = Path(__file__).resolve()
 SRC = HERE.parents[1] / "src"
@@ -221,6 +231,111 @@ def one_run(kind: str, world: int, procs: int, src: str) -> dict[str, float]:
             "user_us_per_rank": user / world * 1e6, "sys_us_per_rank": system / world * 1e6,
             "rss_mib": rss / 1024, "kib_per_conn": (rss - rss0) / world,
             **{k: float(net1.get(k, 0) - net0.get(k, 0)) for k in ("ListenOverflows", "ListenDrops", "TCPSynRetrans")}}
+
+
+# -- bench/run.py's store_scale metric -----------------------------------------------------------------------------
+
+SCALE_SIZES = (1024, 4096, 16384)
+SCALE_KINDS = ("rankrun", "torch")
+TARGET_AT = 16384  # the issue's targets are for this size
+KEEP = 64  # descriptors a process needs besides its connections
+
+
+def _sysctls() -> str:
+    net = Path("/proc/sys/net")
+    names = ("core/somaxconn", "ipv4/tcp_max_syn_backlog", "ipv4/tcp_syncookies")
+    return ", ".join(f"{name.split('/')[1]} {(net / name).read_text().strip()}" for name in names)
+
+
+@dataclass
+class Scale:
+    reps: int
+    sizes: tuple[int, ...]
+    runs: dict[tuple[str, int], list[dict[str, float]]] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)  # size -> why it was not run
+    sysctls: str = ""
+    loadavg: tuple[str, str] = ("", "")  # /proc/loadavg before and after
+
+    def median(self, kind: str, size: int, key: str) -> float:
+        runs = self.runs.get((kind, size), [])
+        return statistics.median(r[key] for r in runs) if runs else float("nan")
+
+
+def run_scale(reps: int, sizes: tuple[int, ...] = SCALE_SIZES, procs: int = 2, src: str = str(SRC),
+              log: Callable[[str], None] | None = None) -> Scale:
+    """Every size ``reps`` times, rankrun's server and torch's alternating (which goes first rotates)."""
+    result = Scale(reps, sizes, sysctls=_sysctls())
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    for world in sizes:
+        if hard != resource.RLIM_INFINITY and hard < world + KEEP:
+            result.skipped[world] = f"the open-files hard limit ({hard}) is below {world} connections"
+            continue
+        for rep in range(reps):
+            for kind in SCALE_KINDS[rep % 2:] + SCALE_KINDS[:rep % 2]:
+                r = one_run(kind, world, procs, src)
+                result.runs.setdefault((kind, world), []).append(r)
+                if log is not None:
+                    log(f"  store_scale {kind:7} {world:6} rep {rep}: total {r['total_s']:.2f} s, storm {r['storm_s']:.2f} s, "
+                        f"CPU {r['cpu_us_per_rank']:.0f} us/rank, {r['kib_per_conn']:.2f} KiB/conn, "
+                        f"{r['ListenOverflows']:.0f} overflows")
+    result.loadavg = (before, " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+    return result
+
+
+def _ratio_within(limit: float) -> Target:
+    return Target(f"≤ {limit:g}x torch's", lambda r: r.rankrun <= limit * r.torchrun)
+
+
+def rows(result: Scale) -> list[Row]:
+    out: list[Row] = []
+    for world in result.sizes:
+        if ("rankrun", world) not in result.runs:
+            continue
+        at = world == TARGET_AT
+
+        def m(kind: str, key: str, world: int = world) -> float:
+            return result.median(kind, world, key)
+
+        name = f"store scale {world:,} clients"
+        out += [
+            Row(f"{name}: whole sequence", "s", rankrun=m("rankrun", "total_s"),
+                torchrun=m("torch", "total_s"), decimals=2, target=_ratio_within(1.2) if at else None),
+            Row(f"{name}: connect storm", "s",
+                rankrun=m("rankrun", "storm_s"), torchrun=m("torch", "storm_s"), decimals=2),
+            Row(f"{name}: server CPU per rank", "us", rankrun=m("rankrun", "cpu_us_per_rank"),
+                torchrun=m("torch", "cpu_us_per_rank"), target=_ratio_within(1.5) if at else None),
+            Row(f"{name}: server RSS per idle connection", "KiB", rankrun=m("rankrun", "kib_per_conn"),
+                torchrun=m("torch", "kib_per_conn"), decimals=2,
+                target=Target("≤ 4 KiB", lambda r: r.rankrun <= 4) if at else None),
+            Row(f"{name}: listen overflows", "count", rankrun=m("rankrun", "ListenOverflows"),
+                torchrun=m("torch", "ListenOverflows"), compare=False,
+                target=Target("0", lambda r: r.rankrun == 0) if at else None),
+        ]
+    return out
+
+
+def details(result: Scale) -> list[str]:
+    lines = [f"**Workers' store at scale** (`bench/store_storm.py`: N raw-protocol clients doing init_process_group's "
+             f"store traffic (the whole sequence; the connect storm: every client connected, handshaken and its first "
+             f"ADD answered), in 2 processes, against rankrun's `TCPStoreServer` and torch's `TCPStore(is_master=True)` "
+             f"(libuv), each server in a fresh process per run, alternating; {result.reps} run(s) per size and server; "
+             f"{result.sysctls}; load average {result.loadavg[0]} before, {result.loadavg[1]} after):",
+             "",
+             "| server | ranks | total s | storm s | CPU us/rank (user+sys) | RSS MiB | KiB/conn | overflows | SYN retrans |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for world in result.sizes:
+        for kind in SCALE_KINDS:
+            for r in result.runs.get((kind, world), []):
+                lines.append(f"| {kind} | {world:,} | {r['total_s']:.2f} | {r['storm_s']:.2f} | {r['cpu_us_per_rank']:.0f} "
+                             f"({r['user_us_per_rank']:.0f}+{r['sys_us_per_rank']:.0f}) | {r['rss_mib']:.1f} | "
+                             f"{r['kib_per_conn']:.2f} | {r['ListenOverflows']:.0f} | {r['TCPSynRetrans']:.0f} |")
+    lines.append("")
+    lines += [f"- {world:,} clients not run: {why}." for world, why in result.skipped.items()]
+    # The 25,000-rank row through store relays goes here: bench/relay_storm.py (the relay work, to come) adds its own
+    # rows and lines to this metric in bench/run.py.
+    lines += [f"Command: `python bench/store_storm.py --sizes {','.join(map(str, result.sizes))} --reps {result.reps}`.", ""]
+    return lines
 
 
 def main() -> None:
