@@ -138,17 +138,20 @@ class _Acceptor:
             self._loop.add_reader(self._sock.fileno(), self._ready)
 
     def _ready(self) -> None:
-        accept = self._sock.accept
+        # socket.accept() in its two steps, the second with the family and type known once: accept() reads both back
+        # from the listening socket and converts them to enums on every call (two enum lookups per connection)
+        accept: Callable[[], tuple[int, Any]] = self._sock._accept  # type: ignore[attr-defined]  # (private, since 3.0)
+        family, kind, proto = int(self._sock.family), int(self._sock.type), self._sock.proto
         for _ in range(ACCEPT_BATCH):  # the whole listen queue, in bounded turns (other callbacks run between)
             try:
-                conn, addr = accept()
+                fd, addr = accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return  # drained (or the one that was there gave up)
             except OSError as exc:  # out of descriptors (or anything else the kernel keeps answering): never spin
                 self._paused(exc)
                 return
             self._pause = PAUSE_FIRST_S
-            self._serve(conn, addr)
+            self._serve(socket.socket(family, kind, proto, fileno=fd), addr)
 
     def _paused(self, exc: OSError) -> None:
         """Stop accepting for a while (the socket stays readable: a reader would be called again at once), say so once."""
