@@ -20,14 +20,17 @@ and spins a core (measured: 36 s of CPU in 40 s, 222 MB of stderr, 4,096 clients
 stops accepting, says so once in one line (the limit, the fix), backs off (50 ms doubling to 1 s) and resumes; the
 clients wait in the listen queue meanwhile. Each wake-up drains the listen queue (``accept`` until it would block),
 and a connection costs a transport and its protocol, without asyncio's Task per connection. ``SO_KEEPALIVE`` and
-``TCP_NODELAY`` are set once, on the listening socket: Linux's accepted sockets inherit both (none costs a syscall).
+``TCP_NODELAY`` are set once, on the listening socket: Linux's accepted sockets inherit both (asyncio's transport sets
+``TCP_NODELAY`` again; a ``Polled`` one makes no syscall for either).
 
 ``listen(..., polled=True)`` (the workers' store, 16,384 connections in a second at scale) goes further: its
 connections are not asyncio transports but ``Polled`` ones, all in one epoll of the listener's own (``_Poller``) that
 the loop watches as one reader. A wake-up reads every ready connection in one loop (no Handle, no callback per event),
-and a transport sends at once and buffers only what the socket refuses. Measured at 4,096
-clients (``bench/store_storm.py``): the asyncio transports cost the server 100-130 us of user CPU per rank against
-libuv's 17; the figures of this path are in ``workerstore/tcpstore.py``. Still one thread: the loop's.
+and a transport sends at once and buffers only what the socket refuses. Why (``bench/store_storm.py``, 4,096 clients,
+same run): with asyncio's transports the server spent 146-149 us of user CPU per rank against libuv's 17-30, its
+system time equal; this path's figures are in ``workerstore/tcpstore.py``. Still one thread, the loop's (the store's
+keyspace and waiters stay single-threaded); one more ``epoll_wait`` per wake-up is its price (not measurable in a
+single client's ADD latency).
 """
 
 from __future__ import annotations
