@@ -228,8 +228,14 @@ class _Poller:
             epoll = self._epoll = select.epoll()
             self._loop.add_reader(epoll.fileno(), self._ready)
         transport = Polled(self, sock, protocol, peer)
+        try:
+            epoll.register(transport.fd, _IN)
+        except OSError as exc:  # out of epoll watches (fs.epoll.max_user_watches) or memory: this connection only
+            logger.warning("closing accepted connection from %s: cannot watch it: %s", peer, exc.strerror or exc)
+            sock.close()
+            self.forget(transport)
+            return
         self._conns[transport.fd] = transport
-        epoll.register(transport.fd, _IN)
         # No read right after accept, although clients speak first: measured, 0 of 16,384 first requests were in by
         # then (the queue is drained as the handshakes complete), so it was one failed recv per connection
         try:
@@ -262,6 +268,8 @@ class _Poller:
                 continue
             if events & _OUT:
                 transport.writable()
+                if not events & (_IN | _GONE):
+                    continue
             if transport.mask & _IN:
                 transport.ready()  # data, an EOF, or an error: recv says which
             elif events & _GONE and not transport.is_closing():  # not reading (paused) and the peer is gone
