@@ -26,11 +26,12 @@ second epoll_wait) plus a ``readexactly`` per field, ``feed_data``, a future, a 
 
 Measured (``bench/store_bench.py``, 2-CPU VM, vs torch 2.13's libuv server): p50 1.11-1.20x, throughput 0.80-0.96x.
 
-At scale (``bench/store_storm.py``: N raw-protocol clients doing ``init_process_group``'s store traffic, torch 2.13's
-server alternating in the same run, 2 shared CPUs, load average 2-7): at 16,384 clients the whole sequence took
-0.6-1.0x torch's time with no listen overflow (torch's: 850-1,980 at somaxconn 4,096), the server 182-202 us of CPU
-per rank against torch's 112-149 (median 1.37x; asyncio's transports: 280-320), 2.0-2.1 KiB per idle connection
-(torch's 1.2-1.9). Per connection it holds its socket, its ``_Connection`` (its buffer) and its ``Polled``, no
+At scale (``bench/store_storm.py``, ``bench/run.py --only store_scale``: N raw-protocol clients doing
+``init_process_group``'s store traffic, torch 2.13's server alternating in the same runs, 2 CPUs shared with a load
+average of 2-12): at 16,384 clients no listen overflow (torch's server: 0-6,300 at somaxconn 4,096), the server
+163-247 us of CPU per rank against torch's 112-158 (medians per run 1.37-1.48x; with asyncio's transports 277-329),
+about 2 KiB per idle connection (torch's 1.2-2.0), the whole sequence within the noise of torch's (medians
+0.7-1.05x; single runs 9-30 s for both, as the machine's other load came and went). Per connection it holds its socket, its ``_Connection`` (its buffer) and its ``Polled``, no
 memoryview, future or dict more: at 16,384 connections the garbage collector's full collections cost 22 us per rank
 with those, 8 without.
 
