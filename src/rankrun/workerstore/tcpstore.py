@@ -31,9 +31,9 @@ At scale (``bench/store_storm.py``, ``bench/run.py --only store_scale``: N raw-p
 average of 2-12): at 16,384 clients no listen overflow (torch's server: 0-6,300 at somaxconn 4,096), the server
 163-247 us of CPU per rank against torch's 112-158 (medians per run 1.37-1.48x; with asyncio's transports 277-329),
 about 2 KiB per idle connection (torch's 1.2-2.0), the whole sequence within the noise of torch's (medians
-0.7-1.05x; single runs 9-30 s for both, as the machine's other load came and went). Per connection it holds its socket, its ``_Connection`` (its buffer) and its ``Polled``, no
-memoryview, future or dict more: at 16,384 connections the garbage collector's full collections cost 22 us per rank
-with those, 8 without.
+0.7-1.05x; single runs 9-30 s for both, as the machine's other load came and went). Per connection it holds its
+socket, its ``_Connection`` (its buffer) and its ``Polled``, no memoryview, future or dict more: at 16,384 connections
+the garbage collector's full collections cost 22 us per rank with those, 8 without.
 
 Wire summary: every request is a 1-byte query code followed by fixed fields (``u32``/``i64`` little-endian, strings
 as ``u64`` length + bytes); replies have no header; errors are signalled by closing the connection. Codes::
