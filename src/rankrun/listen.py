@@ -35,6 +35,7 @@ single client's ADD latency).
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import contextlib
 import errno
@@ -145,6 +146,9 @@ class _Acceptor:
         # from the listening socket and converts them to enums on every call (two enum lookups per connection)
         accept: Callable[[], tuple[int, Any]] = self._sock._accept  # type: ignore[attr-defined]  # (private, since 3.0)
         family, kind, proto = int(self._sock.family), int(self._sock.type), self._sock.proto
+        # A polled connection's socket is the C type itself: socket.socket's Python subclass is one more object per
+        # connection for the garbage collector to walk (the C one is not tracked), with a Python-level close
+        wrap: Callable[..., socket.socket] = socket.socket if self._poller is None else _socket.socket  # type: ignore[assignment]
         for _ in range(ACCEPT_BATCH):  # the whole listen queue, in bounded turns (other callbacks run between)
             try:
                 fd, addr = accept()
@@ -154,7 +158,7 @@ class _Acceptor:
                 self._paused(exc)
                 return
             self._pause = PAUSE_FIRST_S
-            self._serve(socket.socket(family, kind, proto, fileno=fd), addr)
+            self._serve(wrap(family, kind, proto, fileno=fd), addr)
 
     def _paused(self, exc: OSError) -> None:
         """Stop accepting for a while (the socket stays readable: a reader would be called again at once), say so once."""
