@@ -11,6 +11,7 @@ the kernel's ``ListenOverflows``/``ListenDrops``/``TCPSynRetrans`` (``/proc/net/
 Both servers get the same open-files limit: their soft limit raised to the hard one.
 
     python bench/store_storm.py --sizes 1024,4096 --reps 2
+    python bench/store_storm.py --sizes 16384 --somaxconn 65535   # as root: a listen queue for every rank
 
 It is also ``bench/run.py``'s ``store_scale`` metric (``run_scale``, ``rows``, ``details``): 1,024, 4,096 and 16,384
 clients, the two servers alternating, a row per size and quantity, medians over the repetitions, with issue 24's
@@ -346,7 +347,15 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--src", default=str(SRC), help="the rankrun sources to serve from")
     parser.add_argument("--before-src", default="", help="another checkout's sources, served as the server 'before'")
+    parser.add_argument("--somaxconn", type=int, default=0,
+                        help="run in a network namespace of its own with this net.core.somaxconn (root, unshare, ip)")
     args = parser.parse_args()
+    if args.somaxconn:  # the host's setting stays as it is (other jobs share it); a fresh namespace has only lo, down
+        rest = [a for a in sys.argv[1:] if not a.startswith("--somaxconn")]
+        if "--somaxconn" in sys.argv:
+            del rest[sys.argv.index("--somaxconn") - 1]  # its value
+        script = 'ip link set lo up && sysctl -qw net.core.somaxconn="$0" && exec "$@"'
+        sys.exit(subprocess.call(["unshare", "-n", "sh", "-c", script, str(args.somaxconn), sys.executable, str(HERE), *rest]))
     kinds = args.servers.split(",")
     sysctl = Path("/proc/sys/net")
     print(f"somaxconn {(sysctl / 'core/somaxconn').read_text().strip()}, tcp_max_syn_backlog "
