@@ -30,10 +30,12 @@ Measured (``bench/store_bench.py``, 2-CPU VM, vs torch 2.13's libuv server): p50
 
 At scale (``bench/store_storm.py``, ``bench/run.py --only store_scale``: N raw-protocol clients doing
 ``init_process_group``'s store traffic, torch 2.13's server alternating in the same runs, 2 CPUs shared with a load
-average of 2-12): at 16,384 clients no listen overflow (torch's server: 0-6,300 at somaxconn 4,096), the server
-163-247 us of CPU per rank against torch's 112-158 (medians per run 1.37-1.48x; with asyncio's transports 277-329),
-about 2 KiB per idle connection (torch's 1.2-2.0), the whole sequence within the noise of torch's (medians
-0.7-1.05x; single runs 9-30 s for both, as the machine's other load came and went). Per connection it holds its
+average of 2-12): at 16,384 clients and somaxconn 4,096, no listen overflow in 14 runs of 15 (one under load:
+3,085; torch's server 644-6,952 in all but one), none for either at somaxconn 65,535 (``--somaxconn``); the server
+163-247 us of CPU per rank against torch's 112-171 (medians per run 1.37-1.58x: the issue's 1.5x is met in about
+half the runs; with asyncio's transports 277-329), about 2 KiB per idle connection (torch's 1.2-2.0), the whole
+sequence within the noise of torch's (medians 0.7-1.14x; single runs 9-30 s for both, as the machine's other load
+came and went). Per connection it holds its
 socket, its ``_Connection`` (its buffer) and its ``Polled``, no memoryview, future or dict more: at 16,384 connections
 the garbage collector's full collections cost 22 us per rank with those, 8 without.
 
