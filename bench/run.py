@@ -37,6 +37,7 @@ import stacks
 import stacks_nodes
 import startup_bench
 import store_bench
+import store_storm
 import straggler_bench
 from harness import (
     DIRECT,
@@ -56,7 +57,7 @@ from harness import (
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe",
-           "health", "netcheck", "straggler")
+           "health", "netcheck", "straggler", "store_scale")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Plan:
     netcheck_real_reps: int  # jobs of 8 real agents in network namespaces, with and without it
     straggler_reps: int  # rotations of torchrun / the watch off / on, a 30 s balanced 8-rank gloo loop each
     straggler_detect_reps: int  # runs with one rank slowed, timed to the straggler's line
+    store_scale_reps: int  # runs per size (1,024 / 4,096 / 16,384 clients) of each workers' store server
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
 
@@ -89,11 +91,11 @@ class Plan:
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
             rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
             health_reps=21, hole_reps=3, gate_scale_reps=5, netcheck_reps=21, netcheck_round_reps=5, netcheck_real_reps=5,
-            straggler_reps=3, straggler_detect_reps=2)
+            straggler_reps=3, straggler_detect_reps=2, store_scale_reps=3)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
              rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
              health_reps=5, hole_reps=1, gate_scale_reps=2, netcheck_reps=5, netcheck_round_reps=2, netcheck_real_reps=2,
-             straggler_reps=1, straggler_detect_reps=1)
+             straggler_reps=1, straggler_detect_reps=1, store_scale_reps=1)
 
 
 @dataclass
@@ -232,9 +234,16 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = straggler_bench.run(plan.straggler_reps, plan.straggler_detect_reps)
         return straggler_bench.rows(r), straggler_bench.details(r)
 
+    def store_scale() -> tuple[list[Row], list[str]]:
+        r = store_storm.run_scale(plan.store_scale_reps, log=log)
+        rows, details = store_storm.rows(r), store_storm.details(r)
+        # The 25,000-rank row through store relays belongs to this metric: bench/relay_storm.py (to come) measures it
+        # the same way (its server and torch's, alternating) and its rows and details are appended here.
+        return rows, details
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
-            "observe": observe, "health": health, "netcheck": netcheck, "straggler": straggler}
+            "observe": observe, "health": health, "netcheck": netcheck, "straggler": straggler, "store_scale": store_scale}
 
 
 def warm_up() -> None:
@@ -315,7 +324,7 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps}), health {plan.health_reps} "
         f"(its black hole {plan.hole_reps}, its 512 simulated nodes {plan.gate_scale_reps}), netcheck {plan.netcheck_reps} "
         f"(512 simulated nodes {plan.netcheck_round_reps}, 8 agents in namespaces {plan.netcheck_real_reps}), "
-        f"straggler {plan.straggler_reps} (detection {plan.straggler_detect_reps})",
+        f"straggler {plan.straggler_reps} (detection {plan.straggler_detect_reps}), store scale {plan.store_scale_reps}",
         "",
         "## Summary (medians)",
         "",

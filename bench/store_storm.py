@@ -11,6 +11,12 @@ the kernel's ``ListenOverflows``/``ListenDrops``/``TCPSynRetrans`` (``/proc/net/
 Both servers get the same open-files limit: their soft limit raised to the hard one.
 
     python bench/store_storm.py --sizes 1024,4096 --reps 2
+    python bench/store_storm.py --sizes 16384 --somaxconn 65535   # as root: a listen queue for every rank
+
+It is also ``bench/run.py``'s ``store_scale`` metric (``run_scale``, ``rows``, ``details``): 1,024, 4,096 and 16,384
+clients, the two servers alternating, a row per size and quantity, medians over the repetitions, with issue 24's
+targets at 16,384: the whole sequence within 1.2x torch's, server CPU within 1.5x, at most 4 KiB per idle connection
+and no listen overflow.
 """
 
 from __future__ import annotations
@@ -19,11 +25,16 @@ import argparse
 import asyncio
 import os
 import resource
+import statistics
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from report import Row, Target
 
 HERE = Path(__file__).resolve()
 SRC = HERE.parents[1] / "src"
@@ -144,9 +155,11 @@ def _netstat() -> dict[str, int]:
     return {}
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _rss_kib(pid: int) -> int:
@@ -194,7 +207,9 @@ def one_run(kind: str, world: int, procs: int, src: str) -> dict[str, float]:
         ends = [_line(worker) for worker in workers]
         storm = max(float(end[1]) for end in ends) - start
         total = max(float(end[3]) for end in ends) - start
-        cpu = _cpu_s(server.pid) - cpu0
+        cpu1 = _cpu_s(server.pid)
+        user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+        cpu = user + system
         rss = _rss_kib(server.pid)
         net1 = _netstat()
         for worker in workers:
@@ -214,8 +229,114 @@ def one_run(kind: str, world: int, procs: int, src: str) -> dict[str, float]:
             server.kill()
             server.wait()
     return {"total_s": total, "storm_s": storm, "cpu_s": cpu, "cpu_us_per_rank": cpu / world * 1e6,
+            "user_us_per_rank": user / world * 1e6, "sys_us_per_rank": system / world * 1e6,
             "rss_mib": rss / 1024, "kib_per_conn": (rss - rss0) / world,
             **{k: float(net1.get(k, 0) - net0.get(k, 0)) for k in ("ListenOverflows", "ListenDrops", "TCPSynRetrans")}}
+
+
+# -- bench/run.py's store_scale metric -----------------------------------------------------------------------------
+
+SCALE_SIZES = (1024, 4096, 16384)
+SCALE_KINDS = ("rankrun", "torch")
+TARGET_AT = 16384  # the issue's targets are for this size
+KEEP = 64  # descriptors a process needs besides its connections
+
+
+def _sysctls() -> str:
+    net = Path("/proc/sys/net")
+    names = ("core/somaxconn", "ipv4/tcp_max_syn_backlog", "ipv4/tcp_syncookies")
+    return ", ".join(f"{name.split('/')[1]} {(net / name).read_text().strip()}" for name in names)
+
+
+@dataclass
+class Scale:
+    reps: int
+    sizes: tuple[int, ...]
+    runs: dict[tuple[str, int], list[dict[str, float]]] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)  # size -> why it was not run
+    sysctls: str = ""
+    loadavg: tuple[str, str] = ("", "")  # /proc/loadavg before and after
+
+    def median(self, kind: str, size: int, key: str) -> float:
+        runs = self.runs.get((kind, size), [])
+        return statistics.median(r[key] for r in runs) if runs else float("nan")
+
+
+def run_scale(reps: int, sizes: tuple[int, ...] = SCALE_SIZES, procs: int = 2, src: str = str(SRC),
+              log: Callable[[str], None] | None = None) -> Scale:
+    """Every size ``reps`` times, rankrun's server and torch's alternating (which goes first rotates)."""
+    result = Scale(reps, sizes, sysctls=_sysctls())
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    for world in sizes:
+        if hard != resource.RLIM_INFINITY and hard < world + KEEP:
+            result.skipped[world] = f"the open-files hard limit ({hard}) is below {world} connections"
+            continue
+        for rep in range(reps):
+            for kind in SCALE_KINDS[rep % 2:] + SCALE_KINDS[:rep % 2]:
+                r = one_run(kind, world, procs, src)
+                result.runs.setdefault((kind, world), []).append(r)
+                if log is not None:
+                    log(f"  store_scale {kind:7} {world:6} rep {rep}: total {r['total_s']:.2f} s, storm {r['storm_s']:.2f} s, "
+                        f"CPU {r['cpu_us_per_rank']:.0f} us/rank, {r['kib_per_conn']:.2f} KiB/conn, "
+                        f"{r['ListenOverflows']:.0f} overflows")
+    result.loadavg = (before, " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+    return result
+
+
+def _ratio_within(limit: float) -> Target:
+    return Target(f"≤ {limit:g}x torch's", lambda r: r.rankrun <= limit * r.torchrun)
+
+
+def rows(result: Scale) -> list[Row]:
+    out: list[Row] = []
+    for world in result.sizes:
+        if ("rankrun", world) not in result.runs:
+            continue
+        at = world == TARGET_AT
+
+        def m(kind: str, key: str, world: int = world) -> float:
+            return result.median(kind, world, key)
+
+        name = f"store scale {world:,} clients"
+        out += [
+            Row(f"{name}: whole sequence", "s", rankrun=m("rankrun", "total_s"),
+                torchrun=m("torch", "total_s"), decimals=2, target=_ratio_within(1.2) if at else None),
+            Row(f"{name}: connect storm", "s",
+                rankrun=m("rankrun", "storm_s"), torchrun=m("torch", "storm_s"), decimals=2),
+            Row(f"{name}: server CPU per rank", "us", rankrun=m("rankrun", "cpu_us_per_rank"),
+                torchrun=m("torch", "cpu_us_per_rank"), target=_ratio_within(1.5) if at else None),
+            Row(f"{name}: server RSS per idle connection", "KiB", rankrun=m("rankrun", "kib_per_conn"),
+                torchrun=m("torch", "kib_per_conn"), decimals=2,
+                target=Target("≤ 4 KiB", lambda r: r.rankrun <= 4) if at else None),
+            Row(f"{name}: listen overflows", "count", rankrun=m("rankrun", "ListenOverflows"),
+                torchrun=m("torch", "ListenOverflows"), compare=False,
+                target=Target("0", lambda r: r.rankrun == 0) if at else None),
+        ]
+    return out
+
+
+def details(result: Scale) -> list[str]:
+    lines = [f"**Workers' store at scale** (`bench/store_storm.py`: N raw-protocol clients doing init_process_group's "
+             f"store traffic (the whole sequence; the connect storm: every client connected, handshaken and its first "
+             f"ADD answered), in 2 processes, against rankrun's `TCPStoreServer` and torch's `TCPStore(is_master=True)` "
+             f"(libuv), each server in a fresh process per run, alternating; {result.reps} run(s) per size and server; "
+             f"{result.sysctls}; load average {result.loadavg[0]} before, {result.loadavg[1]} after):",
+             "",
+             "| server | ranks | total s | storm s | CPU us/rank (user+sys) | RSS MiB | KiB/conn | overflows | SYN retrans |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for world in result.sizes:
+        for kind in SCALE_KINDS:
+            for r in result.runs.get((kind, world), []):
+                lines.append(f"| {kind} | {world:,} | {r['total_s']:.2f} | {r['storm_s']:.2f} | {r['cpu_us_per_rank']:.0f} "
+                             f"({r['user_us_per_rank']:.0f}+{r['sys_us_per_rank']:.0f}) | {r['rss_mib']:.1f} | "
+                             f"{r['kib_per_conn']:.2f} | {r['ListenOverflows']:.0f} | {r['TCPSynRetrans']:.0f} |")
+    lines.append("")
+    lines += [f"- {world:,} clients not run: {why}." for world, why in result.skipped.items()]
+    # The 25,000-rank row through store relays goes here: bench/relay_storm.py (the relay work, to come) adds its own
+    # rows and lines to this metric in bench/run.py.
+    lines += [f"Command: `python bench/store_storm.py --sizes {','.join(map(str, result.sizes))} --reps {result.reps}`.", ""]
+    return lines
 
 
 def main() -> None:
@@ -226,20 +347,29 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--src", default=str(SRC), help="the rankrun sources to serve from")
     parser.add_argument("--before-src", default="", help="another checkout's sources, served as the server 'before'")
+    parser.add_argument("--somaxconn", type=int, default=0,
+                        help="run in a network namespace of its own with this net.core.somaxconn (root, unshare, ip)")
     args = parser.parse_args()
+    if args.somaxconn:  # the host's setting stays as it is (other jobs share it); a fresh namespace has only lo, down
+        rest = [a for a in sys.argv[1:] if not a.startswith("--somaxconn")]
+        if "--somaxconn" in sys.argv:
+            del rest[sys.argv.index("--somaxconn") - 1]  # its value
+        script = 'ip link set lo up && sysctl -qw net.core.somaxconn="$0" && exec "$@"'
+        sys.exit(subprocess.call(["unshare", "-n", "sh", "-c", script, str(args.somaxconn), sys.executable, str(HERE), *rest]))
     kinds = args.servers.split(",")
     sysctl = Path("/proc/sys/net")
     print(f"somaxconn {(sysctl / 'core/somaxconn').read_text().strip()}, tcp_max_syn_backlog "
           f"{(sysctl / 'ipv4/tcp_max_syn_backlog').read_text().strip()}, NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)}, "
           f"{os.cpu_count()} CPUs")
-    print("server   ranks  rep  total_s storm_s  cpu_s  cpu_us/rank  rss_MiB  KiB/conn  overflows drops synretrans")
+    print("server   ranks  rep  total_s storm_s  cpu_s  cpu_us/rank (user+sys)  rss_MiB  KiB/conn  overflows drops synretrans")
     for world in map(int, args.sizes.split(",")):
         for rep in range(args.reps):
             for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:  # alternating which goes first
                 src = args.before_src if kind == "before" else args.src
                 r = one_run("rankrun" if kind == "before" else kind, world, args.client_procs, src)
                 print(f"{kind:8} {world:6} {rep:4} {r['total_s']:8.2f} {r['storm_s']:7.2f} {r['cpu_s']:6.2f} "
-                      f"{r['cpu_us_per_rank']:12.1f} {r['rss_mib']:8.1f} {r['kib_per_conn']:9.2f} "
+                      f"{r['cpu_us_per_rank']:6.1f} ({r['user_us_per_rank']:4.0f}+{r['sys_us_per_rank']:4.0f}) "
+                      f"{r['rss_mib']:8.1f} {r['kib_per_conn']:9.2f} "
                       f"{r['ListenOverflows']:10.0f} {r['ListenDrops']:5.0f} {r['TCPSynRetrans']:10.0f}", flush=True)
 
 

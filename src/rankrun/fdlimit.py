@@ -8,7 +8,7 @@ start; a failure is ignored (the check below then says what does not fit). Worke
 ``fd_budget`` is the decision, pure: what the job needs against what the process has, as one line to say (or None);
 ``listen_budget`` the same for the listen queue: every rank connects to the workers' store within a second, and a
 connection past ``net.core.somaxconn`` is dropped (its client retries after 1 s; measured at 16,384 ranks: thousands
-of ``ListenOverflows``).
+of ``ListenOverflows``), and so is a SYN past 3/4 of ``net.ipv4.tcp_max_syn_backlog`` where SYN cookies are off.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ PER_LOCAL_WORKER = 8
 """Per worker of this node: its stdout/stderr pipes, its pidfd, its log files, its stack channel (generous)."""
 _NR_OPEN = Path("/proc/sys/fs/nr_open")  # the kernel's ceiling for any RLIMIT_NOFILE (an infinite hard limit)
 _SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # the kernel's ceiling for any listen backlog
+_SYN_BACKLOG = Path("/proc/sys/net/ipv4/tcp_max_syn_backlog")  # half-open connections kept when SYN cookies are off
+_SYNCOOKIES = Path("/proc/sys/net/ipv4/tcp_syncookies")  # 0: off, 1: past the SYN queue (the default), 2: always
 
 
 def nofile() -> tuple[int, int]:
@@ -70,23 +72,44 @@ def job_fits(*, world_size: int, nodes: int, local_workers: int) -> str | None:
     return fd_budget(world_size=world_size, nodes=nodes, local_workers=local_workers, soft=soft, hard=hard)
 
 
-def listen_budget(*, world_size: int, somaxconn: int) -> str | None:
-    """One line when ``world_size`` ranks connecting at once cannot all wait in a listen queue capped at ``somaxconn``."""
-    if somaxconn >= world_size:
+def listen_budget(*, world_size: int, somaxconn: int, syn_backlog: int | None = None,
+                  syncookies: int | None = None) -> str | None:
+    """One line when ``world_size`` ranks connecting at once cannot all wait in this host's listen queues, else None.
+
+    The accept queue is capped at ``somaxconn`` (net.core.somaxconn). The SYN queue is capped by the same backlog; past
+    it the kernel answers with SYN cookies, unless ``syncookies`` (net.ipv4.tcp_syncookies) is 0: then it also drops
+    SYNs from new peers once the queue holds 3/4 of ``syn_backlog`` (net.ipv4.tcp_max_syn_backlog). None: unknown.
+    """
+    short: list[str] = []
+    fixes: list[str] = []
+    if somaxconn < world_size:
+        short.append(f"net.core.somaxconn is {somaxconn}")
+        fixes.append(f"`sysctl -w net.core.somaxconn={world_size}`")
+    if syncookies == 0 and syn_backlog is not None and syn_backlog * 3 // 4 < world_size:
+        short.append(f"net.ipv4.tcp_max_syn_backlog is {syn_backlog} with SYN cookies off (net.ipv4.tcp_syncookies=0: "
+                     f"SYNs past 3/4 of it are dropped)")
+        fixes.append(f"`sysctl -w net.ipv4.tcp_max_syn_backlog={-(-world_size * 4 // 3)}`")
+    if not short:
         return None
-    return (f"net.core.somaxconn is {somaxconn}, below the {world_size} ranks that connect to the workers' store at "
-            f"once: connections past the listen queue are dropped and retried 1 s later, slowing init_process_group; "
-            f"set `sysctl -w net.core.somaxconn={world_size}` on this host (net.ipv4.tcp_max_syn_backlog too where SYN "
-            f"cookies are off)")
+    return (f"{' and '.join(short)}, below the {world_size} ranks that connect to the workers' store at once: "
+            f"connections past the listen queue are dropped and retried 1 s later, slowing init_process_group; "
+            f"set {' and '.join(fixes)} on this host")
+
+
+def _sysctl(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def listen_fits(*, world_size: int) -> str | None:
-    """``listen_budget`` against this host's ``net.core.somaxconn`` (None where it cannot be read)."""
-    try:
-        somaxconn = int(_SOMAXCONN.read_text())
-    except (OSError, ValueError):
+    """``listen_budget`` against this host's sysctls (None where net.core.somaxconn cannot be read)."""
+    somaxconn = _sysctl(_SOMAXCONN)
+    if somaxconn is None:
         return None
-    return listen_budget(world_size=world_size, somaxconn=somaxconn)
+    return listen_budget(world_size=world_size, somaxconn=somaxconn, syn_backlog=_sysctl(_SYN_BACKLOG),
+                         syncookies=_sysctl(_SYNCOOKIES))
 
 
 def relays_wanted(option: bool | None, *, world_size: int, nodes: int, local_workers: int, soft: int, hard: int) -> bool:

@@ -49,3 +49,22 @@ def test_a_listen_queue_below_the_world_size_says_what_to_set() -> None:
     assert "\n" not in line
     assert "net.core.somaxconn is 4096, below the 16384 ranks" in line
     assert "`sysctl -w net.core.somaxconn=16384`" in line
+
+
+def test_a_syn_backlog_below_the_world_size_matters_only_with_syn_cookies_off() -> None:
+    assert listen_budget(world_size=16384, somaxconn=65535, syn_backlog=2048, syncookies=1) is None
+    assert listen_budget(world_size=16384, somaxconn=65535, syn_backlog=2048, syncookies=None) is None
+    line = listen_budget(world_size=16384, somaxconn=65535, syn_backlog=2048, syncookies=0)
+    assert line is not None
+    assert "\n" not in line
+    assert line.startswith("net.ipv4.tcp_max_syn_backlog is 2048 with SYN cookies off")
+    assert "`sysctl -w net.ipv4.tcp_max_syn_backlog=21846`" in line  # 3/4 of it holds every rank
+    assert listen_budget(world_size=16384, somaxconn=65535, syn_backlog=21846, syncookies=0) is None
+
+
+def test_both_queues_short_are_said_in_one_line() -> None:
+    line = listen_budget(world_size=16384, somaxconn=4096, syn_backlog=2048, syncookies=0)
+    assert line is not None
+    assert "\n" not in line
+    assert line.startswith("net.core.somaxconn is 4096 and net.ipv4.tcp_max_syn_backlog is 2048")
+    assert "set `sysctl -w net.core.somaxconn=16384` and `sysctl -w net.ipv4.tcp_max_syn_backlog=21846`" in line

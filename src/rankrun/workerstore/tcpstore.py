@@ -8,8 +8,10 @@ torchrun). Must not depend on: torch, threads, blocking calls on the event loop,
 ``tests/unit/test_import_directions.py``). Byte layouts follow ``reference/tcpstore-protocol.md`` (written from
 observation, not from torch's code).
 
-Design: one ``asyncio.BufferedProtocol`` per connection (no streams, no task per client). The transport reads straight
-into the connection's ``bytearray``; an incremental parser decodes every complete request in it with
+Design: one ``asyncio.BufferedProtocol`` per connection (no streams, no task per client). On its own listener the
+transport is ``rankrun.listen.Polled``: every connection in one epoll of the listener's own, watched by the loop as one
+reader (``listen(..., polled=True)``; a connection the shared rendezvous port hands over keeps asyncio's). The transport
+reads straight into the connection's ``bytearray``; an incremental parser decodes every complete request in it with
 ``struct.unpack_from`` on a ``memoryview`` (one copy per key or value, none for framing), leaves an incomplete tail in
 place (a large value is awaited until the exact size it announced has arrived; a long key list resumes where it
 stopped), and all replies to the requests of one read go out in one ``transport.write``. Dispatch is a 256-entry
@@ -20,9 +22,22 @@ Why this shape (profiled with cProfile, ``strace -c`` and /proc CPU times under 
 streams server cost 44 us of CPU per ADD (19 user, 25 system) against libuv's 10, with 6 syscalls per request
 (asyncio's default read allocates a 256 KiB ``bytes`` and shrinks it: mmap + mremap + munmap; the task wake-up costs a
 second epoll_wait) plus a ``readexactly`` per field, ``feed_data``, a future, a task step and ``drain``. This one makes
-3 syscalls per request (epoll_wait, recv_into, send; libuv makes 4) and costs 12.5 us (5 user, 7.5 system).
+3 syscalls per request (epoll_wait, recv_into, send; libuv makes 4) and costs 12.5 us (5 user, 7.5 system); on the
+polled listener a wake-up makes a second epoll_wait (its own epoll's), shared by every connection ready in it: a lone
+client's ADD pays it (its latency unchanged within the noise, 35-53 us either way under load), a storm amortises it.
 
 Measured (``bench/store_bench.py``, 2-CPU VM, vs torch 2.13's libuv server): p50 1.11-1.20x, throughput 0.80-0.96x.
+
+At scale (``bench/store_storm.py``, ``bench/run.py --only store_scale``: N raw-protocol clients doing
+``init_process_group``'s store traffic, torch 2.13's server alternating in the same runs, 2 CPUs shared with a load
+average of 2-12): at 16,384 clients and somaxconn 4,096, no listen overflow in 14 runs of 15 (one under load:
+3,085; torch's server 644-6,952 in all but one), none for either at somaxconn 65,535 (``--somaxconn``); the server
+163-247 us of CPU per rank against torch's 112-171 (medians per run 1.37-1.58x: the issue's 1.5x is met in about
+half the runs; with asyncio's transports 277-329), about 2 KiB per idle connection (torch's 1.2-2.0), the whole
+sequence within the noise of torch's (medians 0.7-1.14x; single runs 9-30 s for both, as the machine's other load
+came and went). Per connection it holds its
+socket, its ``_Connection`` (its buffer) and its ``Polled``, no memoryview, future or dict more: at 16,384 connections
+the garbage collector's full collections cost 22 us per rank with those, 8 without.
 
 Wire summary: every request is a 1-byte query code followed by fixed fields (``u32``/``i64`` little-endian, strings
 as ``u64`` length + bytes); replies have no header; errors are signalled by closing the connection. Codes::
@@ -41,7 +56,7 @@ Deliberate differences from torch's libuv server (none visible to a correct clie
   protocol error (a torch client never does this: it blocks on the first reply);
 - a BARRIER caller is released when the counter reaches *its own* ``world_size``, and
   any write that brings the counter key to that value releases it too;
-- ``SO_KEEPALIVE`` is set on accepted sockets (torch sets it on neither side).
+- accepted sockets have ``SO_KEEPALIVE`` (set on the listening socket, inherited; torch sets it on neither side).
 """
 
 from __future__ import annotations
@@ -50,7 +65,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import socket
 import struct
 import time
 from collections.abc import Callable
@@ -77,8 +91,6 @@ _WAIT_CANCELED = b"\x01"
 _CHECK_READY = b"\x00"
 _CHECK_NOT_READY = b"\x01"
 _CLOSE_GRACE_S = 5.0
-# Every worker connects at once at start-up; asyncio's default backlog (100) drops SYNs beyond it, and a dropped SYN
-# costs the client a 1 s retransmission. The kernel caps this at net.core.somaxconn.
 
 # Per connection, held while it is open: one per rank, 16,384 at once in a large job (16 KiB each was 19-20 KiB per
 # idle connection, against libuv's ~2). torch's requests are tens of bytes, gloo's address blobs ~200; a larger request
@@ -157,16 +169,17 @@ class _Connection(asyncio.BufferedProtocol):
     request, or -1 while it is incomplete.
     """
 
-    __slots__ = ("_buf", "_busy", "_closed", "_end", "_keyspace", "_mv", "_need", "_out", "_paused", "_pending",
-                 "_resume", "_server", "_start", "_table", "_transport", "lost")
+    __slots__ = ("_buf", "_busy", "_closed", "_end", "_gone", "_keyspace", "_lost", "_need", "_out", "_paused",
+                 "_pending", "_resume", "_server", "_start", "_table", "_transport")
 
     def __init__(self, server: TCPStoreServer) -> None:
         self._server = server
         self._keyspace = server._keyspace
         self._transport: asyncio.Transport | None = None
         self._table = _HANDSHAKE
+        # No memoryview kept: one per read and per parse instead (a kept one is two more objects per connection for the
+        # garbage collector to walk, at 16,384 connections: 22 us of CPU per rank in full collections, measured)
         self._buf = bytearray(_BUFFER_SIZE)
-        self._mv = memoryview(self._buf)
         self._start = 0
         self._end = 0
         self._need = 0
@@ -176,7 +189,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._pending: Waiter | None = None
         self._closed = False
         self._paused = False
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._gone = False  # connection_lost came
+        self._lost: asyncio.Future[None] | None = None  # made when someone waits for it (not per connection)
 
     # -- asyncio.BufferedProtocol
 
@@ -189,25 +203,25 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self._keyspace = server._keyspace  # the attempt's keyspace when the connection is served, not accepted
         server._connections[self] = None
-        _tune_socket(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - asyncio's signature
         self._closed = True
         self._forget_pending()
         self._server._connections.pop(self, None)
         self._resume = None
-        if not self.lost.done():
-            self.lost.set_result(None)
+        self._gone = True
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:  # noqa: ARG002 - we size it ourselves
         end = self._end
         if not end:
             if self._need <= len(self._buf):
-                return self._mv  # the common case, every byte consumed: no new view
+                return memoryview(self._buf)  # the common case, every byte consumed
         elif len(self._buf) - end >= _MIN_FREE and self._start + self._need <= len(self._buf):
-            return self._mv[end:]
+            return memoryview(self._buf)[end:]
         self._make_room()
-        return self._mv[self._end :]
+        return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
@@ -232,6 +246,14 @@ class _Connection(asyncio.BufferedProtocol):
             self._process()
 
     # -- lifecycle
+
+    def lost(self) -> asyncio.Future[None] | None:
+        """A future done once the connection is lost; None when it already is."""
+        if self._gone:
+            return None
+        if self._lost is None:
+            self._lost = asyncio.get_running_loop().create_future()
+        return self._lost
 
     def abort(self) -> None:
         """Drop the connection now, discarding unparsed requests and unsent replies."""
@@ -265,13 +287,13 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             size = want if self._need else max(want, 2 * len(self._buf))
             bigger = bytearray(size)
-            bigger[0:live] = self._mv[start:end]
-            self._buf, self._mv = bigger, memoryview(bigger)
+            bigger[0:live] = memoryview(self._buf)[start:end]
+            self._buf = bigger
         self._start, self._end = 0, live
 
     def _process(self) -> None:
         """Handle every complete request in the buffer; one write for all their replies."""
-        mv, end, pos = self._mv, self._end, self._start
+        mv, end, pos = memoryview(self._buf), self._end, self._start
         self._need = 0
         self._busy = True
         try:
@@ -300,7 +322,6 @@ class _Connection(asyncio.BufferedProtocol):
             self._start = self._end = 0
             if len(self._buf) > _BUFFER_SIZE:  # a large request is done: give the memory back
                 self._buf = bytearray(_BUFFER_SIZE)
-                self._mv = memoryview(self._buf)
         else:
             self._start = pos
 
@@ -591,16 +612,6 @@ _HANDLERS: tuple[_Handler, ...] = tuple(_BY_CODE.get(code, _Connection._op_unkno
 _HANDSHAKE: tuple[_Handler, ...] = (_Connection._op_validate,) + (_Connection._op_before_validate,) * 255
 
 
-def _tune_socket(transport: asyncio.BaseTransport) -> None:
-    """SO_KEEPALIVE (idle NAT paths). TCP_NODELAY (tiny latency-bound replies) is asyncio's already: every TCP socket
-    transport sets it (a second setsockopt was one syscall per connection of a 16,384-rank storm for nothing)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-
-
 class TCPStoreServer:
     """Serves one keyspace on one listening socket, bound once and held until close().
 
@@ -624,7 +635,7 @@ class TCPStoreServer:
         """
         if self._server is not None or self._closed:
             raise RuntimeError("TCPStoreServer.start() runs once, before close()")
-        self._server, self._port = await listen(host, port, self._connection)
+        self._server, self._port = await listen(host, port, self._connection, polled=True)
         return self._port
 
     @property
@@ -645,7 +656,7 @@ class TCPStoreServer:
             connection.abort()  # unparsed requests are discarded, never applied
         self._keyspace = Keyspace()
         self.first_requests = []
-        lost = [c.lost for c in connections if not c.lost.done()]
+        lost = [f for f in (c.lost() for c in connections) if f is not None and not f.done()]
         if lost:  # abort() closes the sockets on the loop's next turn
             await asyncio.wait(lost, timeout=_CLOSE_GRACE_S)
 
