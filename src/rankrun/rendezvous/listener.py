@@ -59,7 +59,9 @@ class SharedListener:
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` once (``StoreError`` with the OS's reason, and ``errno`` on ``__cause__``)."""
-        self._server, bound = await listen(host, port, lambda: _Sniffer(self))
+        # polled: every rank of a multi-node job reaches the workers' store through this port; its connections are
+        # then Polled transports (``rankrun.listen``), the store's own accept path, whichever server adopts them
+        self._server, bound = await listen(host, port, lambda: _Sniffer(self), polled=True)
         self.address = str(self._server.sockets[0].getsockname()[0])
         return bound
 
