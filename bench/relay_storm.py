@@ -24,12 +24,16 @@ import argparse
 import asyncio
 import os
 import resource
+import statistics
 import struct
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from report import Row, Target
 
 HERE = Path(__file__).resolve()
 SRC = HERE.parents[1] / "src"
@@ -235,7 +239,35 @@ class Sampler:
         return out
 
 
-def run(world: int, relays: int, client_procs: int, every: float) -> None:
+@dataclass
+class Relayed:
+    """One run through relays: the figures ``main`` prints and ``bench/run.py``'s store-scale rows show."""
+
+    world: int
+    relays: int
+    client_procs: int
+    hard: int  # the open-files hard limit every process ran under
+    total_s: float
+    storm_s: float
+    host_cpu_s: float
+    most: dict[str, int]  # kind ("host", "relay", "clients") -> the most descriptors one such process held
+    clients: int  # the relays' clients, all of them
+    upstream: int  # GETs/WAITs the relays sent upstream on their own
+    joined: int  # GETs/WAITs that joined one already in flight
+    waits: int  # WAITs the host's keyspace registered
+
+    def lines(self) -> list[str]:
+        return [f"{self.world} ranks, {self.relays} relays, {self.client_procs} client processes, hard NOFILE "
+                f"{self.hard}, {os.cpu_count()} CPUs",
+                f"total {self.total_s:.2f} s, storm {self.storm_s:.2f} s, host CPU {self.host_cpu_s:.2f} s "
+                f"({self.host_cpu_s / self.world * 1e6:.1f} us/rank)",
+                f"most fds: host {self.most['host']}, a relay {self.most['relay']}, a client process "
+                f"{self.most['clients']}",
+                f"relays: {self.clients} clients; GETs/WAITs upstream {self.upstream}, joined one in flight "
+                f"{self.joined}; WAITs the host registered: {self.waits} (without relays: {2 * self.world - 1})"]
+
+
+def run(world: int, relays: int, client_procs: int, every: float) -> Relayed:
     host_proc = _child("host")
     procs = [host_proc]
     try:
@@ -268,14 +300,9 @@ def run(world: int, relays: int, client_procs: int, every: float) -> None:
         stats = [list(map(int, _line(p)[1:])) for p in relay_procs]
         _tell(host_proc, "waits")
         waits = int(_line(host_proc)[1])
-        most = sampler.by_kind()
-        shared, coalesced = sum(s[1] for s in stats), sum(s[2] for s in stats)
-        print(f"{world} ranks, {relays} relays, {client_procs} client processes, hard NOFILE "
-              f"{resource.getrlimit(resource.RLIMIT_NOFILE)[1]}, {os.cpu_count()} CPUs")
-        print(f"total {total:.2f} s, storm {storm:.2f} s, host CPU {cpu:.2f} s ({cpu / world * 1e6:.1f} us/rank)")
-        print(f"most fds: host {most['host']}, a relay {most['relay']}, a client process {most['clients']}")
-        print(f"relays: {sum(s[0] for s in stats)} clients; GETs/WAITs upstream {shared}, joined one in flight "
-              f"{coalesced}; WAITs the host registered: {waits} (without relays: {2 * world - 1})")
+        result = Relayed(world, relays, client_procs, resource.getrlimit(resource.RLIMIT_NOFILE)[1], total, storm, cpu,
+                         sampler.by_kind(), sum(s[0] for s in stats), sum(s[1] for s in stats),
+                         sum(s[2] for s in stats), waits)
         for c in client_list:
             _tell(c, "close")
         for c in client_list:
@@ -283,11 +310,52 @@ def run(world: int, relays: int, client_procs: int, every: float) -> None:
         for p in [*relay_procs, host_proc]:
             _tell(p, "close")
             p.wait(timeout=60)
+        return result
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run_reps(reps: int, world: int = 25000, relays: int = 25, client_procs: int = 5,
+             every: float = 0.5) -> list[Relayed]:
+    """``reps`` runs (``bench/run.py``'s store-scale metric)."""
+    return [run(world, relays, client_procs, every) for _ in range(reps)]
+
+
+def rows(runs: list[Relayed]) -> list[Row]:
+    """The store-scale rows through relays: rankrun only (torch's server holds one descriptor per rank: past the hard
+    limit it cannot be run at this size)."""
+    if not runs:
+        return []
+    world, hard = runs[0].world, runs[0].hard
+    most = max(max(r.most.values()) for r in runs)
+    name = f"store scale {world:,} clients through {runs[0].relays} relays (torch's server: not runnable, hard limit {hard:,})"
+    limit = 20000 if hard == resource.RLIM_INFINITY else hard  # the issue's figure: this machine's hard limit
+    return [Row(f"{name}: whole sequence", "s", rankrun=statistics.median(r.total_s for r in runs),
+                torchrun=float("nan"), decimals=2, compare=False),
+            Row(f"{name}: the most descriptors any process held", "count", rankrun=most, torchrun=float("nan"),
+                compare=False, target=Target(f"≤ {limit:,} (the hard limit)", lambda r: r.rankrun <= limit))]
+
+
+def details(runs: list[Relayed]) -> list[str]:
+    if not runs:
+        return []
+    r0 = runs[0]
+    lines = [f"**Through store relays** (`bench/relay_storm.py --ranks {r0.world} --relays {r0.relays} --client-procs "
+             f"{r0.client_procs}`: the same clients' traffic, each through its node's relay process (one per loopback "
+             f"address) to one host process; every process's `/proc/<pid>/fd` sampled every 0.5 s and once with every "
+             f"connection open; hard `RLIMIT_NOFILE` {r0.hard:,}):",
+             "",
+             "| run | total s | storm s | host CPU s | most fds: host | a relay | a client process | GETs/WAITs upstream "
+             "| joined one in flight | WAITs the host's keyspace registered |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(runs, 1):
+        lines.append(f"| {i} | {r.total_s:.2f} | {r.storm_s:.2f} | {r.host_cpu_s:.2f} | {r.most['host']:,} | "
+                     f"{r.most['relay']:,} | {r.most['clients']:,} | {r.upstream:,} | {r.joined:,} | {r.waits:,} |")
+    lines.append("")
+    return lines
 
 
 def _round_trips(port: int, address: str, count: int) -> list[float]:
@@ -345,7 +413,7 @@ def main() -> None:
     if args.latency:
         latency(args.latency)
         return
-    run(args.ranks, args.relays, args.client_procs, args.sample_s)
+    print("\n".join(run(args.ranks, args.relays, args.client_procs, args.sample_s).lines()))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import health_bench
 import launch_bench
 import netcheck_bench
 import observe_bench
+import relay_storm
 import rendezvous_bench
 import rss_bench
 import stacks
@@ -236,10 +237,8 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
 
     def store_scale() -> tuple[list[Row], list[str]]:
         r = store_storm.run_scale(plan.store_scale_reps, log=log)
-        rows, details = store_storm.rows(r), store_storm.details(r)
-        # The 25,000-rank row through store relays belongs to this metric: bench/relay_storm.py (to come) measures it
-        # the same way (its server and torch's, alternating) and its rows and details are appended here.
-        return rows, details
+        relayed = relay_storm.run_reps(plan.store_scale_reps)  # 25,000 ranks: past this machine's hard limit
+        return store_storm.rows(r) + relay_storm.rows(relayed), store_storm.details(r) + relay_storm.details(relayed)
 
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
