@@ -128,26 +128,36 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
     cpu = _cpu_self()
-    done: list[float] = []
+    phases: list[tuple[float, float, float]] = []  # per agent: connected, joined, assigned (monotonic)
+    failed: list[str] = []
 
     async def agent(i: int) -> None:
-        if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
-            result = await run_check(check, env, 60.0)
-            assert result.healthy, result
-        client = await StoreClient.connect("127.0.0.1", port, SECRET)
-        info = NodeInfo(f"p{index}-a{i}", 0, 1, "default", "127.0.0.1", "bench", None, False)
-        member = await Member.join(client, keys, info, ttl=3600.0)
-        got = await member.next_round(0)
-        assert isinstance(got, Assignment)
-        done.append(time.monotonic())
-        agents.append(client)
+        try:
+            if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
+                result = await run_check(check, env, 60.0)
+                assert result.healthy, result
+            client = await StoreClient.connect("127.0.0.1", port, SECRET)
+            agents.append(client)
+            connected = time.monotonic()
+            # a fixed-width id, as a real one (``session.node_info``: host-pid-6 hex digits): none is a prefix of
+            # another, so a node's prefix watch of its assign key sees only its own
+            info = NodeInfo(f"p{index}-a{i:06d}", 0, 1, "default", "127.0.0.1", "bench", None, False)
+            member = await Member.join(client, keys, info, ttl=3600.0)
+            joined = time.monotonic()
+            got = await member.next_round(0)
+            assert isinstance(got, Assignment)
+            phases.append((connected, joined, time.monotonic()))
+        except Exception as exc:  # one failed agent is reported, not a hung bench
+            failed.append(f"{type(exc).__name__}: {exc}")
 
     agents: list[StoreClient] = []
     await asyncio.gather(*(agent(i) for i in range(count)))
     cpu = _cpu_self() - cpu
     ops = sum(v[0] for v in counted.values())
     moved = sum(v[1] for v in counted.values())
-    print(json.dumps({"last": max(done), "ops": ops, "bytes": moved, "count": count, "cpu": cpu}), flush=True)
+    print(json.dumps({"last": max((p[2] for p in phases), default=0.0), "ops": ops, "bytes": moved, "count": count,
+                      "cpu": cpu, "phases": phases, "failed": len(failed), "error": failed[0] if failed else ""}),
+          flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
         await client.close()
@@ -191,7 +201,9 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None) -> dict[str, o
                                                                          "--count", str(share), "--index", str(i),
                                                                          *checking])
         result = _collect(children, start, nodes, count_bytes=True)
-        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + cpu_of(host.pid) - host_cpu, 3)  # type: ignore[arg-type]
+        host_cpu = cpu_of(host.pid) - host_cpu
+        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + host_cpu, 3)  # type: ignore[arg-type]
+        result["host_cpu_s"] = round(host_cpu, 3)
         return result
     finally:
         for child in children:
@@ -201,16 +213,36 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None) -> dict[str, o
 
 def _collect(children: list[subprocess.Popen[str]], start: float, nodes: int, *, count_bytes: bool) -> dict[str, object]:
     """Each agents process's report → the round's figures; then tell them to exit."""
-    reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
+    reports = []
+    for child in children:
+        assert child.stdout is not None
+        line = child.stdout.readline()  # "" if it died: counted as its agents failed, not a hung bench
+        reports.append(json.loads(line) if line else {"last": 0.0, "ops": 0, "bytes": 0, "count": 0, "failed": 1,
+                                                        "error": f"an agents process exited {child.wait()}"})
     seconds = max(r["last"] for r in reports) - start
     for child in children:
         assert child.stdin is not None
-        child.stdin.write("exit\n")
-        child.stdin.flush()
-    return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
-            "agents_cpu_s": sum(r.get("cpu", 0.0) for r in reports),
-            "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
-            "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes) if count_bytes else None}
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.write("exit\n")
+            child.stdin.flush()
+    failed = sum(int(r.get("failed", 0)) for r in reports)
+    result: dict[str, object] = {
+        "nodes": nodes, "seconds": round(seconds, 3), "completed": not failed,
+        "agents_cpu_s": sum(r.get("cpu", 0.0) for r in reports),
+        "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
+        "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes) if count_bytes else None}
+    if failed:
+        result |= {"failed": failed, "error": next(r["error"] for r in reports if r.get("error"))}
+    phases = [p for r in reports for p in r.get("phases", ())]
+    if phases:  # when the agents were connected, joined, assigned: the median and the last, seconds from "go"
+        result["phases_s"] = {name: [round(_quantile([p[k] - start for p in phases], q), 3) for q in (0.5, 1.0)]
+                              for k, name in enumerate(("connected", "joined", "assigned"))}
+    return result
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _start_agents(
@@ -219,7 +251,8 @@ def _start_agents(
     """Spread ``nodes`` agents over ``procs`` processes, wait for each to be READY, say "go"; the monotonic start time."""
     shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
     for i, share in enumerate(s for s in shares if s):
-        children.append(subprocess.Popen([sys.executable, __file__, *args(i, share)], stdin=subprocess.PIPE,
+        profile = ["-m", "cProfile", "-o", f"{os.environ['RDZV_PROFILE']}.agents{i}"] if os.environ.get("RDZV_PROFILE") else []
+        children.append(subprocess.Popen([sys.executable, *profile, __file__, *args(i, share)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if quiet else None, text=True))
     for child in children:
         assert child.stdout is not None

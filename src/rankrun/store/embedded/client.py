@@ -134,6 +134,7 @@ class StoreClient:
         self._frozen = 0.0  # how long this process last stood still, when that may explain a loss
         self._frozen_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._outbox: list[bytes] = []  # frames of this turn of the loop, sent together at its end (``_flush``)
 
     @classmethod
     async def connect(
@@ -303,8 +304,16 @@ class StoreClient:
             self._protocol.transport.abort()
 
     def _send(self, obj: dict[str, Any]) -> None:
+        """Queue a frame: the frames of one turn of the loop go out in one write (a node's independent requests,
+        made together, cost the host one read and one write, not one each)."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(wire.frame(obj))
+
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
         if self._protocol is not None and self._protocol.transport is not None and not self._protocol.transport.is_closing():
-            self._protocol.transport.write(wire.frame(obj))
+            self._protocol.transport.write(b"".join(out))
 
     async def call(self, op: str, **fields: Any) -> Any:
         if self._closed_why is not None or self._protocol is None or self._protocol.transport is None:
@@ -312,7 +321,7 @@ class StoreClient:
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._protocol.transport.write(wire.frame({"id": rid, "op": op, **fields}))
+        self._send({"id": rid, "op": op, **fields})
         try:
             return await future
         finally:

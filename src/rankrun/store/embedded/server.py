@@ -53,7 +53,8 @@ class _Connection(asyncio.Protocol):
         self._liveness: Liveness | None = None  # what the client asked for in its hello
         self._heard = self._sent = 0.0  # the loop's time of the last frame from, and to, the client
         self._pings = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._out: list[bytes] | None = None  # while a read is handled: its replies, sent in one write at its end
+        self._pushes: list[bytes] = []  # watch events (pings) of this turn of the loop, sent together at its end
 
     # -- transport events
 
@@ -79,6 +80,10 @@ class _Connection(asyncio.Protocol):
                 return
             data, self._prefix = self._prefix[len(wire.MAGIC) :], b""
             self._state = "hello"
+        # every reply to what this read brought goes out in one write (one syscall, not one per frame: a client
+        # sends its independent requests together, and the server's sends were its largest cost)
+        self._out = out = self._pushes  # what was pushed this turn goes first: a reply never overtakes an event
+        self._pushes = []
         try:
             for request in self._frames.feed(data):
                 self._handle(request)
@@ -86,6 +91,10 @@ class _Connection(asyncio.Protocol):
                     return
         except wire.FrameError as exc:
             self._close(f"protocol error: {exc}")
+        finally:
+            self._out = None
+            if out and self._transport is not None and not self._transport.is_closing():
+                self._transport.write(b"".join(out))
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = "its connection to the host was closed"
@@ -95,8 +104,7 @@ class _Connection(asyncio.Protocol):
 
     def _end(self, why: str) -> None:
         self._server.connections.discard(self)
-        if self._timer is not None:
-            self._timer.cancel()
+        self._server.unwatch_silence(self)
         for token in self._watches.values():
             self._store.unsubscribe(token)
         self._watches.clear()
@@ -112,19 +120,14 @@ class _Connection(asyncio.Protocol):
     def _watch_silence(self, liveness: Liveness) -> None:
         self._liveness = liveness
         tune_socket(self._transport.get_extra_info("socket") if self._transport else None, liveness)
-        self._schedule()
+        self._server.watch_silence(self, liveness)
 
-    def _schedule(self) -> None:
-        assert self._liveness is not None
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + self._liveness.interval / 2, self._check_silence)
-
-    def _check_silence(self) -> None:
-        """Ping an idle client; give up one that has said nothing for the window (its leases go, as if expired)."""
+    def check_silence(self, now: float) -> None:
+        """Ping an idle client; give up one that has said nothing for the window (its leases go, as if expired).
+        Called every half interval by the server's sweep of the connections with this liveness."""
         assert self._liveness is not None
         if self._transport is None:
             return
-        now = asyncio.get_running_loop().time()
         silent = now - self._heard
         if silent >= self._liveness.window:
             logger.info("rendezvous: %s said nothing for %.0f s: closing its connection", self.peer, silent)
@@ -133,7 +136,6 @@ class _Connection(asyncio.Protocol):
         if now - self._sent >= self._liveness.interval:
             self._pings += 1
             self._send({"ping": self._pings})
-        self._schedule()
 
     # -- handshake
 
@@ -245,13 +247,26 @@ class _Connection(asyncio.Protocol):
 
     def _send(self, obj: dict[str, Any]) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(wire.frame(obj))
+            if self._out is not None:
+                self._out.append(wire.frame(obj))
+            else:  # a push (another connection's write, a lease's end, a ping): with the others of this turn
+                if not self._pushes:
+                    self._server.corked(self)
+                self._pushes.append(wire.frame(obj))
             self._sent = asyncio.get_running_loop().time()
+
+    def flush(self) -> None:
+        out, self._pushes = self._pushes, []
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(out))
 
     def _close(self, why: str) -> None:
         if why:
             logger.debug("closing rendezvous connection from %s: %s", self.peer, why)
         if self._transport is not None:
+            if self._out:  # what was said before closing (a refusal) goes first
+                self._transport.write(b"".join(self._out))
+                self._out.clear()
             self._transport.close()
 
     def abort(self) -> None:
@@ -280,6 +295,10 @@ class StoreServer:
         self.store = store
         self.secret = secret
         self.connections: set[_Connection] = set()
+        # connections watched for silence, by the liveness their clients asked for (a job asks for one): one timer per
+        # liveness sweeps them every half interval, not a timer per connection (thousands of heap entries re-armed)
+        self._silence: dict[Liveness, tuple[set[_Connection], asyncio.TimerHandle]] = {}
+        self._corked: list[_Connection] = []  # connections with pushes to send at the end of this turn
         self._server: asyncio.Server | None = None
         self._rejected: set[str] = set()
         store.on_close(self._store_closed)
@@ -295,6 +314,43 @@ class StoreServer:
         transport.set_protocol(connection)
         connection.connection_made(transport)
         connection.data_received(data)
+
+    def corked(self, connection: _Connection) -> None:
+        """``connection`` has pushes to send: at the end of this turn of the loop, with every other push to it (a
+        round's assignment and the round key reach a node in one write; thousands of nodes are one turn's work)."""
+        if not self._corked:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._corked.append(connection)
+
+    def _flush(self) -> None:
+        corked, self._corked = self._corked, []
+        for connection in corked:
+            connection.flush()
+
+    def watch_silence(self, connection: _Connection, liveness: Liveness) -> None:
+        """Check ``connection`` for silence every half ``liveness.interval`` (``_Connection.check_silence``)."""
+        swept = self._silence.get(liveness)
+        if swept is None:
+            loop = asyncio.get_running_loop()
+            swept = self._silence[liveness] = ({connection}, loop.call_at(loop.time() + liveness.interval / 2,
+                                                                          self._sweep, liveness))
+        else:
+            swept[0].add(connection)
+
+    def unwatch_silence(self, connection: _Connection) -> None:
+        for connections, _ in self._silence.values():
+            connections.discard(connection)
+
+    def _sweep(self, liveness: Liveness) -> None:
+        connections, _ = self._silence[liveness]
+        if not connections:  # nobody left with this liveness: no timer either
+            del self._silence[liveness]
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(connections):
+            connection.check_silence(now)
+        self._silence[liveness] = (connections, loop.call_at(now + liveness.interval / 2, self._sweep, liveness))
 
     def rejected(self, peer: str) -> None:
         """A peer failed authentication: logged once per address, not once per attempt."""
@@ -313,6 +369,9 @@ class StoreServer:
             server.close()
         for connection in list(self.connections):
             connection.abort()
+        for _, timer in self._silence.values():
+            timer.cancel()
+        self._silence.clear()
         if server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5.0)
