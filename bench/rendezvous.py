@@ -56,6 +56,7 @@ sys.path.insert(0, str(BENCH.parent / "src"))
 sys.path.insert(0, str(BENCH.parent / "tests"))  # etcdserver: the tests' etcd processes, one piece of code for both
 
 SECRET = b"bench-secret"
+ROUND_BOUND = 300.0  # seconds an agent waits to connect, and then for its assignment, before it counts as failed
 
 
 # --------------------------------------------------------------------------- rankrun: the host
@@ -136,7 +137,7 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
             if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
                 result = await run_check(check, env, 60.0)
                 assert result.healthy, result
-            client = await StoreClient.connect("127.0.0.1", port, SECRET)
+            client = await _connect(port)
             agents.append(client)
             connected = time.monotonic()
             # a fixed-width id, as a real one (``session.node_info``: host-pid-6 hex digits): none is a prefix of
@@ -144,7 +145,7 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
             info = NodeInfo(f"p{index}-a{i:06d}", 0, 1, "default", "127.0.0.1", "bench", None, False)
             member = await Member.join(client, keys, info, ttl=3600.0)
             joined = time.monotonic()
-            got = await member.next_round(0)
+            got = await asyncio.wait_for(member.next_round(0), ROUND_BOUND)
             assert isinstance(got, Assignment)
             phases.append((connected, joined, time.monotonic()))
         except Exception as exc:  # one failed agent is reported, not a hung bench
@@ -161,6 +162,24 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
         await client.close()
+
+
+async def _connect(port: int, host: str = "127.0.0.1") -> object:
+    """Connect as an agent does (``session._connect``): a connection that fails or times out (a SYN dropped by a full
+    listen queue, a handshake slower than the liveness window on a loaded machine) is tried again with backoff."""
+    from rankrun.rendezvous.session import CONNECT_RETRY
+    from rankrun.store.api import StoreUnavailable
+    from rankrun.store.embedded.client import StoreClient
+
+    deadline, pause = time.monotonic() + ROUND_BOUND, CONNECT_RETRY[0]
+    while True:
+        try:
+            return await StoreClient.connect(host, port, SECRET)
+        except StoreUnavailable:
+            if time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, CONNECT_RETRY[1])
 
 
 def _run_agents(port: int, count: int, index: int, check: str | None) -> None:

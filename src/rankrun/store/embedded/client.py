@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from rankrun.clock import seconds
@@ -121,6 +121,9 @@ class StoreClient:
     def __init__(self, endpoint: str, liveness: Liveness | None = None) -> None:
         self.endpoint = endpoint
         self.liveness = liveness or Liveness()
+        # a relay's connection (``store.embedded.relay``): its agents' frames, given as they come; and told once lost
+        self.relayed: Callable[[list[Any]], None] | None = None
+        self.when_lost: Callable[[str], None] | None = None
         self.ready = False
         self.local_address: str | None = None  # this side's address of the connection (what peers can reach)
         self.watches: dict[int, ClientWatch] = {}
@@ -138,11 +141,13 @@ class StoreClient:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None
+        cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None,
+        *, relay: Callable[[list[Any]], None] | None = None,
     ) -> StoreClient:
         """Connect and authenticate within the liveness window; ``StoreUnavailable`` (``AuthenticationFailed``) naming
-        the endpoint otherwise."""
+        the endpoint otherwise. ``relay``: this is a relay's connection, and its agents' frames go there."""
         client = cls(f"{host}:{port}", liveness)
+        client.relayed = relay
         try:
             async with asyncio.timeout(client.liveness.window):
                 return await client._connect(host, port, secret, local_addr)
@@ -180,15 +185,18 @@ class StoreClient:
         assert self._protocol.transport is not None
         nonce = os.urandom(16)
         live = [self.liveness.interval, self.liveness.window]  # ping me when idle; give me up after the window
-        self._protocol.transport.write(wire.MAGIC + wire.frame({"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}))
-        hello = await self._handshake_frame()
-        if hello.get("version") != wire.VERSION:
-            raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {hello.get('version')!r}, not {wire.VERSION}")
-        challenge = wire.unb64(hello.get("challenge", ""))
-        if hello.get("auth") and secret is None:
+        hello: dict[str, Any] = {"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}
+        if self.relayed is not None:
+            hello["relay"] = True
+        self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
+        said = await self._handshake_frame()
+        if said.get("version") != wire.VERSION:
+            raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {said.get('version')!r}, not {wire.VERSION}")
+        challenge = wire.unb64(said.get("challenge", ""))
+        if said.get("auth") and secret is None:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: the job needs a secret "
                                        "(set RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH)")
-        if not hello.get("auth") and secret is not None:
+        if not said.get("auth") and secret is not None:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: it does not authenticate, but this node has a secret")
         proof = client_proof(secret, challenge, nonce) if secret is not None else ""
         self._protocol.transport.write(wire.frame({"proof": proof}))
@@ -241,6 +249,9 @@ class StoreClient:
     def dispatch(self, msg: dict[str, Any]) -> None:
         if "ping" in msg:
             self._send({"pong": msg["ping"]})
+            return
+        if "b" in msg and self.relayed is not None:
+            self.relayed(msg["b"])
             return
         if "watch" in msg:
             watch = self.watches.get(int(msg["watch"]))
@@ -302,6 +313,12 @@ class StoreClient:
         self._leases.clear()
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.abort()
+        if self.when_lost is not None:
+            self.when_lost(error)
+
+    def send(self, obj: dict[str, Any]) -> None:
+        """Send a frame that is not a request (a relay's batch of its agents' frames)."""
+        self._send(obj)
 
     def _send(self, obj: dict[str, Any]) -> None:
         """Queue a frame: the frames of one turn of the loop go out in one write (a node's independent requests,

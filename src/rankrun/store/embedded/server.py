@@ -55,6 +55,10 @@ class _Connection(asyncio.Protocol):
         self._pings = 0
         self._out: list[bytes] | None = None  # while a read is handled: its replies, sent in one write at its end
         self._pushes: list[bytes] = []  # watch events (pings) of this turn of the loop, sent together at its end
+        # a relay's connection (``store.embedded.relay``): its agents, each a virtual connection by the relay's id for
+        # it, and what they are sent this turn (one ``{"b": [...]}`` frame at its end); None: an agent's own connection
+        self._virtual: dict[int, _Virtual] | None = None
+        self._batch: list[dict[str, Any]] = []
 
     # -- transport events
 
@@ -105,6 +109,9 @@ class _Connection(asyncio.Protocol):
     def _end(self, why: str) -> None:
         self._server.connections.discard(self)
         self._server.unwatch_silence(self)
+        virtual, self._virtual = self._virtual, None
+        for agent in (virtual or {}).values():  # a relay lost: its agents are, as if each had dropped its connection
+            agent.end(f"its relay's connection to the host was lost ({why})")
         for token in self._watches.values():
             self._store.unsubscribe(token)
         self._watches.clear()
@@ -141,12 +148,17 @@ class _Connection(asyncio.Protocol):
 
     def _handle(self, msg: dict[str, Any]) -> None:
         if self._state == "ready":
-            self._request(msg)
+            if self._virtual is not None:
+                self._relayed(msg)
+            else:
+                self._request(msg)
         elif self._state == "hello":
             if msg.get("hello") != wire.VERSION:
                 self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
                 return
             self._nonce = wire.unb64(msg.get("nonce", ""))
+            if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
+                self._virtual = {}
             liveness = Liveness.parse(msg.get("live"))
             if liveness is not None:
                 self._watch_silence(liveness)
@@ -164,6 +176,44 @@ class _Connection(asyncio.Protocol):
             self._state = "ready"
             proof = server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
             self._send({"ok": True, "proof": proof})
+
+    # -- a relay's agents
+
+    def _relayed(self, msg: dict[str, Any]) -> None:
+        """A relay's frame: its agents' frames (``{"b": [{"c": agent, ...}, ...]}``), or its own (a pong)."""
+        batch = msg.get("b")
+        if not isinstance(batch, list):
+            self._request(msg)
+            return
+        virtual = self._virtual
+        for item in batch:
+            if virtual is None or self._transport is None:
+                return
+            if not isinstance(item, dict) or not isinstance(item.get("c"), int):
+                raise wire.FrameError("a relayed frame without its agent")
+            cid = item.pop("c")
+            agent = virtual.get(cid)
+            if "bye" in item:  # the agent's connection to the relay ended: its leases go, as a direct one's do
+                if agent is not None:
+                    agent.end(str(item["bye"]) or "its connection to the relay was closed")
+                continue
+            if agent is None:
+                agent = virtual[cid] = _Virtual(self, cid)
+            agent.request(item)
+
+    def send_for(self, cid: int, obj: dict[str, Any]) -> None:
+        """A frame for the relay's agent ``cid``: in this turn's batch, sent at its end."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        if not self._batch and not self._pushes:
+            self._server.corked(self)
+        obj["c"] = cid
+        self._batch.append(obj)
+        self._sent = asyncio.get_running_loop().time()
+
+    def forget(self, cid: int) -> None:
+        if self._virtual is not None:
+            self._virtual.pop(cid, None)
 
     # -- requests
 
@@ -257,6 +307,9 @@ class _Connection(asyncio.Protocol):
 
     def flush(self) -> None:
         out, self._pushes = self._pushes, []
+        if self._batch:
+            out.append(wire.frame({"b": self._batch}))
+            self._batch = []
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(out))
 
@@ -272,6 +325,30 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+
+class _Virtual(_Connection):
+    """An agent behind a relay: a connection of its own to the store (its leases, its watches: a lost agent loses
+    exactly its own), whose frames travel in its relay's batches. The relay authenticated it with the job's secret
+    and watches its silence; the relay's own connection was authenticated here."""
+
+    def __init__(self, relay: _Connection, cid: int) -> None:
+        super().__init__(relay._server)
+        self._relay = relay
+        self._cid = cid
+        self._state = "ready"
+        self.peer = f"{relay.peer} (relayed #{cid})"
+
+    def request(self, msg: dict[str, Any]) -> None:
+        self._request(msg)
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        self._relay.send_for(self._cid, obj)
+
+    def end(self, why: str) -> None:
+        """Its connection ended (its relay said so, or the relay itself was lost): its leases are revoked."""
+        self._relay.forget(self._cid)
+        self._end(why)
 
 
 _OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
@@ -305,12 +382,16 @@ class StoreServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0: the OS picks) and serve; returns the port."""
-        self._server, bound = await listen(host, port, lambda: _Connection(self))
+        self._server, bound = await listen(host, port, self.new_connection)
         return bound
+
+    def new_connection(self) -> _Connection:
+        """The protocol of a connection this server serves (a relay's own server forwards instead)."""
+        return _Connection(self)
 
     def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve a connection another listener accepted (``rendezvous.listener``), starting with ``data``."""
-        connection = _Connection(self)
+        connection = self.new_connection()
         transport.set_protocol(connection)
         connection.connection_made(transport)
         connection.data_received(data)
