@@ -202,32 +202,62 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_rankrun(nodes: int, procs: int, check: str | None = None) -> dict[str, object]:
-    """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining. The
-    result's ``cpu_s``: CPU seconds of the agents (their checks included) and the host, from "go" to the last
-    assignment."""
+def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 0) -> dict[str, object]:
+    """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining;
+    ``relays``: that many relay processes (``store.embedded.relay``) between the agents and the host, each agents
+    process's agents through one of them (process i: relay i mod R). The result's ``cpu_s``: CPU seconds of the agents
+    (their checks included), the relays and the host, from "go" to the last assignment; ``fds_max``: the most file
+    descriptors one process held (the host, a relay, an agents process), sampled at the end."""
     py = sys.executable
     profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
     host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     children: list[subprocess.Popen[str]] = []
+    relaying: list[subprocess.Popen[str]] = []
     checking = ["--check", check] if check is not None else []
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
-        host_cpu = cpu_of(host.pid)
-        start = _start_agents(children, nodes, procs, lambda i, share: ["--role", "agents", "--port", str(port),
-                                                                         "--count", str(share), "--index", str(i),
-                                                                         *checking])
+        ports = [port]
+        for _ in range(relays):
+            relaying.append(subprocess.Popen([py, __file__, "--role", "relay", "--port", str(port)], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True))
+        if relays:
+            ports = [int(r.stdout.readline().split()[1]) for r in relaying if r.stdout is not None]
+        before = {p.pid: cpu_of(p.pid) for p in (host, *relaying)}
+        start = _start_agents(children, nodes, procs, lambda i, share: [
+            "--role", "agents", "--port", str(ports[i % len(ports)]), "--count", str(share), "--index", str(i), *checking])
         result = _collect(children, start, nodes, count_bytes=True)
-        host_cpu = cpu_of(host.pid) - host_cpu
-        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + host_cpu, 3)  # type: ignore[arg-type]
-        result["host_cpu_s"] = round(host_cpu, 3)
+        spent = {pid: cpu_of(pid) - cpu for pid, cpu in before.items()}
+        result["fds_max"] = max(_fds(p.pid) for p in (host, *relaying, *children))
+        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + sum(spent.values()), 3)  # type: ignore[arg-type]
+        result["host_cpu_s"] = round(spent[host.pid], 3)
+        if relays:
+            result["relays"] = relays
+            result["relays_cpu_s"] = round(sum(spent.values()) - spent[host.pid], 3)
         return result
     finally:
         for child in children:
             end_process(child)
+        for relay in relaying:
+            end_process(relay)
         end_process(host)
+
+
+def _fds(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    return 0
+
+
+async def _relay(port: int) -> None:
+    from rankrun.store.embedded.relay import Relay
+
+    relay = Relay(SECRET)
+    own = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
+    print(f"READY {own}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes our stdin
+    await relay.close()
 
 
 def _collect(children: list[subprocess.Popen[str]], start: float, nodes: int, *, count_bytes: bool) -> dict[str, object]:
@@ -574,6 +604,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1024, help="simulated agents (M)")
     parser.add_argument("--procs", type=int, default=4, help="processes the simulated agents are spread over")
+    parser.add_argument("--relays", type=int, default=0,
+                        help="embedded: relay processes between the agents and the host (agents process i: relay i mod R)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
@@ -594,6 +626,7 @@ def main(argv: list[str]) -> int:
     roles: dict[str, Callable[[], object]] = {
         "host": lambda: asyncio.run(_host(args.nodes)),
         "agents": lambda: _run_agents(args.port, args.count, args.index, args.check),
+        "relay": lambda: asyncio.run(_relay(args.port)),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
         "partition-client": lambda: asyncio.run(_partition_client(args.endpoints, args.ttl)),
@@ -626,7 +659,7 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        result = run_rankrun(args.nodes, args.procs, args.check)
+        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays)
     if args.json:
         print(json.dumps(result))
     else:

@@ -139,6 +139,8 @@ class Relay:
             agent.abort()
 
     async def close(self) -> None:
+        self.why = self.why or "the relay was closed"
+        self.lost.set()  # its own doing: nothing to warn about
         await self.server.close()
         if self._upstream is not None:
             await self._upstream.close()
