@@ -121,7 +121,14 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
 
         transport.write = counting_write  # type: ignore[attr-defined]
 
+    original_tell = StoreClient.tell
+
+    def tell(self: StoreClient, op: str, **fields: object) -> None:  # a request whose reply is not awaited counts too
+        counted.setdefault(id(self), [0, 0])[0] += 1
+        original_tell(self, op, **fields)
+
     StoreClient.call = call  # type: ignore[method-assign]
+    StoreClient.tell = tell  # type: ignore[method-assign]
     client_module._Protocol.data_received = received  # type: ignore[method-assign]
     client_module._Protocol.connection_made = made  # type: ignore[method-assign]
     keys = Keys.for_run("bench")

@@ -1,7 +1,9 @@
 """One node's side of the rendezvous: join once, then read its own assignment and the round key, round after round.
 
-A join costs a node a fixed handful of operations (a get of its blocklist key, grant, put, range, two watches) and a
-few hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone.
+A join costs a node a fixed handful of operations and a few hundred bytes, whatever the number of nodes: nobody reads
+or rewrites a list of everyone. Independent ones go together (one round trip each pair on a networked store): the
+gets of its blocklist key and of ``closed``, then grant, put; a round, the ranges of its assign key and the round key,
+then (unless the assignment was already there) the two watches, closed together once it came.
 
 A node excluded from the job learns it from its own assign key (``Excluded``, in the same watch as its rounds); one
 that comes back to a job that excluded it is refused at join (``NodeExcluded``, exit code 4). A node that finds itself

@@ -112,9 +112,8 @@ class ClientWatch:
         if self._closed:
             return
         self._closed = True
-        self._client.watches.pop(self.wid, None)
-        with contextlib.suppress(StoreUnavailable):
-            await self._client.call("unwatch", w=self.wid)
+        self._client.watches.pop(self.wid, None)  # whatever still comes for it is dropped from now on
+        self._client.tell("unwatch", w=self.wid)  # its reply says nothing: not waited for (one round trip less a round)
 
 
 class StoreClient:
@@ -331,6 +330,11 @@ class StoreClient:
         out, self._outbox = self._outbox, []
         if self._protocol is not None and self._protocol.transport is not None and not self._protocol.transport.is_closing():
             self._protocol.transport.write(b"".join(out))
+
+    def tell(self, op: str, **fields: Any) -> None:
+        """A request whose reply is not waited for (nor its failure: a lost connection ends everything anyway)."""
+        if self._closed_why is None and self._protocol is not None and self._protocol.transport is not None:
+            self._send({"id": next(self._ids), "op": op, **fields})
 
     async def call(self, op: str, **fields: Any) -> Any:
         if self._closed_why is not None or self._protocol is None or self._protocol.transport is None:

@@ -5,7 +5,11 @@ synchronously from the store's core (``MemoryStore.read``/``write``/...), so a j
 server a few microseconds and no allocation beyond the frames. Leases belong to the connection
 that granted them: when it goes (the peer died, its host froze and the kernel reset the socket,
 or it simply closed), they are revoked and their keys deleted, exactly as if they had expired.
-Watches push their events as they happen.
+Watches push their events as they happen. Writes are batched per connection: the replies to one read go out in one
+write, and the pushes of one turn of the loop in one write at its end (a node's assignment and the round key, written in
+one turn by the coordinator, reach it together). A connection that says ``"relay": true`` in its hello is a relay's
+(``store.embedded.relay``): each agent behind it is a virtual connection here (``_Virtual``), with its own leases and
+watches, its frames in the relay's batches; the relay's connection lost, every one of them is.
 
 With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
 any operation; a peer that fails is told so in one frame, closed, and logged once per address.
