@@ -29,6 +29,7 @@ import itertools
 import logging
 from typing import Any
 
+from rankrun.store.embedded import wire
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.liveness import Liveness
 from rankrun.store.embedded.server import StoreServer, _Connection
@@ -117,8 +118,9 @@ class Relay:
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
-        if batch and self._upstream is not None:
-            self._upstream.send({"b": batch})
+        if self._upstream is not None:
+            for at in range(0, len(batch), wire.BATCH):
+                self._upstream.send({"b": batch[at : at + wire.BATCH]})
 
     def _from_host(self, batch: list[Any]) -> None:
         for item in batch:

@@ -312,8 +312,8 @@ class _Connection(asyncio.Protocol):
     def flush(self) -> None:
         out, self._pushes = self._pushes, []
         if self._batch:
-            out.append(wire.frame({"b": self._batch}))
-            self._batch = []
+            batch, self._batch = self._batch, []
+            out += [wire.frame({"b": batch[at : at + wire.BATCH]}) for at in range(0, len(batch), wire.BATCH)]
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(out))
 
