@@ -133,12 +133,15 @@ class _Connection(asyncio.Protocol):
         tune_socket(self._transport.get_extra_info("socket") if self._transport else None, liveness)
         self._server.watch_silence(self, liveness)
 
-    def check_silence(self, now: float) -> None:
+    def check_silence(self, now: float, late: float) -> None:
         """Ping an idle client; give up one that has said nothing for the window (its leases go, as if expired).
-        Called every half interval by the server's sweep of the connections with this liveness."""
+        Called every half interval by the server's sweep of the connections with this liveness; ``late``: how late
+        the sweep came, time this process stood still (starved, stopped), which is not the client's silence (the
+        client's side has the same rule)."""
         assert self._liveness is not None
         if self._transport is None:
             return
+        self._heard = min(now, self._heard + late)
         silent = now - self._heard
         if silent >= self._liveness.window:
             logger.info("rendezvous: %s said nothing for %.0f s: closing its connection", self.peer, silent)
@@ -417,8 +420,8 @@ class StoreServer:
         swept = self._silence.get(liveness)
         if swept is None:
             loop = asyncio.get_running_loop()
-            swept = self._silence[liveness] = ({connection}, loop.call_at(loop.time() + liveness.interval / 2,
-                                                                          self._sweep, liveness))
+            due = loop.time() + liveness.interval / 2
+            swept = self._silence[liveness] = ({connection}, loop.call_at(due, self._sweep, liveness, due))
         else:
             swept[0].add(connection)
 
@@ -426,16 +429,18 @@ class StoreServer:
         for connections, _ in self._silence.values():
             connections.discard(connection)
 
-    def _sweep(self, liveness: Liveness) -> None:
+    def _sweep(self, liveness: Liveness, due: float) -> None:
         connections, _ = self._silence[liveness]
         if not connections:  # nobody left with this liveness: no timer either
             del self._silence[liveness]
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
+        late = max(0.0, now - due)
         for connection in list(connections):
-            connection.check_silence(now)
-        self._silence[liveness] = (connections, loop.call_at(now + liveness.interval / 2, self._sweep, liveness))
+            connection.check_silence(now, late)
+        due = now + liveness.interval / 2
+        self._silence[liveness] = (connections, loop.call_at(due, self._sweep, liveness, due))
 
     def rejected(self, peer: str) -> None:
         """A peer failed authentication: logged once per address, not once per attempt."""
