@@ -226,9 +226,10 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
         ports = [port]
-        for _ in range(relays):
-            relaying.append(subprocess.Popen([py, __file__, "--role", "relay", "--port", str(port)], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, text=True))
+        for r in range(relays):
+            profiled = [*profile[:-1], f"{profile[-1]}.relay{r}"] if profile else []
+            relaying.append(subprocess.Popen([py, *profiled, __file__, "--role", "relay", "--port", str(port)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         if relays:
             ports = [int(r.stdout.readline().split()[1]) for r in relaying if r.stdout is not None]
         before = {p.pid: cpu_of(p.pid) for p in (host, *relaying)}
