@@ -56,6 +56,7 @@ sys.path.insert(0, str(BENCH.parent / "src"))
 sys.path.insert(0, str(BENCH.parent / "tests"))  # etcdserver: the tests' etcd processes, one piece of code for both
 
 SECRET = b"bench-secret"
+ROUND_BOUND = 300.0  # seconds an agent waits to connect, and then for its assignment, before it counts as failed
 
 
 # --------------------------------------------------------------------------- rankrun: the host
@@ -120,7 +121,14 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
 
         transport.write = counting_write  # type: ignore[attr-defined]
 
+    original_tell = StoreClient.tell
+
+    def tell(self: StoreClient, op: str, **fields: object) -> None:  # a request whose reply is not awaited counts too
+        counted.setdefault(id(self), [0, 0])[0] += 1
+        original_tell(self, op, **fields)
+
     StoreClient.call = call  # type: ignore[method-assign]
+    StoreClient.tell = tell  # type: ignore[method-assign]
     client_module._Protocol.data_received = received  # type: ignore[method-assign]
     client_module._Protocol.connection_made = made  # type: ignore[method-assign]
     keys = Keys.for_run("bench")
@@ -128,29 +136,57 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
     cpu = _cpu_self()
-    done: list[float] = []
+    phases: list[tuple[float, float, float]] = []  # per agent: connected, joined, assigned (monotonic)
+    failed: list[str] = []
 
     async def agent(i: int) -> None:
-        if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
-            result = await run_check(check, env, 60.0)
-            assert result.healthy, result
-        client = await StoreClient.connect("127.0.0.1", port, SECRET)
-        info = NodeInfo(f"p{index}-a{i}", 0, 1, "default", "127.0.0.1", "bench", None, False)
-        member = await Member.join(client, keys, info, ttl=3600.0)
-        got = await member.next_round(0)
-        assert isinstance(got, Assignment)
-        done.append(time.monotonic())
-        agents.append(client)
+        try:
+            if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
+                result = await run_check(check, env, 60.0)
+                assert result.healthy, result
+            client = await _connect(port)
+            agents.append(client)
+            connected = time.monotonic()
+            # a fixed-width id, as a real one (``session.node_info``: host-pid-6 hex digits): none is a prefix of
+            # another, so a node's prefix watch of its assign key sees only its own
+            info = NodeInfo(f"p{index}-a{i:06d}", 0, 1, "default", "127.0.0.1", "bench", None, False)
+            member = await Member.join(client, keys, info, ttl=3600.0)
+            joined = time.monotonic()
+            got = await asyncio.wait_for(member.next_round(0), ROUND_BOUND)
+            assert isinstance(got, Assignment)
+            phases.append((connected, joined, time.monotonic()))
+        except Exception as exc:  # one failed agent is reported, not a hung bench
+            failed.append(f"{type(exc).__name__}: {exc}")
 
     agents: list[StoreClient] = []
     await asyncio.gather(*(agent(i) for i in range(count)))
     cpu = _cpu_self() - cpu
     ops = sum(v[0] for v in counted.values())
     moved = sum(v[1] for v in counted.values())
-    print(json.dumps({"last": max(done), "ops": ops, "bytes": moved, "count": count, "cpu": cpu}), flush=True)
+    print(json.dumps({"last": max((p[2] for p in phases), default=0.0), "ops": ops, "bytes": moved, "count": count,
+                      "cpu": cpu, "phases": phases, "failed": len(failed), "error": failed[0] if failed else ""}),
+          flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
         await client.close()
+
+
+async def _connect(port: int, host: str = "127.0.0.1") -> object:
+    """Connect as an agent does (``session._connect``): a connection that fails or times out (a SYN dropped by a full
+    listen queue, a handshake slower than the liveness window on a loaded machine) is tried again with backoff."""
+    from rankrun.rendezvous.session import CONNECT_RETRY
+    from rankrun.store.api import StoreUnavailable
+    from rankrun.store.embedded.client import StoreClient
+
+    deadline, pause = time.monotonic() + ROUND_BOUND, CONNECT_RETRY[0]
+    while True:
+        try:
+            return await StoreClient.connect(host, port, SECRET)
+        except StoreUnavailable:
+            if time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, CONNECT_RETRY[1])
 
 
 def _run_agents(port: int, count: int, index: int, check: str | None) -> None:
@@ -173,44 +209,97 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_rankrun(nodes: int, procs: int, check: str | None = None) -> dict[str, object]:
-    """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining. The
-    result's ``cpu_s``: CPU seconds of the agents (their checks included) and the host, from "go" to the last
-    assignment."""
+def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 0) -> dict[str, object]:
+    """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining;
+    ``relays``: that many relay processes (``store.embedded.relay``) between the agents and the host, each agents
+    process's agents through one of them (process i: relay i mod R). The result's ``cpu_s``: CPU seconds of the agents
+    (their checks included), the relays and the host, from "go" to the last assignment; ``fds_max``: the most file
+    descriptors one process held (the host, a relay, an agents process), sampled at the end."""
     py = sys.executable
     profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
     host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     children: list[subprocess.Popen[str]] = []
+    relaying: list[subprocess.Popen[str]] = []
     checking = ["--check", check] if check is not None else []
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
-        host_cpu = cpu_of(host.pid)
-        start = _start_agents(children, nodes, procs, lambda i, share: ["--role", "agents", "--port", str(port),
-                                                                         "--count", str(share), "--index", str(i),
-                                                                         *checking])
+        ports = [port]
+        for r in range(relays):
+            profiled = [*profile[:-1], f"{profile[-1]}.relay{r}"] if profile else []
+            relaying.append(subprocess.Popen([py, *profiled, __file__, "--role", "relay", "--port", str(port)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        if relays:
+            ports = [int(r.stdout.readline().split()[1]) for r in relaying if r.stdout is not None]
+        before = {p.pid: cpu_of(p.pid) for p in (host, *relaying)}
+        start = _start_agents(children, nodes, procs, lambda i, share: [
+            "--role", "agents", "--port", str(ports[i % len(ports)]), "--count", str(share), "--index", str(i), *checking])
         result = _collect(children, start, nodes, count_bytes=True)
-        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + cpu_of(host.pid) - host_cpu, 3)  # type: ignore[arg-type]
+        spent = {pid: cpu_of(pid) - cpu for pid, cpu in before.items()}
+        result["fds_max"] = max(_fds(p.pid) for p in (host, *relaying, *children))
+        result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + sum(spent.values()), 3)  # type: ignore[arg-type]
+        result["host_cpu_s"] = round(spent[host.pid], 3)
+        if relays:
+            result["relays"] = relays
+            result["relays_cpu_s"] = round(sum(spent.values()) - spent[host.pid], 3)
         return result
     finally:
         for child in children:
             end_process(child)
+        for relay in relaying:
+            end_process(relay)
         end_process(host)
+
+
+def _fds(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    return 0
+
+
+async def _relay(port: int) -> None:
+    from rankrun.store.embedded.relay import Relay
+
+    relay = Relay(SECRET)
+    own = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
+    print(f"READY {own}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes our stdin
+    await relay.close()
 
 
 def _collect(children: list[subprocess.Popen[str]], start: float, nodes: int, *, count_bytes: bool) -> dict[str, object]:
     """Each agents process's report → the round's figures; then tell them to exit."""
-    reports = [json.loads(child.stdout.readline()) for child in children if child.stdout is not None]
+    reports = []
+    for child in children:
+        assert child.stdout is not None
+        line = child.stdout.readline()  # "" if it died: counted as its agents failed, not a hung bench
+        reports.append(json.loads(line) if line else {"last": 0.0, "ops": 0, "bytes": 0, "count": 0, "failed": 1,
+                                                        "error": f"an agents process exited {child.wait()}"})
     seconds = max(r["last"] for r in reports) - start
     for child in children:
         assert child.stdin is not None
-        child.stdin.write("exit\n")
-        child.stdin.flush()
-    return {"nodes": nodes, "seconds": round(seconds, 3), "completed": True,
-            "agents_cpu_s": sum(r.get("cpu", 0.0) for r in reports),
-            "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
-            "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes) if count_bytes else None}
+        with contextlib.suppress(BrokenPipeError):
+            child.stdin.write("exit\n")
+            child.stdin.flush()
+    failed = sum(int(r.get("failed", 0)) for r in reports)
+    result: dict[str, object] = {
+        "nodes": nodes, "seconds": round(seconds, 3), "completed": not failed,
+        "agents_cpu_s": sum(r.get("cpu", 0.0) for r in reports),
+        "ops_per_node": round(sum(r["ops"] for r in reports) / nodes, 2),
+        "bytes_per_node": round(sum(r["bytes"] for r in reports) / nodes) if count_bytes else None}
+    if failed:
+        result |= {"failed": failed, "error": next(r["error"] for r in reports if r.get("error"))}
+    phases = [p for r in reports for p in r.get("phases", ())]
+    if phases:  # when the agents were connected, joined, assigned: the median and the last, seconds from "go"
+        result["phases_s"] = {name: [round(_quantile([p[k] - start for p in phases], q), 3) for q in (0.5, 1.0)]
+                              for k, name in enumerate(("connected", "joined", "assigned"))}
+    return result
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _start_agents(
@@ -219,7 +308,8 @@ def _start_agents(
     """Spread ``nodes`` agents over ``procs`` processes, wait for each to be READY, say "go"; the monotonic start time."""
     shares = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
     for i, share in enumerate(s for s in shares if s):
-        children.append(subprocess.Popen([sys.executable, __file__, *args(i, share)], stdin=subprocess.PIPE,
+        profile = ["-m", "cProfile", "-o", f"{os.environ['RDZV_PROFILE']}.agents{i}"] if os.environ.get("RDZV_PROFILE") else []
+        children.append(subprocess.Popen([sys.executable, *profile, __file__, *args(i, share)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if quiet else None, text=True))
     for child in children:
         assert child.stdout is not None
@@ -522,6 +612,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1024, help="simulated agents (M)")
     parser.add_argument("--procs", type=int, default=4, help="processes the simulated agents are spread over")
+    parser.add_argument("--relays", type=int, default=0,
+                        help="embedded: relay processes between the agents and the host (agents process i: relay i mod R)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
@@ -542,6 +634,7 @@ def main(argv: list[str]) -> int:
     roles: dict[str, Callable[[], object]] = {
         "host": lambda: asyncio.run(_host(args.nodes)),
         "agents": lambda: _run_agents(args.port, args.count, args.index, args.check),
+        "relay": lambda: asyncio.run(_relay(args.port)),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
         "partition-client": lambda: asyncio.run(_partition_client(args.endpoints, args.ttl)),
@@ -574,7 +667,7 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        result = run_rankrun(args.nodes, args.procs, args.check)
+        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays)
     if args.json:
         print(json.dumps(result))
     else:

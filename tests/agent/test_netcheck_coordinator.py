@@ -29,6 +29,8 @@ async def _places(store: MemoryStore, ids: list[str], round_: int) -> dict[str, 
         place = place_from(entry.value)
         if isinstance(place, Excluded) or (isinstance(place, Assignment) and place.round == round_):
             found[entry.key[len(KEYS.assigns):]] = place
+    if len(found) == len(ids):  # all there already (the coordinator was quicker than this reader): no event will come
+        return found
     watch = await store.watch(KEYS.assigns, revision)
     try:
         async for event in watch:

@@ -22,6 +22,7 @@ from rankrun.api.values import VALUE_LIMIT, encode
 from rankrun.spec import parse_etcd_endpoints
 from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable, get_many
 from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.relay import Relay
 from rankrun.store.embedded.server import StoreServer
 from rankrun.store.etcd.gateway import Connection, EtcdError, Gateway
 from rankrun.store.etcd.store import EtcdStore
@@ -85,6 +86,27 @@ async def _embedded(tmp_path: object) -> AsyncIterator[Harness]:
 
 
 @contextlib.asynccontextmanager
+async def _relayed(tmp_path: object) -> AsyncIterator[Harness]:
+    """The embedded store through a relay (``store.embedded.relay``): the client's connection is one of the relay's
+    agents, a virtual connection on the server; the store going away reaches the client through the relay."""
+    del tmp_path
+    timers = FakeTimers()
+    backing = MemoryStore(timers)
+    server = StoreServer(backing, secret=b"contract-secret")
+    port = await server.start("127.0.0.1", 0)
+    relay = Relay(b"contract-secret")
+    relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
+    client = await StoreClient.connect("127.0.0.1", relay_port, secret=b"contract-secret")
+    try:
+        yield Harness(client, _fake_time(timers), _compact(backing), backing.close)
+    finally:
+        await client.close()
+        await relay.close()
+        await server.close()
+        await backing.close()
+
+
+@contextlib.asynccontextmanager
 async def _etcd(tmp_path: object) -> AsyncIterator[Harness]:
     """A real single-member etcd, its own process, through the gateway client."""
     if shutil.which("etcd") is None:
@@ -107,6 +129,7 @@ async def _etcd(tmp_path: object) -> AsyncIterator[Harness]:
 IMPLEMENTATIONS: dict[str, Callable[[object], contextlib.AbstractAsyncContextManager[Harness]]] = {
     "memory": _memory,
     "embedded": _embedded,
+    "relayed": _relayed,
     "etcd": _etcd,
 }
 

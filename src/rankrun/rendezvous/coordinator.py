@@ -63,6 +63,7 @@ from rankrun.rendezvous.round import (
     next_step,
 )
 from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, watching
+from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class Coordinator:
         self._lease = lease  # what the keys it writes are bound to (0: none; a shared store: the job lease)
         # an elected coordinator writes only while it still holds the election (False: it does not)
         self._fence = fence
+        # the hosting agent's own in-memory store: a write never suspends, so a round's writes need no concurrency
+        self._in_memory = isinstance(store, MemoryStore) and fence is None
         self._master = master  # the worker store's address and port (hosted by group rank 0)
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())
@@ -181,7 +184,13 @@ class Coordinator:
 
     async def _put_all(self, writes: list[tuple[str, bytes]]) -> None:
         """Many independent writes, up to ``PUTS_IN_FLIGHT`` at a time: a networked store (etcd) commits
-        concurrent writes together, where one after another would each wait for their own commit."""
+        concurrent writes together, where one after another would each wait for their own commit. The in-memory
+        store: one after another, all in this turn of the loop (no task each; the embedded server then sends each
+        node its assignment and the round key, written right after, in one write)."""
+        if self._in_memory:
+            for key, value in writes:
+                await self._put(key, value)
+            return
         for at in range(0, len(writes), PUTS_IN_FLIGHT):
             await asyncio.gather(*(self._put(key, value) for key, value in writes[at : at + PUTS_IN_FLIGHT]))
 
@@ -223,7 +232,10 @@ class Coordinator:
         nodes = self._eligible()
         enough = len(nodes) >= self._settings.min_nodes
         if self._phase is Phase.FORMING and enough and self._min_since is None:
-            self._min_since = self._now()
+            # last_call is for the first round: a later one (a regroup, a restart, a coordinator taking over) re-forms
+            # at once when enough nodes are there, also when they were too few for a while (its nodes were not all
+            # back yet, or had not joined the new coordinator's view yet)
+            self._min_since = self._now() - (self._settings.last_call_timeout if self._round > 0 else 0.0)
         elif not enough:
             self._min_since = None
         only = next(iter(nodes.values())) if len(nodes) == 1 else None  # O(1) but with exclusions: this runs every decision

@@ -236,7 +236,12 @@ class Assignment:
     restarts: int
 
     def value(self) -> bytes:
-        return _dump(asdict(self))
+        # spelled out, not ``asdict`` (which deep-copies field by field): the coordinator writes one per node a round
+        r = self.ranks
+        return _dump({"round": self.round, "group_rank": self.group_rank, "group_world_size": self.group_world_size,
+                      "ranks": {"base_rank": r.base_rank, "world_size": r.world_size, "base_role_rank": r.base_role_rank,
+                                "role_world_size": r.role_world_size},
+                      "master_addr": self.master_addr, "master_port": self.master_port, "restarts": self.restarts})
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from rankrun.clock import seconds
@@ -112,15 +112,17 @@ class ClientWatch:
         if self._closed:
             return
         self._closed = True
-        self._client.watches.pop(self.wid, None)
-        with contextlib.suppress(StoreUnavailable):
-            await self._client.call("unwatch", w=self.wid)
+        self._client.watches.pop(self.wid, None)  # whatever still comes for it is dropped from now on
+        self._client.tell("unwatch", w=self.wid)  # its reply says nothing: not waited for (one round trip less a round)
 
 
 class StoreClient:
     def __init__(self, endpoint: str, liveness: Liveness | None = None) -> None:
         self.endpoint = endpoint
         self.liveness = liveness or Liveness()
+        # a relay's connection (``store.embedded.relay``): its agents' frames, given as they come; and told once lost
+        self.relayed: Callable[[list[Any]], None] | None = None
+        self.when_lost: Callable[[str], None] | None = None
         self.ready = False
         self.local_address: str | None = None  # this side's address of the connection (what peers can reach)
         self.watches: dict[int, ClientWatch] = {}
@@ -134,14 +136,17 @@ class StoreClient:
         self._frozen = 0.0  # how long this process last stood still, when that may explain a loss
         self._frozen_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._outbox: list[bytes] = []  # frames of this turn of the loop, sent together at its end (``_flush``)
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None
+        cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None,
+        *, relay: Callable[[list[Any]], None] | None = None,
     ) -> StoreClient:
         """Connect and authenticate within the liveness window; ``StoreUnavailable`` (``AuthenticationFailed``) naming
-        the endpoint otherwise."""
+        the endpoint otherwise. ``relay``: this is a relay's connection, and its agents' frames go there."""
         client = cls(f"{host}:{port}", liveness)
+        client.relayed = relay
         try:
             async with asyncio.timeout(client.liveness.window):
                 return await client._connect(host, port, secret, local_addr)
@@ -179,15 +184,18 @@ class StoreClient:
         assert self._protocol.transport is not None
         nonce = os.urandom(16)
         live = [self.liveness.interval, self.liveness.window]  # ping me when idle; give me up after the window
-        self._protocol.transport.write(wire.MAGIC + wire.frame({"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}))
-        hello = await self._handshake_frame()
-        if hello.get("version") != wire.VERSION:
-            raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {hello.get('version')!r}, not {wire.VERSION}")
-        challenge = wire.unb64(hello.get("challenge", ""))
-        if hello.get("auth") and secret is None:
+        hello: dict[str, Any] = {"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}
+        if self.relayed is not None:
+            hello["relay"] = True
+        self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
+        said = await self._handshake_frame()
+        if said.get("version") != wire.VERSION:
+            raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {said.get('version')!r}, not {wire.VERSION}")
+        challenge = wire.unb64(said.get("challenge", ""))
+        if said.get("auth") and secret is None:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: the job needs a secret "
                                        "(set RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH)")
-        if not hello.get("auth") and secret is not None:
+        if not said.get("auth") and secret is not None:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: it does not authenticate, but this node has a secret")
         proof = client_proof(secret, challenge, nonce) if secret is not None else ""
         self._protocol.transport.write(wire.frame({"proof": proof}))
@@ -240,6 +248,9 @@ class StoreClient:
     def dispatch(self, msg: dict[str, Any]) -> None:
         if "ping" in msg:
             self._send({"pong": msg["ping"]})
+            return
+        if "b" in msg and self.relayed is not None:
+            self.relayed(msg["b"])
             return
         if "watch" in msg:
             watch = self.watches.get(int(msg["watch"]))
@@ -301,10 +312,29 @@ class StoreClient:
         self._leases.clear()
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.abort()
+        if self.when_lost is not None:
+            self.when_lost(error)
+
+    def send(self, obj: dict[str, Any]) -> None:
+        """Send a frame that is not a request (a relay's batch of its agents' frames)."""
+        self._send(obj)
 
     def _send(self, obj: dict[str, Any]) -> None:
+        """Queue a frame: the frames of one turn of the loop go out in one write (a node's independent requests,
+        made together, cost the host one read and one write, not one each)."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(wire.frame(obj))
+
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
         if self._protocol is not None and self._protocol.transport is not None and not self._protocol.transport.is_closing():
-            self._protocol.transport.write(wire.frame(obj))
+            self._protocol.transport.write(b"".join(out))
+
+    def tell(self, op: str, **fields: Any) -> None:
+        """A request whose reply is not waited for (nor its failure: a lost connection ends everything anyway)."""
+        if self._closed_why is None and self._protocol is not None and self._protocol.transport is not None:
+            self._send({"id": next(self._ids), "op": op, **fields})
 
     async def call(self, op: str, **fields: Any) -> Any:
         if self._closed_why is not None or self._protocol is None or self._protocol.transport is None:
@@ -312,7 +342,7 @@ class StoreClient:
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._protocol.transport.write(wire.frame({"id": rid, "op": op, **fields}))
+        self._send({"id": rid, "op": op, **fields})
         try:
             return await future
         finally:

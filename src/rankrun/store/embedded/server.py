@@ -5,7 +5,11 @@ synchronously from the store's core (``MemoryStore.read``/``write``/...), so a j
 server a few microseconds and no allocation beyond the frames. Leases belong to the connection
 that granted them: when it goes (the peer died, its host froze and the kernel reset the socket,
 or it simply closed), they are revoked and their keys deleted, exactly as if they had expired.
-Watches push their events as they happen.
+Watches push their events as they happen. Writes are batched per connection: the replies to one read go out in one
+write, and the pushes of one turn of the loop in one write at its end (a node's assignment and the round key, written in
+one turn by the coordinator, reach it together). A connection that says ``"relay": true`` in its hello is a relay's
+(``store.embedded.relay``): each agent behind it is a virtual connection here (``_Virtual``), with its own leases and
+watches, its frames in the relay's batches; the relay's connection lost, every one of them is.
 
 With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
 any operation; a peer that fails is told so in one frame, closed, and logged once per address.
@@ -53,7 +57,12 @@ class _Connection(asyncio.Protocol):
         self._liveness: Liveness | None = None  # what the client asked for in its hello
         self._heard = self._sent = 0.0  # the loop's time of the last frame from, and to, the client
         self._pings = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._out: list[bytes] | None = None  # while a read is handled: its replies, sent in one write at its end
+        self._pushes: list[bytes] = []  # watch events (pings) of this turn of the loop, sent together at its end
+        # a relay's connection (``store.embedded.relay``): its agents, each a virtual connection by the relay's id for
+        # it, and what they are sent this turn (one ``{"b": [...]}`` frame at its end); None: an agent's own connection
+        self._virtual: dict[int, _Virtual] | None = None
+        self._batch: list[dict[str, Any]] = []
 
     # -- transport events
 
@@ -79,6 +88,10 @@ class _Connection(asyncio.Protocol):
                 return
             data, self._prefix = self._prefix[len(wire.MAGIC) :], b""
             self._state = "hello"
+        # every reply to what this read brought goes out in one write (one syscall, not one per frame: a client
+        # sends its independent requests together, and the server's sends were its largest cost)
+        self._out = out = self._pushes  # what was pushed this turn goes first: a reply never overtakes an event
+        self._pushes = []
         try:
             for request in self._frames.feed(data):
                 self._handle(request)
@@ -86,6 +99,10 @@ class _Connection(asyncio.Protocol):
                     return
         except wire.FrameError as exc:
             self._close(f"protocol error: {exc}")
+        finally:
+            self._out = None
+            if out and self._transport is not None and not self._transport.is_closing():
+                self._transport.write(b"".join(out))
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = "its connection to the host was closed"
@@ -95,8 +112,10 @@ class _Connection(asyncio.Protocol):
 
     def _end(self, why: str) -> None:
         self._server.connections.discard(self)
-        if self._timer is not None:
-            self._timer.cancel()
+        self._server.unwatch_silence(self)
+        virtual, self._virtual = self._virtual, None
+        for agent in (virtual or {}).values():  # a relay lost: its agents are, as if each had dropped its connection
+            agent.end(f"its relay's connection to the host was lost ({why})")
         for token in self._watches.values():
             self._store.unsubscribe(token)
         self._watches.clear()
@@ -112,19 +131,17 @@ class _Connection(asyncio.Protocol):
     def _watch_silence(self, liveness: Liveness) -> None:
         self._liveness = liveness
         tune_socket(self._transport.get_extra_info("socket") if self._transport else None, liveness)
-        self._schedule()
+        self._server.watch_silence(self, liveness)
 
-    def _schedule(self) -> None:
-        assert self._liveness is not None
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + self._liveness.interval / 2, self._check_silence)
-
-    def _check_silence(self) -> None:
-        """Ping an idle client; give up one that has said nothing for the window (its leases go, as if expired)."""
+    def check_silence(self, now: float, late: float) -> None:
+        """Ping an idle client; give up one that has said nothing for the window (its leases go, as if expired).
+        Called every half interval by the server's sweep of the connections with this liveness; ``late``: how late
+        the sweep came, time this process stood still (starved, stopped), which is not the client's silence (the
+        client's side has the same rule)."""
         assert self._liveness is not None
         if self._transport is None:
             return
-        now = asyncio.get_running_loop().time()
+        self._heard = min(now, self._heard + late)
         silent = now - self._heard
         if silent >= self._liveness.window:
             logger.info("rendezvous: %s said nothing for %.0f s: closing its connection", self.peer, silent)
@@ -133,18 +150,22 @@ class _Connection(asyncio.Protocol):
         if now - self._sent >= self._liveness.interval:
             self._pings += 1
             self._send({"ping": self._pings})
-        self._schedule()
 
     # -- handshake
 
     def _handle(self, msg: dict[str, Any]) -> None:
         if self._state == "ready":
-            self._request(msg)
+            if self._virtual is not None:
+                self._relayed(msg)
+            else:
+                self._request(msg)
         elif self._state == "hello":
             if msg.get("hello") != wire.VERSION:
                 self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
                 return
             self._nonce = wire.unb64(msg.get("nonce", ""))
+            if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
+                self._virtual = {}
             liveness = Liveness.parse(msg.get("live"))
             if liveness is not None:
                 self._watch_silence(liveness)
@@ -162,6 +183,44 @@ class _Connection(asyncio.Protocol):
             self._state = "ready"
             proof = server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
             self._send({"ok": True, "proof": proof})
+
+    # -- a relay's agents
+
+    def _relayed(self, msg: dict[str, Any]) -> None:
+        """A relay's frame: its agents' frames (``{"b": [{"c": agent, ...}, ...]}``), or its own (a pong)."""
+        batch = msg.get("b")
+        if not isinstance(batch, list):
+            self._request(msg)
+            return
+        virtual = self._virtual
+        for item in batch:
+            if virtual is None or self._transport is None:
+                return
+            if not isinstance(item, dict) or not isinstance(item.get("c"), int):
+                raise wire.FrameError("a relayed frame without its agent")
+            cid = item.pop("c")
+            agent = virtual.get(cid)
+            if "bye" in item:  # the agent's connection to the relay ended: its leases go, as a direct one's do
+                if agent is not None:
+                    agent.end(str(item["bye"]) or "its connection to the relay was closed")
+                continue
+            if agent is None:
+                agent = virtual[cid] = _Virtual(self, cid)
+            agent.request(item)
+
+    def send_for(self, cid: int, obj: dict[str, Any]) -> None:
+        """A frame for the relay's agent ``cid``: in this turn's batch, sent at its end."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        if not self._batch and not self._pushes:
+            self._server.corked(self)
+        obj["c"] = cid
+        self._batch.append(obj)
+        self._sent = asyncio.get_running_loop().time()
+
+    def forget(self, cid: int) -> None:
+        if self._virtual is not None:
+            self._virtual.pop(cid, None)
 
     # -- requests
 
@@ -245,18 +304,58 @@ class _Connection(asyncio.Protocol):
 
     def _send(self, obj: dict[str, Any]) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(wire.frame(obj))
+            if self._out is not None:
+                self._out.append(wire.frame(obj))
+            else:  # a push (another connection's write, a lease's end, a ping): with the others of this turn
+                if not self._pushes:
+                    self._server.corked(self)
+                self._pushes.append(wire.frame(obj))
             self._sent = asyncio.get_running_loop().time()
+
+    def flush(self) -> None:
+        out, self._pushes = self._pushes, []
+        if self._batch:
+            batch, self._batch = self._batch, []
+            out += [wire.frame({"b": batch[at : at + wire.BATCH]}) for at in range(0, len(batch), wire.BATCH)]
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(out))
 
     def _close(self, why: str) -> None:
         if why:
             logger.debug("closing rendezvous connection from %s: %s", self.peer, why)
         if self._transport is not None:
+            if self._out:  # what was said before closing (a refusal) goes first
+                self._transport.write(b"".join(self._out))
+                self._out.clear()
             self._transport.close()
 
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+
+class _Virtual(_Connection):
+    """An agent behind a relay: a connection of its own to the store (its leases, its watches: a lost agent loses
+    exactly its own), whose frames travel in its relay's batches. The relay authenticated it with the job's secret
+    and watches its silence; the relay's own connection was authenticated here."""
+
+    def __init__(self, relay: _Connection, cid: int) -> None:
+        super().__init__(relay._server)
+        self._relay = relay
+        self._cid = cid
+        self._state = "ready"
+        self.peer = f"{relay.peer} (relayed #{cid})"
+
+    def request(self, msg: dict[str, Any]) -> None:
+        self._request(msg)
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        self._relay.send_for(self._cid, obj)
+
+    def end(self, why: str) -> None:
+        """Its connection ended (its relay said so, or the relay itself was lost): its leases are revoked."""
+        self._relay.forget(self._cid)
+        self._end(why)
 
 
 _OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
@@ -280,21 +379,68 @@ class StoreServer:
         self.store = store
         self.secret = secret
         self.connections: set[_Connection] = set()
+        # connections watched for silence, by the liveness their clients asked for (a job asks for one): one timer per
+        # liveness sweeps them every half interval, not a timer per connection (thousands of heap entries re-armed)
+        self._silence: dict[Liveness, tuple[set[_Connection], asyncio.TimerHandle]] = {}
+        self._corked: list[_Connection] = []  # connections with pushes to send at the end of this turn
         self._server: asyncio.Server | None = None
         self._rejected: set[str] = set()
         store.on_close(self._store_closed)
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0: the OS picks) and serve; returns the port."""
-        self._server, bound = await listen(host, port, lambda: _Connection(self))
+        self._server, bound = await listen(host, port, self.new_connection)
         return bound
+
+    def new_connection(self) -> _Connection:
+        """The protocol of a connection this server serves (a relay's own server forwards instead)."""
+        return _Connection(self)
 
     def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve a connection another listener accepted (``rendezvous.listener``), starting with ``data``."""
-        connection = _Connection(self)
+        connection = self.new_connection()
         transport.set_protocol(connection)
         connection.connection_made(transport)
         connection.data_received(data)
+
+    def corked(self, connection: _Connection) -> None:
+        """``connection`` has pushes to send: at the end of this turn of the loop, with every other push to it (a
+        round's assignment and the round key reach a node in one write; thousands of nodes are one turn's work)."""
+        if not self._corked:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._corked.append(connection)
+
+    def _flush(self) -> None:
+        corked, self._corked = self._corked, []
+        for connection in corked:
+            connection.flush()
+
+    def watch_silence(self, connection: _Connection, liveness: Liveness) -> None:
+        """Check ``connection`` for silence every half ``liveness.interval`` (``_Connection.check_silence``)."""
+        swept = self._silence.get(liveness)
+        if swept is None:
+            loop = asyncio.get_running_loop()
+            due = loop.time() + liveness.interval / 2
+            swept = self._silence[liveness] = ({connection}, loop.call_at(due, self._sweep, liveness, due))
+        else:
+            swept[0].add(connection)
+
+    def unwatch_silence(self, connection: _Connection) -> None:
+        for connections, _ in self._silence.values():
+            connections.discard(connection)
+
+    def _sweep(self, liveness: Liveness, due: float) -> None:
+        connections, _ = self._silence[liveness]
+        if not connections:  # nobody left with this liveness: no timer either
+            del self._silence[liveness]
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        late = max(0.0, now - due)
+        for connection in list(connections):
+            connection.check_silence(now, late)
+        due = now + liveness.interval / 2
+        self._silence[liveness] = (connections, loop.call_at(due, self._sweep, liveness, due))
 
     def rejected(self, peer: str) -> None:
         """A peer failed authentication: logged once per address, not once per attempt."""
@@ -313,6 +459,9 @@ class StoreServer:
             server.close()
         for connection in list(self.connections):
             connection.abort()
+        for _, timer in self._silence.values():
+            timer.cancel()
+        self._silence.clear()
         if server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5.0)

@@ -33,6 +33,9 @@ from rankrun.store.api import Entry, Event, EventKind
 MAGIC = b"RKRN"
 VERSION = 1
 MAX_FRAME = 16 << 20
+# a relay's frames carry its agents' frames in batches (``{"b": [...]}``) of at most this many, well below MAX_FRAME
+# (a round key of a few KiB to each of them stays a few MiB)
+BATCH = 1024
 _LEN = struct.Struct(">I")
 
 
