@@ -25,7 +25,6 @@ import asyncio
 import os
 import resource
 import statistics
-import struct
 import subprocess
 import sys
 import threading
@@ -34,39 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from report import Row, Target
+from store_storm import _I64, _U64, HOST, ID, SRC, VALIDATE, _add, _get, _set, _wait  # one encoding of the wire
 
 HERE = Path(__file__).resolve()
-SRC = HERE.parents[1] / "src"
-HOST = "127.0.0.1"
-ID = bytes(range(128))
 TIMEOUT_S = 600.0
-
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_U64 = struct.Struct("<Q")
-
-
-def _s(data: bytes) -> bytes:
-    return _U64.pack(len(data)) + data
-
-
-VALIDATE = b"\x00" + _U32.pack(0x3C85F7CE)
-
-
-def _add(key: bytes, n: int) -> bytes:
-    return b"\x04" + _s(key) + _I64.pack(n)
-
-
-def _set(key: bytes, value: bytes) -> bytes:
-    return b"\x01" + _s(key) + _s(value)
-
-
-def _wait(key: bytes) -> bytes:
-    return b"\x06" + _U64.pack(1) + _s(key)
-
-
-def _get(key: bytes) -> bytes:
-    return b"\x03" + _s(key)
 
 
 def _raise_nofile() -> None:

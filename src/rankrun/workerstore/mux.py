@@ -55,6 +55,23 @@ class MuxError(ValueError):
     """The peer sent something that is not this protocol: close the whole multiplexed connection."""
 
 
+def frames(buf: bytes | bytearray) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The complete frames at the start of ``buf``, each as (kind, client id, payload start, payload end), and where
+    the incomplete rest begins (pure). ``MuxError`` for a frame announced over ``MAX_FRAME``."""
+    out: list[tuple[int, int, int, int]] = []
+    pos, end, size_h = 0, len(buf), HEADER.size
+    while end - pos >= size_h:
+        kind, cid, size = HEADER.unpack_from(buf, pos)
+        if size > MAX_FRAME:
+            raise MuxError(f"a frame of {size} bytes (limit {MAX_FRAME})")
+        if end - pos - size_h < size:
+            break
+        start = pos + size_h
+        pos = start + size
+        out.append((kind, cid, start, pos))
+    return out, pos
+
+
 def frame(kind: int, cid: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, cid, len(payload)) + payload
 

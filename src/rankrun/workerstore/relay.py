@@ -229,18 +229,11 @@ class _Upstream(asyncio.Protocol):
                 if self.transport is not None:
                     self.transport.abort()
                 return
-        pos, end, header = 0, len(buf), mux.HEADER
         try:
-            while end - pos >= header.size:
-                kind, cid, size = header.unpack_from(buf, pos)
-                if size > mux.MAX_FRAME:
-                    raise mux.MuxError(f"a frame of {size} bytes (limit {mux.MAX_FRAME})")
-                if end - pos - header.size < size:
-                    break
-                start = pos + header.size
-                pos = start + size
+            complete, pos = mux.frames(buf)
+            for kind, cid, start, stop in complete:
                 if kind == mux.DATA:
-                    self._relay._from_host(cid, bytes(buf[start:pos]))
+                    self._relay._from_host(cid, bytes(buf[start:stop]))
                 elif kind == mux.CLOSE:
                     self._relay._closed_by_host(cid)
                 else:

@@ -234,20 +234,12 @@ class _Link(asyncio.Protocol):
                 self.close()
                 return
             self._state = "ready"
-        pos, end = 0, len(buf)
-        header = mux.HEADER
-        while end - pos >= header.size:
-            kind, cid, size = header.unpack_from(buf, pos)
-            if size > mux.MAX_FRAME:
-                raise mux.MuxError(f"a frame of {size} bytes (limit {mux.MAX_FRAME})")
-            if end - pos - header.size < size:
-                break
-            start = pos + header.size
-            pos = start + size
+        complete, pos = mux.frames(buf)
+        for kind, cid, start, stop in complete:
             if kind == mux.DATA:
-                self._deliver(cid, memoryview(buf)[start:pos])
+                self._deliver(cid, memoryview(buf)[start:stop])
             elif kind in (mux.OPEN, mux.SHARED):
-                self._open(cid, bytes(buf[start:pos]) if kind == mux.SHARED else None)
+                self._open(cid, bytes(buf[start:stop]) if kind == mux.SHARED else None)
             elif kind in (mux.JOIN, mux.LEAVE):
                 self._count(cid, None if kind == mux.JOIN else mux.INDEX.unpack_from(buf, start)[0])
             elif kind == mux.CLOSE:
