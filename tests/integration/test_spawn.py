@@ -131,6 +131,6 @@ def test_ended_tells_a_worker_that_exited_by_itself_from_one_that_runs(tmp_path:
 def _state(pid: int) -> str:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between the open and the read (ESRCH)
         return "gone"
     return stat[stat.rfind(")") + 2]
