@@ -1,9 +1,7 @@
 """One node's side of the rendezvous: join once, then read its own assignment and the round key, round after round.
 
-A join costs a node a fixed handful of operations and a few hundred bytes, whatever the number of nodes: nobody reads
-or rewrites a list of everyone. Independent ones go together (one round trip each pair on a networked store): the
-gets of its blocklist key and of ``closed``, then grant, put; a round, the ranges of its assign key and the round key,
-then (unless the assignment was already there) the two watches, closed together once it came.
+A join costs a node a fixed handful of operations (a get of its blocklist key, grant, put, range, two watches) and a
+few hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone.
 
 A node excluded from the job learns it from its own assign key (``Excluded``, in the same watch as its rounds); one
 that comes back to a job that excluded it is refused at join (``NodeExcluded``, exit code 4). A node that finds itself
@@ -58,13 +56,12 @@ class Member:
     async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float, job: Lease | None = None) -> Member:
         """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over, ``NodeExcluded`` if it
         excluded this node (its hostname and address are on the job's blocklist)."""
-        # both reads at once: independent, they cost a networked store one round trip (and the host one read)
-        blocked, closed = await asyncio.gather(store.get(keys.blocked(info.host, info.addr)), store.get(keys.closed))
+        blocked = await store.get(keys.blocked(info.host, info.addr))
         if blocked is not None:
             record = Blocked.parse(blocked.value)
             raise NodeExcluded(f"this node ({info.host}, {info.addr}) was excluded from job {record.run or keys.run_id} at "
                                f"{wall_time(record.at)}: {record.reason}; drain it or reschedule elsewhere")
-        if closed is not None:
+        if await store.get(keys.closed) is not None:
             raise RendezvousClosed("the job has already finished")
         lease = await store.grant(ttl)
         await store.put(keys.node(info.id), node_value(info), lease=lease.id)
@@ -74,10 +71,8 @@ class Member:
         """The first word after round ``after``: an assignment, a place as a spare, the end of the job, or this node's
         exclusion (which comes first: a node excluded as the job ends is told so)."""
         key, round_key = self.keys.assign(self.info.id), self.keys.round
-        # a prefix: "assign/n1" also finds "assign/n10", so match exactly; both reads at once (one round trip), in this
-        # order on the wire: the watches start from the first one's revision, so the second's value is never newer
-        # than what the watches replay after it
-        (entries, revision), (round_entries, _) = await asyncio.gather(self.store.range(key), self.store.range(round_key))
+        entries, revision = await self.store.range(key)  # a prefix: "assign/n1" also finds "assign/n10", so match exactly
+        round_entries, _ = await self.store.range(round_key)
         latest_assign, latest_round = _value(entries, key), _value(round_entries, round_key)
         found = self._read(latest_assign, latest_round, after)
         if found is not None:

@@ -202,23 +202,13 @@ async def watching(store: Store, prefixes: Sequence[str], after: int,
     watches: list[Watch] = []
     feeders: list[asyncio.Task[None]] = []
     try:
-        # every watch at once (one round trip to a networked store); one failed, or this was cancelled: every watch
-        # that did start is closed below, and the error raised
-        starting = [asyncio.ensure_future(store.watch(prefix, after)) for prefix in prefixes]
-        try:
-            await asyncio.gather(*starting)
-        finally:
-            for started in starting:
-                started.cancel()
-            watches += [s.result() for s in starting if s.done() and not s.cancelled() and s.exception() is None]
-        feeders += [asyncio.create_task(feed(w, merged)) for w in watches]
+        for prefix in prefixes:
+            watches.append(await store.watch(prefix, after))
+            feeders.append(asyncio.create_task(feed(watches[-1], merged)))
         yield merged
     finally:
         for task in feeders:
             task.cancel()
-        await asyncio.gather(*(_close_quietly(watch) for watch in watches))
-
-
-async def _close_quietly(watch: Watch) -> None:
-    with contextlib.suppress(StoreUnavailable):
-        await watch.close()
+        for watch in watches:
+            with contextlib.suppress(StoreUnavailable):
+                await watch.close()
