@@ -251,6 +251,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+# rankrun started under a given (soft, hard) RLIMIT_NOFILE, as `prlimit --nofile=SOFT:HARD rankrun` (stdlib only)
+_UNDER_NOFILE = ("import os, resource, sys; soft, hard = map(int, sys.argv[1:3]); "
+                 "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)); "
+                 "os.execv(sys.executable, [sys.executable, '-m', 'rankrun', *sys.argv[3:]])")
+
+
+def under_nofile(soft: int, hard: int) -> tuple[str, ...]:
+    """The command that starts rankrun under that open-files limit (a ``launch(..., cmd=)``)."""
+    return (sys.executable, "-c", _UNDER_NOFILE, str(soft), str(hard))
+
+
 def fresh_loopback() -> str:
     """A loopback address nobody else uses (127.0.0.0/8 without 127.0.0.x), for a test's fixed-port endpoint:
     multi-node jobs need a port every node knows in advance, and a fresh address cannot collide (no port probing)."""

@@ -14,6 +14,7 @@ of ``ListenOverflows``), and so is a SYN past 3/4 of ``net.ipv4.tcp_max_syn_back
 from __future__ import annotations
 
 import contextlib
+import math
 import resource
 from pathlib import Path
 
@@ -135,3 +136,16 @@ def relay_budget(*, world_size: int, nodes: int, local_workers: int, asked: bool
     if short is not None:
         lines.append(short)
     return lines
+
+
+def rendezvous_group(asked: int | None, *, nodes: int, local_workers: int, soft: int) -> int:
+    """Nodes per rendezvous relay (``store.embedded.routing``): as asked (``--rdzv-conf relay_group``; 0: never), else
+    (auto) none while the host can hold every node's rendezvous connection and one workers'-store connection per node
+    (``--store-relays``'s floor) under its ``soft`` open-files limit, and ceil(sqrt(nodes)) past it: then no process
+    holds more than about twice sqrt(nodes) rendezvous connections (the host: a relay's own and its node's, per relay;
+    a relay: its group)."""
+    if asked is not None:
+        return asked
+    if 2 * nodes + PER_LOCAL_WORKER * local_workers + OWN <= soft:
+        return 0
+    return math.isqrt(nodes - 1) + 1

@@ -91,6 +91,8 @@ class RendezvousConf:
     keep_alive_max_attempt: int = 3
     read_timeout: float = 60.0
     is_host: bool | None = None  # None: inferred from the endpoint's address
+    # the embedded store: nodes per rendezvous relay (0: none; None: auto, when the host cannot hold every node)
+    relay_group: int | None = None
     store_type: str = "tcp"
     timeout: float | None = None  # the static backend's store timeout (torchrun: 600 s when absent)
     rank: int | None = None  # static only; --node-rank otherwise
@@ -370,6 +372,13 @@ def _count(value: str) -> int:
     return number
 
 
+def _relay_group(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 (no relays) or more")
+    return number
+
+
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
 
 
@@ -410,6 +419,7 @@ _CONF_KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
     "keep_alive_max_attempt": ("keep_alive_max_attempt", _count),
     "read_timeout": ("read_timeout", _seconds),
     "is_host": ("is_host", _bool),
+    "relay_group": ("relay_group", _relay_group),
     "store_type": ("store_type", _store_type),
     "timeout": ("timeout", _seconds),
     "rank": ("rank", _rank),

@@ -4,20 +4,14 @@
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import Launcher
+from conftest import Launcher, under_nofile
 
 pytestmark = pytest.mark.integration
-
-# rankrun started under a given (soft, hard) RLIMIT_NOFILE, as `prlimit --nofile=SOFT:HARD rankrun` (stdlib only)
-UNDER_LIMIT = ("import os, resource, sys; soft, hard = map(int, sys.argv[1:3]); "
-               "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)); "
-               "os.execv(sys.executable, [sys.executable, '-m', 'rankrun', *sys.argv[3:]])")
 
 WORKER = """\
 import os, resource, sys
@@ -30,8 +24,7 @@ print("worker started", file=sys.stderr, flush=True)
 """
 
 
-def _under(soft: int, hard: int) -> tuple[str, ...]:
-    return (sys.executable, "-c", UNDER_LIMIT, str(soft), str(hard))
+_under = under_nofile
 
 
 def test_the_launcher_raises_its_soft_limit_to_the_hard_one(launch: Callable[..., Launcher], tmp_path: Path) -> None:

@@ -7,19 +7,14 @@ With ``--store-relays 0`` nothing is relayed and the host says the job does not 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import Launcher, clean_environ, fresh_loopback
+from conftest import Launcher, clean_environ, fresh_loopback, under_nofile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-UNDER_LIMIT = ("import os, resource, sys; soft, hard = map(int, sys.argv[1:3]); "
-               "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)); "
-               "os.execv(sys.executable, [sys.executable, '-m', 'rankrun', *sys.argv[3:]])")
 
 # a rank of a 6-rank job, as init_process_group's store traffic: ADD a counter; the last arrival SETs "go"; WAIT for it
 WORKER = """\
@@ -52,7 +47,7 @@ def _nodes(launch: Callable[..., Launcher], tmp_path: Path, *extra: str) -> tupl
     script.write_text(WORKER)
     addr = fresh_loopback()
     env = clean_environ() | {"RANKRUN_RDZV_SECRET": "relays-auto"}
-    cmd = (sys.executable, "-c", UNDER_LIMIT, str(LIMIT), str(LIMIT))
+    cmd = under_nofile(LIMIT, LIMIT)
     runs = [launch("--nnodes", str(NODES), "--node-rank", str(r), "--master-addr", addr, "--master-port", "29500",
                    "--nproc-per-node", str(NPROC), *extra, str(script), env=dict(env), cmd=cmd) for r in (2, 1, 0)]
     assert [r.finish() for r in runs] == [0] * NODES, [r.err for r in runs]

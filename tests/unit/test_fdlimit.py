@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from rankrun.fdlimit import OWN, PER_LOCAL_WORKER, fd_budget, listen_budget
+from rankrun.fdlimit import OWN, PER_LOCAL_WORKER, fd_budget, listen_budget, rendezvous_group
 
 
 def test_a_job_that_fits_says_nothing() -> None:
@@ -68,3 +68,12 @@ def test_both_queues_short_are_said_in_one_line() -> None:
     assert "\n" not in line
     assert line.startswith("net.core.somaxconn is 4096 and net.ipv4.tcp_max_syn_backlog is 2048")
     assert "set `sysctl -w net.core.somaxconn=16384` and `sysctl -w net.ipv4.tcp_max_syn_backlog=21846`" in line
+
+
+def test_rendezvous_relays_only_past_the_limit_and_about_sqrt_nodes_each() -> None:
+    assert rendezvous_group(None, nodes=4_096, local_workers=8, soft=20_000) == 0  # 2 x 4,096 + its own fit
+    assert rendezvous_group(None, nodes=16_384, local_workers=8, soft=20_000) == 128  # 2 x 16,384 do not
+    assert rendezvous_group(None, nodes=32_768, local_workers=8, soft=20_000) == 182
+    assert rendezvous_group(None, nodes=1_000, local_workers=8, soft=1_024) == 32
+    assert rendezvous_group(0, nodes=32_768, local_workers=8, soft=1_024) == 0  # asked: never
+    assert rendezvous_group(3, nodes=4, local_workers=1, soft=20_000) == 3  # asked: whatever the limit

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankrun.errors import LauncherError, NotCoordinator, StoreError
+from rankrun.fdlimit import nofile, rendezvous_group
 from rankrun.rendezvous.coordinator import Coordinator
 from rankrun.rendezvous.election import campaign, job_lease
 from rankrun.rendezvous.keys import Keys
@@ -42,6 +43,8 @@ from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etc
 from rankrun.store.api import AuthenticationFailed, EventKind, Store, StoreUnavailable
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.liveness import Liveness
+from rankrun.store.embedded.relay import Relay
+from rankrun.store.embedded.routing import Routing, relays_for
 from rankrun.store.embedded.server import StoreServer
 from rankrun.store.memory import MemoryStore
 from rankrun.workerstore.relayhost import RelayHost
@@ -140,7 +143,7 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
     await _resolvable(spec, host, port, say)
     keys = Keys.for_run(rdzv.run_id)
     lost_why = f"its lease expired or the connection to the host at {host}:{port} was lost"
-    hosted = await _try_to_host(spec, worker_store, host, port, stack)
+    hosted = await _try_to_host(spec, worker_store, host, port, stack, say=say)
     if hosted is not None:
         listener, memory, bound = hosted
         addr = spec.local_addr or listener.address
@@ -151,13 +154,36 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
     client = await _connect(spec, host, port, say)
     stack.push_async_callback(client.close)
     addr = spec.local_addr or client.local_address or host
+    if client.via is not None:
+        say(f"rendezvous {host}:{port}: joined through the relay at {client.via} (the host sends nodes to relays "
+            f"past what it holds itself)")
+        lost_why = f"its lease expired or the connection to the host at {host}:{port} through the relay at {client.via} was lost"
+    elif client.serve:
+        await _relay(spec, (host, port), addr, say, stack)
     member = await Member.join(client, keys, node_info(spec, addr, is_host=False), ttl(spec))
     return Session(member, client.local_address or host, client, lost_why)
 
 
+async def _relay(spec: LaunchSpec, upstream: tuple[str, int], addr: str, say: Say, stack: contextlib.AsyncExitStack) -> None:
+    """The host asked this node to relay other nodes' rendezvous connections (``store.embedded.routing``): a relay on
+    this node's address, kept until the nodes it serves have left (they read the job's end through it), bounded by
+    close_timeout."""
+    conf = spec.rendezvous.conf
+    relay = Relay(spec.secret, Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt))
+    bound = await relay.start(addr, 0, upstream, spec.local_addr)
+
+    async def close() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(relay.empty(), conf.close_timeout)
+        await relay.close()
+
+    stack.push_async_callback(close)
+    say(f"rendezvous {upstream[0]}:{upstream[1]}: this node relays other nodes' connections to the host, on {addr}:{bound}")
+
+
 async def _try_to_host(
-    spec: LaunchSpec, worker_store: TCPStoreServer, host: str, port: int, stack: contextlib.AsyncExitStack
-) -> tuple[SharedListener, MemoryStore, int] | None:
+    spec: LaunchSpec, worker_store: TCPStoreServer, host: str, port: int, stack: contextlib.AsyncExitStack, *,
+    say: Say) -> tuple[SharedListener, MemoryStore, int] | None:
     """Bind the endpoint if this node is the one to host; None if another node hosts."""
     rdzv = spec.rendezvous
     if isinstance(rdzv, StaticRendezvous):
@@ -169,7 +195,8 @@ async def _try_to_host(
             return None
         must = rdzv.conf.is_host is True
     memory = MemoryStore()
-    server = StoreServer(memory, spec.secret)
+    routing, line = _routing(spec)
+    server = StoreServer(memory, spec.secret, routing=routing)
     listener = SharedListener(server, worker_store)
     try:
         bound = await listener.start(host, port)
@@ -185,7 +212,25 @@ async def _try_to_host(
     stack.push_async_callback(listener.close)
     listener.relays = RelayHost(worker_store, spec.secret)  # the other nodes' relays, if they relay (--store-relays)
     stack.push_async_callback(listener.relays.close)
+    if line is not None:
+        say(line)
     return listener, memory, bound
+
+
+def _routing(spec: LaunchSpec) -> tuple[Routing | None, str | None]:
+    """Past what this host holds, some nodes relay the others' rendezvous connections (``store.embedded.routing``);
+    and the line that says so when it was the automatic choice."""
+    rdzv = spec.rendezvous
+    soft, _ = nofile()
+    group = rendezvous_group(rdzv.conf.relay_group, nodes=rdzv.max_nodes, local_workers=spec.worker.nproc, soft=soft)
+    wanted = relays_for(rdzv.max_nodes, group)
+    if not wanted:
+        return None, None
+    line = None if rdzv.conf.relay_group is not None else (
+        f"rendezvous: this host cannot hold {rdzv.max_nodes} nodes' connections under its open-files limit "
+        f"(RLIMIT_NOFILE {soft}): {wanted} of the nodes relay the others', up to {group} each "
+        f"(--rdzv-conf relay_group=0: never)")
+    return Routing(wanted), line
 
 
 async def _resolvable(spec: LaunchSpec, host: str, port: int, say: Say) -> None:
@@ -222,7 +267,7 @@ async def _connect(spec: LaunchSpec, host: str, port: int, say: Say) -> StoreCli
     liveness = Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt)
     while True:
         try:
-            return await StoreClient.connect(host, port, spec.secret, spec.local_addr, liveness)
+            return await StoreClient.connect(host, port, spec.secret, spec.local_addr, liveness, relays=True)
         except AuthenticationFailed:
             raise
         except StoreUnavailable as exc:

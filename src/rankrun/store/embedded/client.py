@@ -125,6 +125,9 @@ class StoreClient:
         self.when_lost: Callable[[str], None] | None = None
         self.ready = False
         self.local_address: str | None = None  # this side's address of the connection (what peers can reach)
+        self.serve = False  # the host asked this agent to relay for others (``store.embedded.routing``)
+        self.redirect: str | None = None  # during connect: the relay the host sent this agent to
+        self.via: str | None = None  # the relay this client reaches the host through
         self.watches: dict[int, ClientWatch] = {}
         self._protocol: _Protocol | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -141,21 +144,32 @@ class StoreClient:
     @classmethod
     async def connect(
         cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None,
-        *, relay: Callable[[list[Any]], None] | None = None,
+        *, relay: Callable[[list[Any]], None] | None = None, at: str | None = None, relays: bool = False,
     ) -> StoreClient:
         """Connect and authenticate within the liveness window; ``StoreUnavailable`` (``AuthenticationFailed``) naming
-        the endpoint otherwise. ``relay``: this is a relay's connection, and its agents' frames go there."""
+        the endpoint otherwise. ``relay``: this is a relay's connection, and its agents' frames go there; ``at``: where
+        its agents connect. ``relays``: this agent follows the host to a relay, and relays itself when asked
+        (``store.embedded.routing``): ``serve`` says whether it was; ``via`` names the relay it was sent to."""
         client = cls(f"{host}:{port}", liveness)
         client.relayed = relay
         try:
             async with asyncio.timeout(client.liveness.window):
-                return await client._connect(host, port, secret, local_addr)
+                await client._connect(host, port, secret, local_addr, at=at, relays=relays)
+                if client.redirect is None:
+                    return client
+                # sent to a relay: the same handshake there (the relay knows the secret; it sends nobody further)
+                relayed = cls(f"{host}:{port} through the relay at {client.redirect}", liveness)
+                relayed.via = client.redirect
+                client = relayed
+                relay_host, _, relay_port = relayed.via.rpartition(":")
+                return await relayed._connect(relay_host, int(relay_port), secret, local_addr)
         except TimeoutError:
             client.lost(client.silent_why(), whole=True)
             raise StoreUnavailable(f"rendezvous {client.endpoint}: no answer within {client.liveness.window:g} s "
                                    "(the network or the host is down)") from None
 
-    async def _connect(self, host: str, port: int, secret: bytes | None, local_addr: str | None) -> StoreClient:
+    async def _connect(self, host: str, port: int, secret: bytes | None, local_addr: str | None, *,
+                       at: str | None = None, relays: bool = False) -> StoreClient:
         client = self
         loop = asyncio.get_running_loop()
         try:
@@ -172,14 +186,18 @@ class StoreClient:
         client.local_address = sockname[0] if isinstance(sockname, tuple) else None
         tune_socket(transport.get_extra_info("socket"), client.liveness)
         try:
-            await client._handshake(secret)
+            await client._handshake(secret, at=at, relays=relays)
         except BaseException:
             transport.abort()
             raise
+        if client.redirect is not None:  # the host closes it: this agent is served by a relay
+            client._closed_why = f"sent to the relay at {client.redirect}"
+            transport.close()
+            return client
         client._watch_silence()
         return client
 
-    async def _handshake(self, secret: bytes | None) -> None:
+    async def _handshake(self, secret: bytes | None, *, at: str | None = None, relays: bool = False) -> None:
         assert self._protocol is not None
         assert self._protocol.transport is not None
         nonce = os.urandom(16)
@@ -187,6 +205,10 @@ class StoreClient:
         hello: dict[str, Any] = {"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}
         if self.relayed is not None:
             hello["relay"] = True
+            if at is not None:
+                hello["at"] = at
+        if relays:
+            hello["relays"] = True
         self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
         said = await self._handshake_frame()
         if said.get("version") != wire.VERSION:
@@ -204,6 +226,13 @@ class StoreClient:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: {answer.get('error', 'refused')}")
         if secret is not None and not proof_matches(server_proof(secret, challenge, nonce), answer.get("proof")):
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: the server does not know this job's secret")
+        # the host's word on where this agent is served (``store.embedded.routing``), trusted once it proved the secret
+        if "retry" in answer:
+            raise StoreUnavailable(f"rendezvous {self.endpoint}: {answer['retry']}")
+        if "redirect" in answer:
+            self.redirect = str(answer["redirect"])
+            return
+        self.serve = answer.get("serve") is True
         self.ready = True
 
     async def _handshake_frame(self) -> dict[str, Any]:

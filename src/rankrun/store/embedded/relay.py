@@ -16,10 +16,11 @@ What is lost when:
   virtual connections (their leases go at once, their node keys with them), and the relay closes every agent's
   connection: each agent sees its rendezvous connection lost, as when the host goes, and rejoins or exits as it would.
 
-Deployment (not an option of the launcher yet: the bench and the tests start relays themselves): in a job with more
-nodes than the host can hold connections, one agent per group of k nodes (a rack, or node rank // k) also runs a
-relay on its own address, and the group's agents connect to it instead of the endpoint; no process then holds more
-than max(k, nodes / k) connections. A relay that dies costs its group a re-join (a regroup), no more.
+Deployment: the host decides who relays (``store.embedded.routing``): past what it can hold, the first agents to
+arrive are asked to (``rendezvous.session`` starts one on the agent's own address) and the later ones are sent to them;
+no process then holds more than about twice sqrt(nodes) connections. A relay whose node is lost takes its agents'
+places with it: they exit as when the host goes, and the others re-form. The bench and the contract tests also start
+relays themselves, as processes of their own.
 """
 
 from __future__ import annotations
@@ -83,15 +84,23 @@ class Relay:
         self._batch: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
         self.lost = asyncio.Event()  # set once the connection to the host is gone (the relay is then of no use)
+        self._empty = asyncio.Event()  # set while no agent is connected
+        self._empty.set()
         self.why = ""
 
     async def start(self, host: str, port: int, upstream: tuple[str, int], local_addr: str | None = None) -> int:
-        """Connect to the host at ``upstream`` (``StoreUnavailable``, ``AuthenticationFailed`` as an agent would get
-        them), then serve agents on ``host:port`` (0: the OS picks); the port."""
-        self._upstream = await StoreClient.connect(upstream[0], upstream[1], self._secret, local_addr, self._liveness,
-                                                   relay=self._from_host)
+        """Serve agents on ``host:port`` (0: the OS picks), and connect to the host at ``upstream``, telling it that
+        address (a host that routes agents sends them there: ``store.embedded.routing``); the port. Not reaching the
+        host is ``StoreUnavailable`` or ``AuthenticationFailed``, as an agent would get them, and serves nobody."""
+        bound = await self.server.start(host, port)  # first: the host may send agents here as soon as it knows
+        try:
+            self._upstream = await StoreClient.connect(upstream[0], upstream[1], self._secret, local_addr,
+                                                       self._liveness, relay=self._from_host, at=f"{host}:{bound}")
+        except BaseException:
+            await self.server.close()
+            raise
         self._upstream.when_lost = self._lost
-        return await self.server.start(host, port)
+        return bound
 
     @property
     def agents(self) -> int:
@@ -101,7 +110,12 @@ class Relay:
     def accepted(self) -> _Forwarded:
         agent = _Forwarded(self, next(self._ids))
         self._agents[agent.cid] = agent
+        self._empty.clear()
         return agent
+
+    async def empty(self) -> None:
+        """Until no agent is connected through this relay (they left, or were lost)."""
+        await self._empty.wait()
 
     def forward(self, cid: int, msg: dict[str, Any]) -> None:
         """An agent's frame for the host: in this turn's batch."""
@@ -113,6 +127,8 @@ class Relay:
     def gone(self, cid: int, why: str | None) -> None:
         """An agent's connection ended; ``why`` is told to the host if it knew the agent (its leases go there)."""
         self._agents.pop(cid, None)
+        if not self._agents:
+            self._empty.set()
         if why is not None and not self.lost.is_set():
             self.forward(cid, {"bye": why})
 

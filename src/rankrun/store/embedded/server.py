@@ -35,6 +35,7 @@ from rankrun.proof import client_proof, proof_matches, server_proof
 from rankrun.store.api import Compacted, Event, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, tune_socket
+from rankrun.store.embedded.routing import Redirect, Retry, Routing, Serve
 from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class _Connection(asyncio.Protocol):
         # it, and what they are sent this turn (one ``{"b": [...]}`` frame at its end); None: an agent's own connection
         self._virtual: dict[int, _Virtual] | None = None
         self._batch: list[dict[str, Any]] = []
+        self._closing = False  # told where to go instead: closed once the reply is out
+        self._offers = False  # an agent that follows a redirect and relays when asked (``store.embedded.routing``)
+        self._at = ""  # a relay's: the address its agents connect to
 
     # -- transport events
 
@@ -113,6 +117,8 @@ class _Connection(asyncio.Protocol):
     def _end(self, why: str) -> None:
         self._server.connections.discard(self)
         self._server.unwatch_silence(self)
+        if self._server.routing is not None:
+            self._server.routing.ended(self)
         virtual, self._virtual = self._virtual, None
         for agent in (virtual or {}).values():  # a relay lost: its agents are, as if each had dropped its connection
             agent.end(f"its relay's connection to the host was lost ({why})")
@@ -166,6 +172,8 @@ class _Connection(asyncio.Protocol):
             self._nonce = wire.unb64(msg.get("nonce", ""))
             if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
                 self._virtual = {}
+                self._at = str(msg.get("at") or "")
+            self._offers = msg.get("relays") is True
             liveness = Liveness.parse(msg.get("live"))
             if liveness is not None:
                 self._watch_silence(liveness)
@@ -182,7 +190,30 @@ class _Connection(asyncio.Protocol):
                 return
             self._state = "ready"
             proof = server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
-            self._send({"ok": True, "proof": proof})
+            self._send({"ok": True, "proof": proof} | self._routed())
+            if self._closing:
+                self._close("sent to a relay")
+
+    def _routed(self) -> dict[str, Any]:
+        """What an authenticated connection is told besides ``ok`` (``store.embedded.routing``): nothing where the host
+        takes every agent itself; a relay's address makes it one its agents are sent to."""
+        routing = self._server.routing
+        if routing is None:
+            return {}
+        if self._virtual is not None:
+            if self._at:
+                routing.ready(self, self._at)
+            return {}
+        if not self._offers:
+            return {}
+        route = routing.route(self)
+        if isinstance(route, Serve):
+            return {"serve": True}
+        self._closing = True  # said, then closed (``_handle``): this agent is served elsewhere
+        if isinstance(route, Redirect):
+            return {"redirect": route.at}
+        assert isinstance(route, Retry)
+        return {"retry": "no relay is ready yet"}
 
     # -- a relay's agents
 
@@ -375,9 +406,10 @@ _OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
 class StoreServer:
     """Serves ``store`` to the connections it is handed (``adopt``) or accepts itself (``start``), until ``close()``."""
 
-    def __init__(self, store: MemoryStore, secret: bytes | None = None) -> None:
+    def __init__(self, store: MemoryStore, secret: bytes | None = None, routing: Routing | None = None) -> None:
         self.store = store
         self.secret = secret
+        self.routing = routing  # past what the host holds: some agents relay, the rest are sent to them
         self.connections: set[_Connection] = set()
         # connections watched for silence, by the liveness their clients asked for (a job asks for one): one timer per
         # liveness sweeps them every half interval, not a timer per connection (thousands of heap entries re-armed)

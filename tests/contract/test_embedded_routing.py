@@ -1,0 +1,128 @@
+"""The host's routing of agents to relays (``store.embedded.routing``) over real sockets: who is asked to relay, who
+is sent to a relay and served there, who is told to retry, and what changes when a relay or an asked agent goes.
+(Real launchers doing the same: ``tests/integration/test_rdzv_relays.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rankrun.store.api import StoreUnavailable
+from rankrun.store.embedded import wire
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.relay import Relay
+from rankrun.store.embedded.routing import Redirect, Retry, Routing, Serve, relays_for
+from rankrun.store.embedded.server import StoreServer
+from rankrun.store.memory import MemoryStore
+
+SECRET = b"routing-secret"
+
+
+async def _host(wanted: int) -> tuple[MemoryStore, StoreServer, int]:
+    memory = MemoryStore()
+    server = StoreServer(memory, SECRET, routing=Routing(wanted))
+    return memory, server, await server.start("127.0.0.1", 0)
+
+
+async def _until(check: object, what: str) -> None:
+    async with asyncio.timeout(10):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.01)  # the host's view changes on its own loop: no event a test can await
+
+
+def test_the_first_agents_are_asked_to_relay_the_rest_wait_for_one_then_go_there():
+    async def main() -> None:
+        memory, server, port = await _host(wanted=1)
+        asked = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert asked.serve and asked.via is None
+        with pytest.raises(StoreUnavailable, match="no relay is ready yet"):
+            await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        relay = Relay(SECRET)
+        relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
+        sent = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert sent.via == f"127.0.0.1:{relay_port}" and not sent.serve
+        assert f"through the relay at 127.0.0.1:{relay_port}" in sent.endpoint
+        await sent.put("/k", b"v")  # served through the relay
+        assert memory.read("/k") is not None and relay.agents == 1
+        plain = await StoreClient.connect("127.0.0.1", port, SECRET)  # no offer to relay: served directly
+        assert plain.via is None and not plain.serve
+        for client in (sent, plain, asked):
+            await client.close()
+        await relay.close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(main())
+
+
+def test_relays_are_taken_in_turn_and_a_lost_one_leaves_the_turn():
+    async def main() -> None:
+        memory, server, port = await _host(wanted=2)
+        asked = [await StoreClient.connect("127.0.0.1", port, SECRET, relays=True) for _ in range(2)]
+        assert all(client.serve for client in asked)
+        relays = [Relay(SECRET) for _ in range(2)]
+        at = [f"127.0.0.1:{await relay.start('127.0.0.1', 0, ('127.0.0.1', port))}" for relay in relays]
+        sent = [await StoreClient.connect("127.0.0.1", port, SECRET, relays=True) for _ in range(4)]
+        assert [client.via for client in sent] == [at[0], at[1], at[0], at[1]]
+        await relays[0].close()
+        await _until(lambda: server.routing is not None and server.routing.relays == [at[1]], "the host saw it go")
+        later = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert later.via == at[1]
+        for client in (*sent, later, *asked):
+            await client.close()
+        await relays[1].close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(main())
+
+
+def test_an_asked_agent_that_goes_is_replaced_by_the_next_to_arrive():
+    async def main() -> None:
+        memory, server, port = await _host(wanted=1)
+        first = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert first.serve
+        await first.close()
+        await _until(lambda: not server.connections, "the host saw it go")
+        second = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert second.serve  # asked in its place: a relay is still wanted
+        await second.close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(main())
+
+
+def test_a_redirect_is_said_only_after_the_secret_is_proved():
+    async def main() -> None:
+        memory, server, port = await _host(wanted=0)
+        relay = Relay(SECRET)
+        relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
+        assert server.routing is not None and server.routing.relays == [f"127.0.0.1:{relay_port}"]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # a peer without the secret, on the wire
+        hello = {"hello": wire.VERSION, "nonce": wire.b64(b"n" * 16), "relays": True}
+        writer.write(wire.MAGIC + wire.frame(hello) + wire.frame({"proof": "not-a-proof"}))
+        said = await asyncio.wait_for(reader.read(), 10)  # all it is told, until the host closes
+        assert b"authentication failed" in said and str(relay_port).encode() not in said
+        writer.close()
+        await relay.close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(main())
+
+
+def test_the_routing_rule():
+    routing = Routing(1)
+    a, b, c, relay = object(), object(), object(), object()
+    assert routing.route(a) == Serve()
+    assert routing.route(b) == Retry()
+    routing.ready(relay, "10.0.0.2:4000")
+    assert routing.route(b) == Redirect("10.0.0.2:4000")
+    routing.ended(relay)
+    assert routing.route(c) == Retry()  # the asked agent still counts: it may start another
+    routing.ended(a)
+    assert routing.route(c) == Serve()
+    assert [relays_for(n, 2) for n in (1, 2, 4, 5, 7)] == [0, 1, 1, 2, 2]
+    assert relays_for(16_384, 0) == 0 and relays_for(16_384, 128) == 127
