@@ -62,15 +62,18 @@ ROUND_BOUND = 300.0  # seconds an agent waits to connect, and then for its assig
 # --------------------------------------------------------------------------- rankrun: the host
 
 
-async def _host(nodes: int) -> None:
+async def _host(nodes: int, group: int = 0) -> None:
     from rankrun.rendezvous.coordinator import Coordinator
     from rankrun.rendezvous.keys import Keys
     from rankrun.rendezvous.round import Settings
+    from rankrun.store.embedded.routing import Routing, relays_for
     from rankrun.store.embedded.server import StoreServer
     from rankrun.store.memory import MemoryStore
 
     memory = MemoryStore()
-    server = StoreServer(memory, SECRET)
+    # --relay-group: the host chooses relays as the launcher's does (every simulated node connects: nodes + 1 would
+    # count a hosting node of its own, which the bench's host is not)
+    server = StoreServer(memory, SECRET, routing=Routing(relays_for(nodes + 1, group)) if group else None)
     port = await server.start("127.0.0.1", 0)
 
     async def nothing() -> None:
@@ -89,13 +92,14 @@ async def _host(nodes: int) -> None:
 # --------------------------------------------------------------------------- rankrun: simulated agents
 
 
-async def _agents(port: int, count: int, index: int, check: str | None = None) -> None:
+async def _agents(port: int, count: int, index: int, check: str | None = None, routed: bool = False) -> None:
     from rankrun.health.check import check_env, run_check
     from rankrun.rendezvous.keys import Assignment, Keys
     from rankrun.rendezvous.member import Member
     from rankrun.rendezvous.round import NodeInfo
     from rankrun.store.embedded import client as client_module
     from rankrun.store.embedded.client import StoreClient
+    from rankrun.store.embedded.relay import Relay
 
     counted: dict[int, list[int]] = {}  # id(client) -> [ops, bytes]
     original_call = StoreClient.call
@@ -144,8 +148,12 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
             if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
                 result = await run_check(check, env, 60.0)
                 assert result.healthy, result
-            client = await _connect(port)
+            client = await _connect(port, relays=routed)
             agents.append(client)
+            if client.serve is not None:  # asked by the host to relay (--relay-group): here, as an agent's session would
+                relay = Relay(SECRET)
+                await relay.start("127.0.0.1", 0, ("127.0.0.1", port), token=client.serve)
+                relays.append(relay)
             connected = time.monotonic()
             # a fixed-width id, as a real one (``session.node_info``: host-pid-6 hex digits): none is a prefix of
             # another, so a node's prefix watch of its assign key sees only its own
@@ -159,6 +167,7 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
             failed.append(f"{type(exc).__name__}: {exc}")
 
     agents: list[StoreClient] = []
+    relays: list[Relay] = []
     await asyncio.gather(*(agent(i) for i in range(count)))
     cpu = _cpu_self() - cpu
     ops = sum(v[0] for v in counted.values())
@@ -169,9 +178,11 @@ async def _agents(port: int, count: int, index: int, check: str | None = None) -
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
         await client.close()
+    for relay in relays:
+        await relay.close()
 
 
-async def _connect(port: int, host: str = "127.0.0.1") -> object:
+async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False) -> object:
     """Connect as an agent does (``session._connect``): a connection that fails or times out (a SYN dropped by a full
     listen queue, a handshake slower than the liveness window on a loaded machine) is tried again with backoff."""
     from rankrun.rendezvous.session import CONNECT_RETRY
@@ -181,20 +192,20 @@ async def _connect(port: int, host: str = "127.0.0.1") -> object:
     deadline, pause = time.monotonic() + ROUND_BOUND, CONNECT_RETRY[0]
     while True:
         try:
-            return await StoreClient.connect(host, port, SECRET)
-        except StoreUnavailable:
+            return await StoreClient.connect(host, port, SECRET, relays=relays)
+        except StoreUnavailable:  # also the host's "no relay is ready yet" (--relay-group)
             if time.monotonic() + pause > deadline:
                 raise
         await asyncio.sleep(pause)
         pause = min(pause * 2, CONNECT_RETRY[1])
 
 
-def _run_agents(port: int, count: int, index: int, check: str | None) -> None:
+def _run_agents(port: int, count: int, index: int, check: str | None, routed: bool) -> None:
     if check is not None:  # the launcher's own child watcher (rankrun.main): 3.11's default runs a thread per child
         from rankrun.main import _use_pidfd_child_watcher
 
         _use_pidfd_child_watcher()
-    asyncio.run(_agents(port, count, index, check))
+    asyncio.run(_agents(port, count, index, check, routed))
 
 
 def _cpu_self() -> float:
@@ -209,19 +220,22 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 0) -> dict[str, object]:
+def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 0, group: int = 0) -> dict[str, object]:
     """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining;
     ``relays``: that many relay processes (``store.embedded.relay``) between the agents and the host, each agents
     process's agents through one of them (process i: relay i mod R). The result's ``cpu_s``: CPU seconds of the agents
     (their checks included), the relays and the host, from "go" to the last assignment; ``fds_max``: the most file
-    descriptors one process held (the host, a relay, an agents process), sampled at the end."""
+    descriptors one process held (the host, a relay, an agents process), sampled at the end. ``group``: the host chooses
+    relays as the launcher's does (``--rdzv-conf relay_group``): the first agents to arrive each run one, in their
+    agents' process, for ``group`` others; ``host_fds``: the host's descriptors then."""
     py = sys.executable
     profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
-    host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes), "--relay-group", str(group)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     children: list[subprocess.Popen[str]] = []
     relaying: list[subprocess.Popen[str]] = []
     checking = ["--check", check] if check is not None else []
+    checking += ["--relay-group", str(group)] if group else []
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
@@ -238,6 +252,8 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
         result = _collect(children, start, nodes, count_bytes=True)
         spent = {pid: cpu_of(pid) - cpu for pid, cpu in before.items()}
         result["fds_max"] = max(_fds(p.pid) for p in (host, *relaying, *children))
+        if group:
+            result |= {"relay_group": group, "host_fds": _fds(host.pid)}
         result["cpu_s"] = round(float(result.pop("agents_cpu_s")) + sum(spent.values()), 3)  # type: ignore[arg-type]
         result["host_cpu_s"] = round(spent[host.pid], 3)
         if relays:
@@ -614,6 +630,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--procs", type=int, default=4, help="processes the simulated agents are spread over")
     parser.add_argument("--relays", type=int, default=0,
                         help="embedded: relay processes between the agents and the host (agents process i: relay i mod R)")
+    parser.add_argument("--relay-group", type=int, default=0,
+                        help="embedded: the host chooses relays as the launcher does (--rdzv-conf relay_group=K)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
@@ -632,8 +650,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     roles: dict[str, Callable[[], object]] = {
-        "host": lambda: asyncio.run(_host(args.nodes)),
-        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check),
+        "host": lambda: asyncio.run(_host(args.nodes, args.relay_group)),
+        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check, bool(args.relay_group)),
         "relay": lambda: asyncio.run(_relay(args.port)),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
@@ -667,7 +685,7 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays)
+        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays, args.relay_group)
     if args.json:
         print(json.dumps(result))
     else:

@@ -12,7 +12,7 @@ from rankrun.store.api import StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.relay import Relay
-from rankrun.store.embedded.routing import Redirect, Retry, Routing, Serve, relays_for
+from rankrun.store.embedded.routing import Redirect, Routing, Serve, Wait, relays_for
 from rankrun.store.embedded.server import StoreServer
 from rankrun.store.memory import MemoryStore
 
@@ -35,21 +35,41 @@ def test_the_first_agents_are_asked_to_relay_the_rest_wait_for_one_then_go_there
     async def main() -> None:
         memory, server, port = await _host(wanted=1)
         asked = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
-        assert asked.serve and asked.via is None
-        with pytest.raises(StoreUnavailable, match="no relay is ready yet"):
-            await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert asked.serve is not None and asked.via is None
+        early = asyncio.create_task(StoreClient.connect("127.0.0.1", port, SECRET, relays=True))
+        await _until(lambda: len(server.connections) == 2, "the host holds its answer")
+        assert not early.done()  # no relay yet: it waits, it is not told to come back
         relay = Relay(SECRET)
-        relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
-        sent = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
-        assert sent.via == f"127.0.0.1:{relay_port}" and not sent.serve
-        assert f"through the relay at 127.0.0.1:{relay_port}" in sent.endpoint
-        await sent.put("/k", b"v")  # served through the relay
-        assert memory.read("/k") is not None and relay.agents == 1
+        relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port), token=asked.serve)
+        at = f"127.0.0.1:{relay_port}"
+        sent = [await asyncio.wait_for(early, 10), await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)]
+        assert [client.via for client in sent] == [at, at] and not any(client.serve for client in sent)
+        assert f"through the relay at {at}" in sent[0].endpoint
+        await sent[0].put("/k", b"v")  # served through the relay
+        assert memory.read("/k") is not None and relay.agents == 2
         plain = await StoreClient.connect("127.0.0.1", port, SECRET)  # no offer to relay: served directly
-        assert plain.via is None and not plain.serve
-        for client in (sent, plain, asked):
+        assert plain.via is None and plain.serve is None
+        for client in (*sent, plain, asked):
             await client.close()
         await relay.close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(main())
+
+
+def test_an_agent_waiting_for_a_relay_that_is_lost_is_told_to_retry_and_the_next_is_asked():
+    async def main() -> None:
+        memory, server, port = await _host(wanted=1)
+        asked = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        early = asyncio.create_task(StoreClient.connect("127.0.0.1", port, SECRET, relays=True))
+        await _until(lambda: len(server.connections) == 2, "the host holds its answer")
+        await asked.close()  # before its relay was up
+        with pytest.raises(StoreUnavailable, match="lost before it was ready"):
+            await asyncio.wait_for(early, 10)
+        again = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert again.serve is not None and again.serve != asked.serve  # asked in its place
+        await again.close()
         await server.close()
         await memory.close()
 
@@ -60,34 +80,18 @@ def test_relays_are_taken_in_turn_and_a_lost_one_leaves_the_turn():
     async def main() -> None:
         memory, server, port = await _host(wanted=2)
         asked = [await StoreClient.connect("127.0.0.1", port, SECRET, relays=True) for _ in range(2)]
-        assert all(client.serve for client in asked)
         relays = [Relay(SECRET) for _ in range(2)]
-        at = [f"127.0.0.1:{await relay.start('127.0.0.1', 0, ('127.0.0.1', port))}" for relay in relays]
+        at = [f"127.0.0.1:{await relay.start('127.0.0.1', 0, ('127.0.0.1', port), token=client.serve)}"
+              for relay, client in zip(relays, asked, strict=True)]
         sent = [await StoreClient.connect("127.0.0.1", port, SECRET, relays=True) for _ in range(4)]
         assert [client.via for client in sent] == [at[0], at[1], at[0], at[1]]
         await relays[0].close()
         await _until(lambda: server.routing is not None and server.routing.relays == [at[1]], "the host saw it go")
         later = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
-        assert later.via == at[1]
+        assert later.serve is not None  # a relay is wanted again: the next to arrive is asked
         for client in (*sent, later, *asked):
             await client.close()
         await relays[1].close()
-        await server.close()
-        await memory.close()
-
-    asyncio.run(main())
-
-
-def test_an_asked_agent_that_goes_is_replaced_by_the_next_to_arrive():
-    async def main() -> None:
-        memory, server, port = await _host(wanted=1)
-        first = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
-        assert first.serve
-        await first.close()
-        await _until(lambda: not server.connections, "the host saw it go")
-        second = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
-        assert second.serve  # asked in its place: a relay is still wanted
-        await second.close()
         await server.close()
         await memory.close()
 
@@ -114,15 +118,18 @@ def test_a_redirect_is_said_only_after_the_secret_is_proved():
 
 
 def test_the_routing_rule():
-    routing = Routing(1)
-    a, b, c, relay = object(), object(), object(), object()
-    assert routing.route(a) == Serve()
-    assert routing.route(b) == Retry()
-    routing.ready(relay, "10.0.0.2:4000")
-    assert routing.route(b) == Redirect("10.0.0.2:4000")
-    routing.ended(relay)
-    assert routing.route(c) == Retry()  # the asked agent still counts: it may start another
-    routing.ended(a)
-    assert routing.route(c) == Serve()
+    routing: Routing[str] = Routing(1)
+    assert routing.route("a") == Serve(1)
+    assert routing.route("b") == Wait()
+    assert routing.ready("relay", 1, "10.0.0.2:4000") == ["b"]  # it waited: sent there now
+    assert routing.route("c") == Redirect("10.0.0.2:4000")
+    assert routing.ended("relay") == []
+    assert routing.route("d") == Serve(2)  # the relay went: another is asked
+    assert routing.route("e") == Wait()
+    assert routing.ended("e") == []  # a waiting agent that went waits no more
+    assert routing.route("f") == Wait()
+    assert routing.ended("d") == ["f"]  # its relay's agent went before it was ready: told to retry
+    assert routing.ready("own", None, "10.0.0.3:4000") == []  # a relay nobody asked for joins the turn
+    assert routing.route("g") == Redirect("10.0.0.3:4000") and routing.relays == ["10.0.0.3:4000"]
     assert [relays_for(n, 2) for n in (1, 2, 4, 5, 7)] == [0, 1, 1, 2, 2]
     assert relays_for(16_384, 0) == 0 and relays_for(16_384, 128) == 127

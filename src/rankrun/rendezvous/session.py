@@ -158,19 +158,21 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
         say(f"rendezvous {host}:{port}: joined through the relay at {client.via} (the host sends nodes to relays "
             f"past what it holds itself)")
         lost_why = f"its lease expired or the connection to the host at {host}:{port} through the relay at {client.via} was lost"
-    elif client.serve:
-        await _relay(spec, (host, port), addr, say, stack)
+    elif client.serve is not None:
+        await _relay(spec, (host, port), addr, client.serve, say, stack)
     member = await Member.join(client, keys, node_info(spec, addr, is_host=False), ttl(spec))
     return Session(member, client.local_address or host, client, lost_why)
 
 
-async def _relay(spec: LaunchSpec, upstream: tuple[str, int], addr: str, say: Say, stack: contextlib.AsyncExitStack) -> None:
+async def _relay(  # noqa: PLR0917
+    spec: LaunchSpec, upstream: tuple[str, int], addr: str, token: int, say: Say, stack: contextlib.AsyncExitStack
+) -> None:
     """The host asked this node to relay other nodes' rendezvous connections (``store.embedded.routing``): a relay on
     this node's address, kept until the nodes it serves have left (they read the job's end through it), bounded by
     close_timeout."""
     conf = spec.rendezvous.conf
     relay = Relay(spec.secret, Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt))
-    bound = await relay.start(addr, 0, upstream, spec.local_addr)
+    bound = await relay.start(addr, 0, upstream, spec.local_addr, token=token)
 
     async def close() -> None:
         with contextlib.suppress(TimeoutError):
@@ -217,7 +219,7 @@ async def _try_to_host(
     return listener, memory, bound
 
 
-def _routing(spec: LaunchSpec) -> tuple[Routing | None, str | None]:
+def _routing(spec: LaunchSpec) -> tuple[Routing[Any] | None, str | None]:
     """Past what this host holds, some nodes relay the others' rendezvous connections (``store.embedded.routing``);
     and the line that says so when it was the automatic choice."""
     rdzv = spec.rendezvous

@@ -125,7 +125,7 @@ class StoreClient:
         self.when_lost: Callable[[str], None] | None = None
         self.ready = False
         self.local_address: str | None = None  # this side's address of the connection (what peers can reach)
-        self.serve = False  # the host asked this agent to relay for others (``store.embedded.routing``)
+        self.serve: int | None = None  # the host asked this agent to relay for others: its token (``routing.Serve``)
         self.redirect: str | None = None  # during connect: the relay the host sent this agent to
         self.via: str | None = None  # the relay this client reaches the host through
         self.watches: dict[int, ClientWatch] = {}
@@ -144,17 +144,19 @@ class StoreClient:
     @classmethod
     async def connect(
         cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None,
-        *, relay: Callable[[list[Any]], None] | None = None, at: str | None = None, relays: bool = False,
+        *, relay: Callable[[list[Any]], None] | None = None, at: str | None = None, token: int | None = None,
+        relays: bool = False,
     ) -> StoreClient:
         """Connect and authenticate within the liveness window; ``StoreUnavailable`` (``AuthenticationFailed``) naming
         the endpoint otherwise. ``relay``: this is a relay's connection, and its agents' frames go there; ``at``: where
-        its agents connect. ``relays``: this agent follows the host to a relay, and relays itself when asked
-        (``store.embedded.routing``): ``serve`` says whether it was; ``via`` names the relay it was sent to."""
+        its agents connect, and ``token`` the host's word that asked for it. ``relays``: this agent follows the host to a
+        relay, and relays itself when asked (``store.embedded.routing``): ``serve`` is then the token to relay with;
+        ``via`` names the relay it was sent to."""
         client = cls(f"{host}:{port}", liveness)
         client.relayed = relay
         try:
             async with asyncio.timeout(client.liveness.window):
-                await client._connect(host, port, secret, local_addr, at=at, relays=relays)
+                await client._connect(host, port, secret, local_addr, relay_hello={"at": at, "for": token}, relays=relays)
                 if client.redirect is None:
                     return client
                 # sent to a relay: the same handshake there (the relay knows the secret; it sends nobody further)
@@ -169,7 +171,7 @@ class StoreClient:
                                    "(the network or the host is down)") from None
 
     async def _connect(self, host: str, port: int, secret: bytes | None, local_addr: str | None, *,
-                       at: str | None = None, relays: bool = False) -> StoreClient:
+                       relay_hello: dict[str, Any] | None = None, relays: bool = False) -> StoreClient:
         client = self
         loop = asyncio.get_running_loop()
         try:
@@ -186,7 +188,7 @@ class StoreClient:
         client.local_address = sockname[0] if isinstance(sockname, tuple) else None
         tune_socket(transport.get_extra_info("socket"), client.liveness)
         try:
-            await client._handshake(secret, at=at, relays=relays)
+            await client._handshake(secret, relay_hello=relay_hello, relays=relays)
         except BaseException:
             transport.abort()
             raise
@@ -197,7 +199,8 @@ class StoreClient:
         client._watch_silence()
         return client
 
-    async def _handshake(self, secret: bytes | None, *, at: str | None = None, relays: bool = False) -> None:
+    async def _handshake(self, secret: bytes | None, *, relay_hello: dict[str, Any] | None = None,
+                         relays: bool = False) -> None:
         assert self._protocol is not None
         assert self._protocol.transport is not None
         nonce = os.urandom(16)
@@ -205,8 +208,7 @@ class StoreClient:
         hello: dict[str, Any] = {"hello": wire.VERSION, "nonce": wire.b64(nonce), "live": live}
         if self.relayed is not None:
             hello["relay"] = True
-            if at is not None:
-                hello["at"] = at
+            hello |= {k: v for k, v in (relay_hello or {}).items() if v is not None}  # where its agents connect, for whom
         if relays:
             hello["relays"] = True
         self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
@@ -232,7 +234,8 @@ class StoreClient:
         if "redirect" in answer:
             self.redirect = str(answer["redirect"])
             return
-        self.serve = answer.get("serve") is True
+        serve = answer.get("serve")
+        self.serve = serve if isinstance(serve, int) and not isinstance(serve, bool) else None
         self.ready = True
 
     async def _handshake_frame(self) -> dict[str, Any]:

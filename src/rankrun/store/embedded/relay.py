@@ -88,14 +88,16 @@ class Relay:
         self._empty.set()
         self.why = ""
 
-    async def start(self, host: str, port: int, upstream: tuple[str, int], local_addr: str | None = None) -> int:
+    async def start(self, host: str, port: int, upstream: tuple[str, int], local_addr: str | None = None, *,
+                    token: int | None = None) -> int:
         """Serve agents on ``host:port`` (0: the OS picks), and connect to the host at ``upstream``, telling it that
-        address (a host that routes agents sends them there: ``store.embedded.routing``); the port. Not reaching the
+        address (a host that routes agents sends them there: ``store.embedded.routing``; ``token``: the host's word
+        that asked this node to relay); the port. Not reaching the
         host is ``StoreUnavailable`` or ``AuthenticationFailed``, as an agent would get them, and serves nobody."""
         bound = await self.server.start(host, port)  # first: the host may send agents here as soon as it knows
         try:
             self._upstream = await StoreClient.connect(upstream[0], upstream[1], self._secret, local_addr,
-                                                       self._liveness, relay=self._from_host, at=f"{host}:{bound}")
+                                                       self._liveness, relay=self._from_host, at=f"{host}:{bound}", token=token)
         except BaseException:
             await self.server.close()
             raise

@@ -2,18 +2,21 @@
 
 Past what one process can hold (its open-files limit), the host of a large job stops taking every agent's connection
 itself. An agent says in its hello that it can relay (``"relays": true``: the launcher's agents do). Once the handshake
-has proved both sides know the job's secret, the host answers such an agent with one of three words:
+has proved both sides know the job's secret, the host answers such an agent with one of these:
 
-- ``serve``: this agent stays connected as usual and also becomes a relay (``store.embedded.relay``) on its own address:
-  the first ``wanted`` agents to arrive are asked, so the relays are up before the crowd is;
-- ``redirect`` to a relay that is ready (its own connection to the host authenticated and its address known), taken in
-  turn, so each serves about as many agents as the others: the agent connects there instead;
-- ``retry``: no relay is ready yet (they were asked a moment ago): the agent tries again shortly, as it does when the
-  host is not up yet.
+- ``Serve(token)``: this agent stays connected as usual and also becomes a relay (``store.embedded.relay``) on its own
+  address, whose connection to the host names the token: the first ``wanted`` agents to arrive are asked, so the relays
+  start before the crowd arrives;
+- ``Redirect(at)``: connect to that relay instead. Every later agent is given a relay in turn at once, so each relay
+  serves about as many agents as the others;
+- ``Wait()``: its relay is not ready yet (asked a moment ago): the host holds the answer and sends the redirect as soon
+  as that relay's connection is authenticated. No agent retries in a loop, and a crowd arriving together is not a crowd
+  of retries;
+- ``Retry()``: the relay it waited for was lost before it was ready: it tries again, as when the host is not up yet.
 
 A relay's agents are, on the host, virtual connections of their own (``server._Virtual``). A relay that goes loses its
-agents' connections, and so their leases; it leaves the turn at once, and an asked agent whose connection ends no longer
-counts, so the next agent to arrive is asked in its place.
+agents' connections, and so their leases; it leaves the turn at once, and the next agent to arrive is asked in its
+place. A relay nobody asked for (the benchmark's and the tests' own relay processes) joins the turn when it connects.
 
 How many nodes one relay serves is decided on the host's limits (``fdlimit.rendezvous_group``); ``relays_for`` turns
 that into how many relays to ask for.
@@ -21,13 +24,19 @@ that into how many relays to ask for.
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+C = TypeVar("C")  # a connection, as the server has it (the routing only tells them apart)
 
 
 @dataclass(frozen=True)
 class Serve:
-    """Stay connected, and relay for others."""
+    """Stay connected, and relay for others: the relay's own connection names ``token``."""
+
+    token: int
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,16 @@ class Redirect:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """The host holds its answer until this agent's relay is ready (a ``Redirect``) or lost (a ``Retry``)."""
+
+
+@dataclass(frozen=True)
 class Retry:
-    """No relay is ready yet: try again shortly."""
+    """Try again shortly."""
 
 
-Route = Serve | Redirect | Retry
+Route = Serve | Redirect | Wait | Retry
 
 
 def relays_for(nodes: int, group: int) -> int:
@@ -53,40 +67,81 @@ def relays_for(nodes: int, group: int) -> int:
     return math.ceil((nodes - 1) / (group + 1))
 
 
-class Routing:
-    """The host's side: which word each arriving agent gets (see the module)."""
+@dataclass
+class _Slot(Generic[C]):
+    """One relay: the agent asked to run it, its own connection and address once ready, who waits for it."""
+
+    asked: C | None
+    relay: C | None = None
+    at: str = ""
+    waiting: dict[C, None] = field(default_factory=dict)  # in arrival order
+
+
+class Routing(Generic[C]):
+    """The host's side: which answer each arriving agent gets (see the module)."""
 
     def __init__(self, wanted: int) -> None:
         self.wanted = wanted  # relays to ask for
-        self._asked: set[object] = set()  # the agents' connections asked to serve (until they end)
-        self._ready: dict[object, str] = {}  # a relay's own connection -> the address its agents connect to
-        self._order: list[str] = []  # the ready relays' addresses, taken in turn
+        self._slots: dict[int, _Slot[C]] = {}  # token -> its relay, in the order they were asked (the turn)
+        self._order: list[int] = []
+        self._of: dict[C, int] = {}  # an asked agent's, a relay's or a waiting agent's connection -> its token
+        self._tokens = itertools.count(1)
         self._turn = 0
 
-    def route(self, agent: object) -> Route:
-        """The word for an agent that has just proved it knows the secret and offered to relay."""
-        if len(self._asked) < self.wanted:
-            self._asked.add(agent)
-            return Serve()
+    def route(self, agent: C) -> Route:
+        """The answer for an agent that has just proved it knows the secret and offered to relay."""
+        if len(self._slots) < self.wanted:
+            token = self._add(_Slot[C](agent))
+            self._of[agent] = token
+            return Serve(token)
         if not self._order:
             return Retry()
-        at = self._order[self._turn % len(self._order)]
+        token = self._order[self._turn % len(self._order)]
         self._turn += 1
-        return Redirect(at)
+        slot = self._slots[token]
+        if slot.at:
+            return Redirect(slot.at)
+        slot.waiting[agent] = None
+        self._of[agent] = token
+        return Wait()
 
-    def ready(self, relay: object, at: str) -> None:
-        """A relay's connection authenticated: its agents may be sent to ``at``."""
-        self._ready[relay] = at
-        self._order.append(at)
+    def ready(self, relay: C, token: int | None, at: str) -> list[C]:
+        """A relay's connection authenticated, for ``token`` (None: a relay nobody asked for); the agents that waited
+        for it, to be sent there now."""
+        if token is None or (slot := self._slots.get(token)) is None:  # nobody asked for it, or its slot went
+            slot = _Slot[C](None)
+            token = self._add(slot)
+        self._of[relay] = token
+        slot.relay, slot.at = relay, at
+        waiting = list(slot.waiting)
+        for agent in waiting:
+            self._of.pop(agent, None)
+        slot.waiting.clear()
+        return waiting
 
-    def ended(self, connection: object) -> None:
-        """A connection ended: an asked agent no longer counts, a relay leaves the turn."""
-        self._asked.discard(connection)
-        at = self._ready.pop(connection, None)
-        if at is not None:
-            self._order.remove(at)
+    def ended(self, connection: C) -> list[C]:
+        """A connection ended. An asked agent's or a relay's: its relay leaves the turn, and the agents that still
+        waited for it are returned (to be told to retry). A waiting agent's: it no longer waits."""
+        token = self._of.pop(connection, None)
+        if token is None or (slot := self._slots.get(token)) is None:
+            return []
+        if connection is not slot.asked and connection is not slot.relay:
+            slot.waiting.pop(connection, None)
+            return []
+        del self._slots[token]
+        self._order.remove(token)
+        for other in (slot.asked, slot.relay, *slot.waiting):
+            if other is not None:
+                self._of.pop(other, None)
+        return list(slot.waiting)
 
     @property
     def relays(self) -> list[str]:
-        """The addresses of the relays ready now."""
-        return list(self._order)
+        """The addresses of the relays ready now, in turn."""
+        return [self._slots[token].at for token in self._order if self._slots[token].at]
+
+    def _add(self, slot: _Slot[C]) -> int:
+        token = next(self._tokens)
+        self._slots[token] = slot
+        self._order.append(token)
+        return token

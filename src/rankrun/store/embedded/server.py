@@ -35,7 +35,7 @@ from rankrun.proof import client_proof, proof_matches, server_proof
 from rankrun.store.api import Compacted, Event, LeaseLost, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, tune_socket
-from rankrun.store.embedded.routing import Redirect, Retry, Routing, Serve
+from rankrun.store.embedded.routing import Redirect, Retry, Route, Routing, Serve, Wait
 from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,8 @@ class _Connection(asyncio.Protocol):
         # it, and what they are sent this turn (one ``{"b": [...]}`` frame at its end); None: an agent's own connection
         self._virtual: dict[int, _Virtual] | None = None
         self._batch: list[dict[str, Any]] = []
-        self._closing = False  # told where to go instead: closed once the reply is out
+        self._proof = ""  # the server's half of the handshake, sent with its last word (``answer``)
+        self._token: int | None = None  # a relay's: the token its agent was asked with (``routing.Serve``)
         self._offers = False  # an agent that follows a redirect and relays when asked (``store.embedded.routing``)
         self._at = ""  # a relay's: the address its agents connect to
 
@@ -118,7 +119,8 @@ class _Connection(asyncio.Protocol):
         self._server.connections.discard(self)
         self._server.unwatch_silence(self)
         if self._server.routing is not None:
-            self._server.routing.ended(self)
+            for agent in self._server.routing.ended(self):  # they waited for this relay: it will not come
+                agent.answer(Retry())
         virtual, self._virtual = self._virtual, None
         for agent in (virtual or {}).values():  # a relay lost: its agents are, as if each had dropped its connection
             agent.end(f"its relay's connection to the host was lost ({why})")
@@ -153,7 +155,7 @@ class _Connection(asyncio.Protocol):
             logger.info("rendezvous: %s said nothing for %.0f s: closing its connection", self.peer, silent)
             self._end(f"its lease expired after {seconds(silent)} s of silence (no keep-alive)")
             return
-        if now - self._sent >= self._liveness.interval:
+        if now - self._sent >= self._liveness.interval and self._state == "ready":  # a handshake's frames come first
             self._pings += 1
             self._send({"ping": self._pings})
 
@@ -173,6 +175,8 @@ class _Connection(asyncio.Protocol):
             if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
                 self._virtual = {}
                 self._at = str(msg.get("at") or "")
+                token = msg.get("for")
+                self._token = token if isinstance(token, int) else None
             self._offers = msg.get("relays") is True
             liveness = Liveness.parse(msg.get("live"))
             if liveness is not None:
@@ -190,30 +194,46 @@ class _Connection(asyncio.Protocol):
                 return
             self._state = "ready"
             proof = server_proof(secret, self._challenge, self._nonce) if secret is not None else ""
-            self._send({"ok": True, "proof": proof} | self._routed())
-            if self._closing:
-                self._close("sent to a relay")
+            self._proof = proof
+            route = self._route()
+            if isinstance(route, Wait):
+                self._state = "waiting"  # answered when its relay is ready (``answer``)
+                return
+            self.answer(route)
 
-    def _routed(self) -> dict[str, Any]:
-        """What an authenticated connection is told besides ``ok`` (``store.embedded.routing``): nothing where the host
-        takes every agent itself; a relay's address makes it one its agents are sent to."""
+    def _route(self) -> Route | None:
+        """Where an authenticated connection is served (``store.embedded.routing``): None, here as always."""
         routing = self._server.routing
         if routing is None:
-            return {}
-        if self._virtual is not None:
+            return None
+        if self._virtual is not None:  # a relay: the agents that waited for it go there now
             if self._at:
-                routing.ready(self, self._at)
-            return {}
-        if not self._offers:
-            return {}
-        route = routing.route(self)
+                for agent in routing.ready(self, self._token, self._at):
+                    agent.answer(Redirect(self._at))
+            return None
+        return routing.route(self) if self._offers else None
+
+    def answer(self, route: Route | None) -> None:
+        """The handshake's last word: ``ok`` with the server's proof, and where this agent is served; a connection sent
+        elsewhere is closed once told."""
+        word: dict[str, Any] = {}
         if isinstance(route, Serve):
-            return {"serve": True}
-        self._closing = True  # said, then closed (``_handle``): this agent is served elsewhere
-        if isinstance(route, Redirect):
-            return {"redirect": route.at}
-        assert isinstance(route, Retry)
-        return {"retry": "no relay is ready yet"}
+            word = {"serve": route.token}
+        elif isinstance(route, Redirect):
+            word = {"redirect": route.at}
+        elif isinstance(route, Retry):
+            word = {"retry": "the relay this node was sent to was lost before it was ready"}
+        if self._transport is None or self._transport.is_closing():
+            return
+        if route is None or isinstance(route, Serve):
+            self._state = "ready"
+            self._send({"ok": True, "proof": self._proof} | word)
+            return
+        # told now, from whatever turn (a relay's handshake may answer those that waited for it): written at once
+        self._transport.write((b"".join(self._out) if self._out else b"") + wire.frame({"ok": True, "proof": self._proof} | word))
+        if self._out:
+            self._out.clear()
+        self._transport.close()
 
     # -- a relay's agents
 
@@ -406,7 +426,7 @@ _OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
 class StoreServer:
     """Serves ``store`` to the connections it is handed (``adopt``) or accepts itself (``start``), until ``close()``."""
 
-    def __init__(self, store: MemoryStore, secret: bytes | None = None, routing: Routing | None = None) -> None:
+    def __init__(self, store: MemoryStore, secret: bytes | None = None, routing: Routing[_Connection] | None = None) -> None:
         self.store = store
         self.secret = secret
         self.routing = routing  # past what the host holds: some agents relay, the rest are sent to them
