@@ -70,6 +70,10 @@ async def _host(nodes: int, group: int = 0) -> None:
     from rankrun.store.embedded.server import StoreServer
     from rankrun.store.memory import MemoryStore
 
+    if os.environ.get("RDZV_LOG"):  # the host's own lines (a connection given up, a relay lost) on stderr
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="host %(asctime)s %(message)s")
     memory = MemoryStore()
     # --relay-group: the host chooses relays as the launcher's does (every simulated node connects: nodes + 1 would
     # count a hosting node of its own, which the bench's host is not)
@@ -92,7 +96,10 @@ async def _host(nodes: int, group: int = 0) -> None:
 # --------------------------------------------------------------------------- rankrun: simulated agents
 
 
-async def _agents(port: int, count: int, index: int, check: str | None = None, routed: bool = False) -> None:
+async def _agents(port: int, count: int, index: int, check: str | None = None, lead: int = 0) -> None:
+    """``lead`` > 0: the host routes (``--relay-group``); this process's first ``lead`` agents connect before its
+    others, so that the agents the host asks to relay are spread over the processes as relays over nodes would be
+    (one process holding every relay's agents would pass its open-files limit: no node holds another's relay)."""
     from rankrun.health.check import check_env, run_check
     from rankrun.rendezvous.keys import Assignment, Keys
     from rankrun.rendezvous.member import Member
@@ -148,12 +155,20 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, r
             if check is not None:  # --health-check before the first round, before joining, as multinode's agent does
                 result = await run_check(check, env, 60.0)
                 assert result.healthy, result
-            client = await _connect(port, relays=routed)
-            agents.append(client)
-            if client.serve is not None:  # asked by the host to relay (--relay-group): here, as an agent's session would
-                relay = Relay(SECRET)
-                await relay.start("127.0.0.1", 0, ("127.0.0.1", port), token=client.serve)
-                relays.append(relay)
+            if i >= lead:
+                await leads.wait()
+            try:
+                client = await _connect(port, relays=lead > 0)
+                agents.append(client)
+                if client.serve is not None:  # asked by the host to relay (--relay-group): here, as an agent's would
+                    relay = Relay(SECRET)
+                    await relay.start("127.0.0.1", 0, ("127.0.0.1", port), token=client.serve)
+                    relays.append(relay)
+            finally:
+                if i < lead:  # connected (or failed: reported below): the others go once every lead one did
+                    led.append(i)
+                    if len(led) == lead:
+                        leads.set()
             connected = time.monotonic()
             # a fixed-width id, as a real one (``session.node_info``: host-pid-6 hex digits): none is a prefix of
             # another, so a node's prefix watch of its assign key sees only its own
@@ -168,6 +183,10 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, r
 
     agents: list[StoreClient] = []
     relays: list[Relay] = []
+    led: list[int] = []
+    leads = asyncio.Event()
+    if lead == 0:
+        leads.set()
     await asyncio.gather(*(agent(i) for i in range(count)))
     cpu = _cpu_self() - cpu
     ops = sum(v[0] for v in counted.values())
@@ -200,12 +219,12 @@ async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False) 
         pause = min(pause * 2, CONNECT_RETRY[1])
 
 
-def _run_agents(port: int, count: int, index: int, check: str | None, routed: bool) -> None:
+def _run_agents(port: int, count: int, index: int, check: str | None, lead: int) -> None:
     if check is not None:  # the launcher's own child watcher (rankrun.main): 3.11's default runs a thread per child
         from rankrun.main import _use_pidfd_child_watcher
 
         _use_pidfd_child_watcher()
-    asyncio.run(_agents(port, count, index, check, routed))
+    asyncio.run(_agents(port, count, index, check, lead))
 
 
 def _cpu_self() -> float:
@@ -235,7 +254,10 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
     children: list[subprocess.Popen[str]] = []
     relaying: list[subprocess.Popen[str]] = []
     checking = ["--check", check] if check is not None else []
-    checking += ["--relay-group", str(group)] if group else []
+    if group:  # each agents process's first few connect first: they are the ones asked to relay
+        from rankrun.store.embedded.routing import relays_for
+
+        checking += ["--lead", str(-(-relays_for(nodes + 1, group) // procs))]
     try:
         assert host.stdout is not None
         port = int(host.stdout.readline().split()[1])
@@ -648,10 +670,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--lead", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     roles: dict[str, Callable[[], object]] = {
         "host": lambda: asyncio.run(_host(args.nodes, args.relay_group)),
-        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check, bool(args.relay_group)),
+        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check, args.lead),
         "relay": lambda: asyncio.run(_relay(args.port)),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),

@@ -132,4 +132,20 @@ def test_the_routing_rule():
     assert routing.ready("own", None, "10.0.0.3:4000") == []  # a relay nobody asked for joins the turn
     assert routing.route("g") == Redirect("10.0.0.3:4000") and routing.relays == ["10.0.0.3:4000"]
     assert [relays_for(n, 2) for n in (1, 2, 4, 5, 7)] == [0, 1, 1, 2, 2]
+    assert [relays_for(n, 1) for n in (2, 3, 4, 5)] == [1, 1, 2, 2]
     assert relays_for(16_384, 0) == 0 and relays_for(16_384, 128) == 127
+
+
+def test_three_relays_are_taken_in_order_and_what_ends_later_leaves_no_trace():
+    routing: Routing[str] = Routing(3)
+    tokens = [routing.route(agent) for agent in ("a", "b", "c")]
+    assert tokens == [Serve(1), Serve(2), Serve(3)]
+    assert routing.route("w") == Wait()  # for relay 1, not up yet
+    for token, relay in zip((1, 2, 3), ("r1", "r2", "r3"), strict=True):
+        assert routing.ready(relay, token, f"{relay}:1") == (["w"] if token == 1 else [])
+    assert [routing.route(f"x{i}") for i in range(4)] == [Redirect("r2:1"), Redirect("r3:1"), Redirect("r1:1"),
+                                                          Redirect("r2:1")]
+    assert routing.ended("w") == []  # sent on long ago: nothing of it is left to undo
+    assert routing.ended("r2") == [] and routing.relays == ["r1:1", "r3:1"]
+    assert routing.ended("b") == []  # its relay already went: its slot with it
+    assert routing.route("y") == Serve(4)
