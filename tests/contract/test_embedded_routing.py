@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rankrun.store.api import StoreUnavailable
+from rankrun.store.api import AuthenticationFailed, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.relay import Relay
@@ -98,19 +98,45 @@ def test_relays_are_taken_in_turn_and_a_lost_one_leaves_the_turn():
     asyncio.run(main())
 
 
-def test_a_redirect_is_said_only_after_the_secret_is_proved():
+def test_once_every_relay_is_asked_the_hello_is_redirected_and_the_relay_asks_for_the_proof():
     async def main() -> None:
         memory, server, port = await _host(wanted=0)
         relay = Relay(SECRET)
         relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port))
         assert server.routing is not None and server.routing.relays == [f"127.0.0.1:{relay_port}"]
+        hello = {"hello": wire.VERSION, "nonce": wire.b64(b"n" * 16), "relays": True}
         reader, writer = await asyncio.open_connection("127.0.0.1", port)  # a peer without the secret, on the wire
+        writer.write(wire.MAGIC + wire.frame(hello))
+        said = await asyncio.wait_for(reader.read(), 10)  # all it is told, until the host closes: no challenge
+        assert f"127.0.0.1:{relay_port}".encode() in said and b"challenge" not in said
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay_port)  # where it was sent: the proof is asked
+        writer.write(wire.MAGIC + wire.frame(hello) + wire.frame({"proof": "not-a-proof"}))
+        said = await asyncio.wait_for(reader.read(), 10)
+        assert b"challenge" in said and b"authentication failed" in said
+        writer.close()
+        with pytest.raises(AuthenticationFailed, match=f"through the relay at 127.0.0.1:{relay_port}"):
+            await StoreClient.connect("127.0.0.1", port, b"another job's secret", relays=True)
+        assert (await memory.range(""))[0] == []  # nothing reached the store
+        await relay.close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(main())
+
+
+def test_a_peer_without_the_secret_is_never_asked_to_relay():
+    async def main() -> None:
+        memory, server, port = await _host(wanted=1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         hello = {"hello": wire.VERSION, "nonce": wire.b64(b"n" * 16), "relays": True}
         writer.write(wire.MAGIC + wire.frame(hello) + wire.frame({"proof": "not-a-proof"}))
-        said = await asyncio.wait_for(reader.read(), 10)  # all it is told, until the host closes
-        assert b"authentication failed" in said and str(relay_port).encode() not in said
+        said = await asyncio.wait_for(reader.read(), 10)
+        assert b"authentication failed" in said and b"serve" not in said
         writer.close()
-        await relay.close()
+        asked = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True)
+        assert asked.serve is not None  # the relay's place was still free
+        await asked.close()
         await server.close()
         await memory.close()
 
@@ -128,7 +154,9 @@ def test_the_routing_rule():
     assert routing.route("e") == Wait()
     assert routing.ended("e") == []  # a waiting agent that went waits no more
     assert routing.route("f") == Wait()
-    assert routing.ended("d") == ["f"]  # its relay's agent went before it was ready: told to retry
+    assert routing.early("f2") == Wait()  # every relay asked: answered from the hello, as after the proof
+    assert Routing[str](1).early("h") is None  # one to ask: the proof first
+    assert routing.ended("d") == ["f", "f2"]  # its relay's agent went before it was ready: told to retry
     assert routing.ready("own", None, "10.0.0.3:4000") == []  # a relay nobody asked for joins the turn
     assert routing.route("g") == Redirect("10.0.0.3:4000") and routing.relays == ["10.0.0.3:4000"]
     assert [relays_for(n, 2) for n in (1, 2, 4, 5, 7)] == [0, 1, 1, 2, 2]

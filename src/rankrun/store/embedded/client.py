@@ -213,6 +213,8 @@ class StoreClient:
             hello["relays"] = True
         self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
         said = await self._handshake_frame()
+        if self._routed(said):  # sent on from its hello (``routing.early``): the relay proves the secret instead
+            return
         if said.get("version") != wire.VERSION:
             raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {said.get('version')!r}, not {wire.VERSION}")
         challenge = wire.unb64(said.get("challenge", ""))
@@ -228,15 +230,21 @@ class StoreClient:
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: {answer.get('error', 'refused')}")
         if secret is not None and not proof_matches(server_proof(secret, challenge, nonce), answer.get("proof")):
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: the server does not know this job's secret")
-        # the host's word on where this agent is served (``store.embedded.routing``), trusted once it proved the secret
-        if "retry" in answer:
-            raise StoreUnavailable(f"rendezvous {self.endpoint}: {answer['retry']}")
-        if "redirect" in answer:
-            self.redirect = str(answer["redirect"])
+        if self._routed(answer):
             return
         serve = answer.get("serve")
         self.serve = serve if isinstance(serve, int) and not isinstance(serve, bool) else None
         self.ready = True
+
+    def _routed(self, said: dict[str, Any]) -> bool:
+        """The host's word that this agent is served elsewhere (``store.embedded.routing``): True when redirected (the
+        relay, which must prove the secret itself, serves it); StoreUnavailable when told to retry."""
+        if "retry" in said:
+            raise StoreUnavailable(f"rendezvous {self.endpoint}: {said['retry']}")
+        if "redirect" in said:
+            self.redirect = str(said["redirect"])
+            return True
+        return False
 
     async def _handshake_frame(self) -> dict[str, Any]:
         assert self._protocol is not None

@@ -1,18 +1,23 @@
 """Which agents the host serves itself, and which it sends to a relay: the launcher's rendezvous relays.
 
 Past what one process can hold (its open-files limit), the host of a large job stops taking every agent's connection
-itself. An agent says in its hello that it can relay (``"relays": true``: the launcher's agents do). Once the handshake
-has proved both sides know the job's secret, the host answers such an agent with one of these:
+itself. An agent says in its hello that it can relay (``"relays": true``: the launcher's agents do). The host answers
+such an agent with one of these:
 
 - ``Serve(token)``: this agent stays connected as usual and also becomes a relay (``store.embedded.relay``) on its own
   address, whose connection to the host names the token: the first ``wanted`` agents to arrive are asked, so the relays
-  start before the crowd arrives;
+  start before the crowd arrives. Only once the handshake has proved that both sides know the job's secret;
 - ``Redirect(at)``: connect to that relay instead. Every later agent is given a relay in turn at once, so each relay
   serves about as many agents as the others;
 - ``Wait()``: its relay is not ready yet (asked a moment ago): the host holds the answer and sends the redirect as soon
   as that relay's connection is authenticated. No agent retries in a loop, and a crowd arriving together is not a crowd
   of retries;
 - ``Retry()``: the relay it waited for was lost before it was ready: it tries again, as when the host is not up yet.
+
+Once every relay has been asked, the others' answers come before the proof, in reply to the hello (``early``): the host
+then holds each of the crowd's connections for one read and one write, not for a round trip to a busy agent, and does
+no hashing for it. That gives nothing away: the agent makes its whole handshake again at the relay, which must prove
+the secret to it; one who could forge a redirect could as well stand between the agent and the host.
 
 A relay's agents are, on the host, virtual connections of their own (``server._Virtual``). A relay that goes loses its
 agents' connections, and so their leases; it leaves the turn at once, and the next agent to arrive is asked in its
@@ -87,6 +92,13 @@ class Routing(Generic[C]):
         self._of: dict[C, int] = {}  # an asked agent's, a relay's or a waiting agent's connection -> its token
         self._tokens = itertools.count(1)
         self._turn = 0
+
+    def early(self, agent: C) -> Route | None:
+        """The answer for an agent that offered to relay, from its hello alone: None while relays are still to be asked
+        (one asked must first prove it knows the secret: ``route`` then); otherwise ``route``'s."""
+        if len(self._slots) < self.wanted:
+            return None
+        return self.route(agent)
 
     def route(self, agent: C) -> Route:
         """The answer for an agent that has just proved it knows the secret and offered to relay."""

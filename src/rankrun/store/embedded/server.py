@@ -168,22 +168,7 @@ class _Connection(asyncio.Protocol):
             else:
                 self._request(msg)
         elif self._state == "hello":
-            if msg.get("hello") != wire.VERSION:
-                self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
-                return
-            self._nonce = wire.unb64(msg.get("nonce", ""))
-            if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
-                self._virtual = {}
-                self._at = str(msg.get("at") or "")
-                token = msg.get("for")
-                self._token = token if isinstance(token, int) else None
-            self._offers = msg.get("relays") is True
-            liveness = Liveness.parse(msg.get("live"))
-            if liveness is not None:
-                self._watch_silence(liveness)
-            self._challenge = os.urandom(16)
-            self._state = "proof"
-            self._send({"version": wire.VERSION, "challenge": wire.b64(self._challenge), "auth": self._server.secret is not None})
+            self._hello(msg)
         elif self._state == "proof":
             secret = self._server.secret
             expected = client_proof(secret, self._challenge, self._nonce) if secret is not None else ""
@@ -200,6 +185,33 @@ class _Connection(asyncio.Protocol):
                 self._state = "waiting"  # answered when its relay is ready (``answer``)
                 return
             self.answer(route)
+
+    def _hello(self, msg: dict[str, Any]) -> None:
+        if msg.get("hello") != wire.VERSION:
+            self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
+            return
+        self._nonce = wire.unb64(msg.get("nonce", ""))
+        if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
+            self._virtual = {}
+            self._at = str(msg.get("at") or "")
+            token = msg.get("for")
+            self._token = token if isinstance(token, int) else None
+        self._offers = msg.get("relays") is True
+        liveness = Liveness.parse(msg.get("live"))
+        if liveness is not None:
+            self._watch_silence(liveness)
+        routing = self._server.routing
+        if routing is not None and self._offers and self._virtual is None:
+            early = routing.early(self)  # every relay asked: the crowd is sent on from its hello (``routing``)
+            if isinstance(early, Wait):
+                self._state = "waiting"
+                return
+            if early is not None:
+                self.answer(early)
+                return
+        self._challenge = os.urandom(16)
+        self._state = "proof"
+        self._send({"version": wire.VERSION, "challenge": wire.b64(self._challenge), "auth": self._server.secret is not None})
 
     def _route(self) -> Route | None:
         """Where an authenticated connection is served (``store.embedded.routing``): None, here as always."""
