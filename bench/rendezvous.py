@@ -209,11 +209,15 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
     cpu = _cpu_self() - cpu
     ops = sum(v[0] for v in counted.values())
     moved = sum(v[1] for v in counted.values())
-    print(json.dumps({"last": max((p[2] for p in phases), default=0.0), "ops": ops, "bytes": moved, "count": count,
-                      "cpu": cpu, "phases": phases, "failed": len(failed), "error": failed[0] if failed else "",
-                      "lag": round(lags[0], 3)}),
-          flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "exit"
+    report = json.dumps({"last": max((p[2] for p in phases), default=0.0), "ops": ops, "bytes": moved, "count": count,
+                         "cpu": cpu, "phases": phases, "failed": len(failed), "error": failed[0] if failed else "",
+                         "lag": round(lags[0], 3)})
+    # written from a thread: the report (~40 bytes a node) is past a pipe's 64 KiB, and the bench reads the processes in
+    # turn; a write on the loop would stop it until then, and with it this process's relays, whose agents in the other
+    # processes, still waiting for their assignments, would hear nothing for their liveness window
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, lambda: print(report, flush=True))
+    await loop.run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
         await client.close()
     for relay in relays:
