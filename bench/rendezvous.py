@@ -732,7 +732,11 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays, args.relay_group)
+        procs = max(args.procs, args.relays)
+        if args.relay_group:  # the relays run in the agents processes: one holding more than its share of them (they
+            # are asked in arrival order) would pass its open-files limit; 4,096 agents a process leave it twice over
+            procs = max(procs, -(-args.nodes // 4096))
+        result = run_rankrun(args.nodes, procs, args.check, args.relays, args.relay_group)
     if args.json:
         print(json.dumps(result))
     else:
