@@ -12,7 +12,9 @@ one turn by the coordinator, reach it together). A connection that says ``"relay
 watches, its frames in the relay's batches; the relay's connection lost, every one of them is.
 
 With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
-any operation; a peer that fails is told so in one frame, closed, and logged once per address.
+any operation; a peer that fails is told so in one frame, closed, and logged once per address. An agent sent to a relay
+(``store.embedded.routing``) may be told so in reply to its hello, before any proof: it operates nowhere here, and the
+relay asks for the proof.
 A launch serves only connections that ``rendezvous.listener.SharedListener`` accepted on the shared port and handed
 over (``adopt``); ``start()`` binds a listening socket of the server's own (``rankrun.listen``), as the contract tests
 serve it.
