@@ -270,6 +270,9 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
     descriptors one process held (the host, a relay, an agents process), sampled at the end. ``group``: the host chooses
     relays as the launcher's does (``--rdzv-conf relay_group``): the first agents to arrive each run one, in their
     agents' process, for ``group`` others; ``host_fds``: the host's descriptors then."""
+    if group:  # the relays run in the agents processes: one holding more than its share of them (they are asked in
+        # arrival order) would pass its open-files limit; 4,096 agents a process leave it twice over
+        procs = max(procs, -(-nodes // 4096))
     py = sys.executable
     profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
     host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes), "--relay-group", str(group)],
@@ -732,11 +735,7 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        procs = max(args.procs, args.relays)
-        if args.relay_group:  # the relays run in the agents processes: one holding more than its share of them (they
-            # are asked in arrival order) would pass its open-files limit; 4,096 agents a process leave it twice over
-            procs = max(procs, -(-args.nodes // 4096))
-        result = run_rankrun(args.nodes, procs, args.check, args.relays, args.relay_group)
+        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays, args.relay_group)
     if args.json:
         print(json.dumps(result))
     else:

@@ -23,6 +23,9 @@ RANKRUN_M = (64, 256, 1024, 4096, 16384)
 # through relays (store.embedded.relay): M → R relay processes, each holding M / R agents' connections (at most 4,096:
 # this machine's somaxconn; the host's hard NOFILE limit, 20,000, is below 32,768), agents in max(4, R) processes
 RELAYED_M = {16384: 4, 32768: 8}
+# through the relays the host chooses (--rdzv-conf relay_group, the group the launcher picks by itself: isqrt(M - 1) + 1):
+# the first agents to arrive relay for the others, each in its own agents process
+ROUTED_M = {16384: 128, 32768: 182}
 TORCH_M = (64, 256, 512)
 TORCH_BOUND = 120.0  # seconds: past this torch's round is reported as "did not complete"
 TORCH_PROCS = 16
@@ -41,6 +44,7 @@ FAILOVER_REPS = 5
 class Result:
     rankrun: dict[int, list[dict[str, object]]] = field(default_factory=dict)
     relayed: dict[int, list[dict[str, object]]] = field(default_factory=dict)
+    routed: dict[int, list[dict[str, object]]] = field(default_factory=dict)
     torch: dict[int, dict[str, object]] = field(default_factory=dict)
     real: dict[str, float] = field(default_factory=dict)
     etcd: dict[int, list[dict[str, object]]] = field(default_factory=dict)
@@ -62,6 +66,13 @@ def run(reps: int) -> Result:
             log(f"  rendezvous rankrun M={m} through {relays} relays rep {rep + 1}/{reps}: {r['seconds']} s, "
                 f"{r['ops_per_node']} ops, {r['bytes_per_node']} B per node, CPU {r['cpu_s']} s (host {r['host_cpu_s']}, "
                 f"relays {r['relays_cpu_s']}), at most {r['fds_max']} descriptors a process")
+    for m, group in ROUTED_M.items():
+        for rep in range(reps):
+            r = rendezvous.run_rankrun(m, 4, group=group)
+            result.routed.setdefault(m, []).append(r)
+            log(f"  rendezvous rankrun M={m} through the host's relays (relay_group {group}) rep {rep + 1}/{reps}: "
+                f"{r['seconds']} s, {r['ops_per_node']} ops, {r['bytes_per_node']} B per node, CPU {r['cpu_s']} s "
+                f"(host {r['host_cpu_s']}, {r['host_fds']} descriptors), at most {r['fds_max']} descriptors a process")
     for m in TORCH_M:
         r = rendezvous.run_torch(m, min(TORCH_PROCS, m), TORCH_BOUND)
         result.torch[m] = r
@@ -133,10 +144,17 @@ def rows(result: Result) -> list[Row]:
         target = Target(f"< {TARGETS[m]:.0f} s", lambda r, t=TARGETS[m]: r.rankrun < t) if m in TARGETS else None
         out.append(Row(f"rendezvous, one round, {m:,} simulated nodes through {runs[0]['relays']} relays (torch c10d: "
                        "not run)", "s", rankrun=seconds, torchrun=float("nan"), target=target, decimals=2))
+    for m, runs in result.routed.items():
+        seconds = _median([float(r["seconds"]) for r in runs])  # type: ignore[arg-type]
+        target = Target(f"< {TARGETS[m]:.0f} s", lambda r, t=TARGETS[m]: r.rankrun < t) if m in TARGETS else None
+        out.append(Row(f"rendezvous, one round, {m:,} simulated nodes through the relays the host chooses (relay_group "
+                       f"{runs[0]['relay_group']}; torch c10d: not run)", "s", rankrun=seconds, torchrun=float("nan"),
+                       target=target, decimals=2))
     base = result.rankrun.get(PER_NODE_BASE)
     if base:
         per_node = _median([float(r["seconds"]) for r in base]) / PER_NODE_BASE  # type: ignore[arg-type]
-        for label, runs_by_m in (("", result.rankrun), (" through relays", result.relayed)):
+        for label, runs_by_m in (("", result.rankrun), (" through relays", result.relayed),
+                                 (" through the host's relays", result.routed)):
             for m, runs in runs_by_m.items():
                 if m > PER_NODE_BASE:
                     ratio = _median([float(r["seconds"]) for r in runs]) / m / per_node  # type: ignore[arg-type]
@@ -199,13 +217,21 @@ def details(result: Result) -> list[str]:
     for m, runs in result.relayed.items():
         lines.append(f"| {m:,} through {runs[0]['relays']} relays | {', '.join(str(r['seconds']) for r in runs)} | "
                      f"{runs[0]['ops_per_node']} | {runs[0]['bytes_per_node']:,} | {_cpu(runs)} | — |")
+    for m, runs in result.routed.items():
+        lines.append(f"| {m:,} through the host's relays (relay_group {runs[0]['relay_group']}; host descriptors "
+                     f"{max(int(r['host_fds']) for r in runs):,}, any process's at most "  # type: ignore[call-overload]
+                     f"{max(int(r['fds_max']) for r in runs):,}) | {', '.join(str(r['seconds']) for r in runs)} | "  # type: ignore[call-overload]
+                     f"{runs[0]['ops_per_node']} | {runs[0]['bytes_per_node']:,} | {_cpu(runs)} | — |")
     for m, torch in result.torch.items():
         if m not in result.rankrun:
             lines.append(f"| {m:,} | — | — | — | — | {torch['seconds'] if torch['completed'] else 'did not complete'} |")
     lines += ["", "Bytes per node grow only with the number of digits in ids and revisions (log M); operations per node "
               "are constant (6 when an assignment is already there at the first read, 10 otherwise). Through relays "
               "(`--relays R`): R relay processes (`store.embedded.relay`) each hold M / R agents' connections and "
-              "forward them, in batches, over one connection each to the host.", ""]
+              "forward them, in batches, over one connection each to the host. Through the host's relays "
+              "(`--relay-group K`, as `--rdzv-conf relay_group=K`): the first agents to arrive are asked to relay and "
+              "run their relay in their own agents process, the later ones are sent to them (docs/multinode.md, "
+              "*Rendezvous relays*).", ""]
     if result.etcd:
         lines += [
             "#### On etcd",
