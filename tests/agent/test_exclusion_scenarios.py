@@ -13,21 +13,23 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from test_multinode_scenarios import BOUND, Agent, Plan, _spec, shared
 
 from fakes import Behaviour, FakeHandle, FakeTimers
 from rankrun.agent.attempt import Outcome
 from rankrun.agent.lines import ConsoleLines
-from rankrun.agent.multinode import run_multinode
+from rankrun.agent.multinode import _left_out, run_multinode
 from rankrun.errors import EXIT_UNHEALTHY, LauncherError, NodeExcluded, RankrunError
 from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import RdzvRound, Record, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous.coordinator import Coordinator
-from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, node_value, place_from
-from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, RoundWord, node_value, place_from
+from rankrun.rendezvous.member import Ended
+from rankrun.rendezvous.round import NodeInfo, Phase, Settings
 from rankrun.rendezvous.session import Session
 from rankrun.spec import LaunchSpec
 from rankrun.store.api import EventKind
@@ -335,3 +337,23 @@ def test_a_coordinator_taking_over_keeps_the_blocklist_it_finds_in_the_store():
     back, fine = asyncio.run(asyncio.wait_for(main(), BOUND))
     assert back == Excluded("blamed for 2 failures of the job", 1.7e9)
     assert isinstance(fine, Assignment) and fine.group_world_size == 1  # the round formed without it
+
+
+def test_a_job_that_ends_on_a_nodes_exclusion_before_it_reads_its_own_key_still_excludes_it():
+    """The end word names the excluded node: that node leaves as excluded (exit 4), the others as the job ended; a
+    store host named there serves to the end and takes the job's exit code (``_excluded``)."""
+    why = "blamed for 2 failures of the job (--max-node-failures 2)"
+    end = Ended(RoundWord(2, Phase.ENDED, reason="a static job (--nnodes 2) cannot go on without it", stranded=True,
+                          excluded=(("vm-1-aa at 127.0.0.2", why),)))
+
+    def session(node_id: str, addr: str, *, hosts: bool = False) -> Session:
+        info = NodeInfo(node_id, 0, 1, "default", addr, "vm-1")
+        return SimpleNamespace(member=SimpleNamespace(info=info), coordinator=object() if hosts else None)  # type: ignore[return-value]
+
+    out = _left_out(end, session("vm-1-aa", "127.0.0.2"), None)
+    assert isinstance(out, Excluded) and out.reason == why
+    assert _left_out(end, session("vm-1-bb", "127.0.0.1"), None) is None  # another node: the job ended
+    assert _left_out(end, session("vm-1-aa", "127.0.0.2", hosts=True), None) is None
+    assert _left_out(Excluded("told", 1.0), session("vm-1-bb", "127.0.0.1"), None) == Excluded("told", 1.0)
+    sick = _left_out(end, session("vm-1-bb", "127.0.0.1"), "exit 1")
+    assert sick is not None and sick.reason == "unhealthy: health check: exit 1"

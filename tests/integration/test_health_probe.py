@@ -120,10 +120,12 @@ def test_a_client_that_says_nothing_or_stalls_is_cut_at_the_timeout(caplog):
 
 def test_a_transfer_over_the_cap_is_refused_and_one_at_the_cap_served():
     async def body(server, port):
-        link = await measure(HOST, port, SECRET, pings=1, size=1 << 20)  # exactly the cap
-        assert link.forward > 0 and link.backward > 0
+        reader, writer = await _authenticated(port)  # one transfer each way (``measure`` splits its bytes in parts)
+        assert await probe._forward(reader, writer, 1 << 20, "here") > 0  # exactly the cap
+        assert await probe._backward(reader, writer, 1 << 20, "here") > 0
         with pytest.raises(ProbeError, match=r"refused: a transfer of 1048577 bytes \(limit 1048576\)"):
-            await measure(HOST, port, SECRET, pings=1, size=(1 << 20) + 1)
+            await probe._forward(reader, writer, (1 << 20) + 1, "here")
+        writer.close()
         # an echo over its limit, and a request the endpoint does not know, end the connection the same way
         for head in (probe._HEAD.pack(b"E", probe.MAX_ECHO + 1), probe._HEAD.pack(b"Z", 0)):
             reader, writer = await _authenticated(port)
@@ -138,8 +140,10 @@ def test_a_transfer_over_the_cap_is_refused_and_one_at_the_cap_served():
 
 def test_the_default_cap_is_16_MiB():
     async def body(server, port):
+        reader, writer = await _authenticated(port)
         with pytest.raises(ProbeError, match=r"a transfer of 16777217 bytes \(limit 16777216\)"):
-            await measure(HOST, port, SECRET, pings=1, size=(16 << 20) + 1)
+            await probe._backward(reader, writer, (16 << 20) + 1, "here")
+        writer.close()
 
     _run(body)
 

@@ -124,8 +124,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
         if isinstance(word, Excluded | Ended):
-            if isinstance(word, Excluded) or sick is not None:
-                out = word if isinstance(word, Excluded) else Excluded(f"unhealthy: health check: {sick}", time.time())
+            out = _left_out(word, session, sick)
+            if out is not None:
                 return await _excluded(spec, deps, stops, session, out, restarts, excluded)
             if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
                 _tell(deps, word.word, attempt)
@@ -304,6 +304,19 @@ def _tell_excluded(deps: AgentDeps, word: RoundWord | None, heard: dict[str, str
         if name not in heard:
             heard[name] = why
             deps.events.emit(ExcludedFact((name,), why))
+
+
+def _left_out(word: Excluded | Ended, session: Session, sick: str | None) -> Excluded | None:
+    """This node's exclusion, if ``word`` tells one: its own key's word, its failed health check, or the job's end that
+    names it (the job may end on a node's exclusion before that node reads its own key; a host serves to the end)."""
+    if isinstance(word, Excluded):
+        return word
+    if sick is not None:
+        return Excluded(f"unhealthy: health check: {sick}", time.time())
+    info = session.member.info
+    names = {info.id, f"{info.id} at {info.addr}"}
+    why = next((why for name, why in word.word.excluded if name in names), None)
+    return Excluded(why, time.time()) if why is not None and session.coordinator is None else None
 
 
 def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:
