@@ -314,7 +314,7 @@ def _left_out(word: Excluded | Ended, session: Session, sick: str | None) -> Exc
     if sick is not None:
         return Excluded(f"unhealthy: health check: {sick}", time.time())
     info = session.member.info
-    names = {info.id, f"{info.id} at {info.addr}"}
+    names = {info.id, info.name}  # the coordinator names a node it has no key for by its id
     why = next((why for name, why in word.word.excluded if name in names), None)
     return Excluded(why, time.time()) if why is not None and session.coordinator is None else None
 

@@ -273,7 +273,7 @@ class Coordinator:
                 self._node_joined(node_id, event.value, event.revision)
                 self._arrived.append(node_id)
             elif (info := self._nodes.pop(node_id, None)) is not None:
-                self._gone[node_id] = (f"{node_id} at {info.addr}" if info.addr else node_id, self._why_gone(event.key))
+                self._gone[node_id] = (info.name, self._why_gone(event.key))
             self._status_dirty = True
             return
         round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
@@ -306,7 +306,7 @@ class Coordinator:
             if info is None:
                 self._exclusions.append((node_id, reason))
                 continue
-            self._exclusions.append((f"{node_id} at {info.addr}" if info.addr else node_id, reason))
+            self._exclusions.append((info.name, reason))
             record = Blocked(self._keys.run_id, reason, at)
             self._blocked[f"{info.host}@{info.addr}"] = record
             writes.append((self._keys.blocked(info.host, info.addr), record.value()))
@@ -398,7 +398,7 @@ class Coordinator:
         self._blamed(node_id)
         count, limit = self._blame[node_id], self._settings.max_node_failures
         info = self._nodes.get(node_id)
-        name = f"{node_id} at {info.addr}" if info is not None and info.addr else node_id
+        name = info.name if info is not None else node_id
         if limit <= 0 or count < limit:
             self._say(f"rendezvous: node {name} blamed for a straggler ({count} of --max-node-failures {limit}): {why}")
             return

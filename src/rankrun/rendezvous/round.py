@@ -40,6 +40,11 @@ class NodeInfo:
     static_rank: int | None = None  # --node-rank in static mode
     is_host: bool = False  # it hosts the store: group rank 0 of every round (dynamic mode)
 
+    @property
+    def name(self) -> str:
+        """The node as every reason and event names it: ``id at addr`` (the id alone without an address)."""
+        return f"{self.id} at {self.addr}" if self.addr else self.id
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -370,7 +375,7 @@ def _goes_on(view: View, settings: Settings, out: tuple[Exclusion, ...]) -> bool
 def _name(view: View, node: str) -> str:
     """A node as the reasons name it (``id at addr``, as a lost node is named)."""
     info = next((n for n in view.nodes if n.id == node), None)
-    return f"{node} at {info.addr}" if info is not None and info.addr else node
+    return info.name if info is not None else node
 
 
 def _stranded(view: View, settings: Settings, out: tuple[Exclusion, ...], lost: tuple[str, ...] = (),

@@ -213,7 +213,7 @@ class StoreClient:
             hello["relays"] = True
         self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
         said = await self._handshake_frame()
-        if self._routed(said):  # sent on from its hello (``routing.early``): the relay proves the secret instead
+        if relays and self._routed(said):  # sent on from its hello (``routing.early``): the relay proves the secret
             return
         if said.get("version") != wire.VERSION:
             raise StoreUnavailable(f"rendezvous {self.endpoint}: speaks protocol {said.get('version')!r}, not {wire.VERSION}")
