@@ -237,3 +237,28 @@ def test_the_round_trip_is_the_median_of_the_pings():
         await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_a_transfer_slowed_once_does_not_make_the_link_slow(monkeypatch):
+    """``measure`` counts the fastest of its ``PARTS`` transfers each way: the first one each way held up 50 ms (a time
+    slice lost on a busy host) leaves the rate of the others, well past what that one transfer managed. (The endpoint
+    runs in this process: it sends and drops through the same functions, so each way is ``PARTS`` calls of each.)"""
+    part = (4 << 20) // probe.PARTS
+    held = 0.05
+    send = probe._send
+    calls = {"send": 0}
+
+    async def slow_first_send_each_way(writer, n):  # forward: this side's sends; backward: the endpoint's
+        calls["send"] += 1
+        if calls["send"] in {1, probe.PARTS + 1}:
+            await asyncio.sleep(held)
+        await send(writer, n)
+
+    monkeypatch.setattr(probe, "_send", slow_first_send_each_way)
+
+    async def body(server, port):
+        link = await measure(HOST, port, SECRET, pings=1, size=4 << 20)
+        assert calls == {"send": 2 * probe.PARTS}
+        assert link.forward > part / held and link.backward > part / held, link
+
+    _run(body)
