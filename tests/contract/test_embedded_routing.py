@@ -171,9 +171,11 @@ def test_three_relays_are_taken_in_order_and_what_ends_later_leaves_no_trace():
     assert routing.route("w") == Wait()  # for relay 1, not up yet
     for token, relay in zip((1, 2, 3), ("r1", "r2", "r3"), strict=True):
         assert routing.ready(relay, token, f"{relay}:1") == (["w"] if token == 1 else [])
+    assert "w" not in routing._of  # sent on: the routing holds nothing of it (thousands of agents pass through)
     assert [routing.route(f"x{i}") for i in range(4)] == [Redirect("r2:1"), Redirect("r3:1"), Redirect("r1:1"),
                                                           Redirect("r2:1")]
     assert routing.ended("w") == []  # sent on long ago: nothing of it is left to undo
     assert routing.ended("r2") == [] and routing.relays == ["r1:1", "r3:1"]
+    assert "b" not in routing._of and "r2" not in routing._of  # the slot went whole
     assert routing.ended("b") == []  # its relay already went: its slot with it
     assert routing.route("y") == Serve(4)
