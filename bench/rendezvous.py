@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -62,12 +63,17 @@ ROUND_BOUND = 300.0  # seconds an agent waits to connect, and then for its assig
 # as long as its whole process's (16 s for 8,192), and the liveness window (15 s) ends them all, the simulator's
 # queue and not the host deciding. The host still meets the whole crowd, as fast as the simulators can send it.
 IN_FLIGHT = 256
+# processes the simulated agents are spread over: one per core. More only add switches between them (each turn of a
+# process's loop then serves fewer of its agents): 16,384 nodes on this 2-core machine took 10.0-10.8 s with 4, 9.2 s
+# with 2 (BENCHMARKS.md, *Fewer round trips*)
+PROCS = os.cpu_count() or 4
 
 
 # --------------------------------------------------------------------------- rankrun: the host
 
 
 async def _host(nodes: int, group: int = 0) -> None:
+    from rankrun.main import collect_less_often
     from rankrun.rendezvous.coordinator import Coordinator
     from rankrun.rendezvous.keys import Keys
     from rankrun.rendezvous.round import Settings
@@ -75,6 +81,7 @@ async def _host(nodes: int, group: int = 0) -> None:
     from rankrun.store.embedded.server import StoreServer
     from rankrun.store.memory import MemoryStore
 
+    collect_less_often()  # as the launcher does at start (rankrun.main)
     if os.environ.get("RDZV_LOG"):  # the host's own lines (a connection given up, a relay lost) on stderr
         import logging
 
@@ -243,6 +250,10 @@ async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False) 
 
 
 def _run_agents(port: int, count: int, index: int, check: str | None, lead: int) -> None:
+    # no collections in a simulator process: a real agent's collector scans one agent's objects, here it would scan
+    # the thousands of agents this process holds each time (4.4 s of a 16,384-node round's 29.8 s of CPU), a cost of
+    # the simulation that no node pays; a round's garbage is freed by reference counting, and the process ends
+    gc.disable()
     if check is not None:  # the launcher's own child watcher (rankrun.main): 3.11's default runs a thread per child
         from rankrun.main import _use_pidfd_child_watcher
 
@@ -676,7 +687,7 @@ def run_torch(nodes: int, procs: int, bound: float) -> dict[str, object]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1024, help="simulated agents (M)")
-    parser.add_argument("--procs", type=int, default=4, help="processes the simulated agents are spread over")
+    parser.add_argument("--procs", type=int, default=PROCS, help="processes the simulated agents share (default: one per core)")
     parser.add_argument("--relays", type=int, default=0,
                         help="embedded: relay processes between the agents and the host (agents process i: relay i mod R)")
     parser.add_argument("--relay-group", type=int, default=0,

@@ -55,7 +55,7 @@ def run(reps: int) -> Result:
     result = Result()
     for m in RANKRUN_M:
         for rep in range(reps):
-            r = rendezvous.run_rankrun(m, 4)
+            r = rendezvous.run_rankrun(m, rendezvous.PROCS)
             result.rankrun.setdefault(m, []).append(r)
             log(f"  rendezvous rankrun M={m} rep {rep + 1}/{reps}: {r['seconds']} s, {r['ops_per_node']} ops, "
                 f"{r['bytes_per_node']} B per node, CPU {r['cpu_s']} s (host {r['host_cpu_s']})")
@@ -68,7 +68,7 @@ def run(reps: int) -> Result:
                 f"relays {r['relays_cpu_s']}), at most {r['fds_max']} descriptors a process")
     for m, group in ROUTED_M.items():
         for rep in range(reps):
-            r = rendezvous.run_rankrun(m, 4, group=group)
+            r = rendezvous.run_rankrun(m, rendezvous.PROCS, group=group)
             result.routed.setdefault(m, []).append(r)
             log(f"  rendezvous rankrun M={m} through the host's relays (relay_group {group}) rep {rep + 1}/{reps}: "
                 f"{r['seconds']} s, {r['ops_per_node']} ops, {r['bytes_per_node']} B per node, CPU {r['cpu_s']} s "
@@ -192,7 +192,7 @@ def details(result: Result) -> list[str]:
         "",
         "`python bench/rendezvous.py --nodes M [--json] [--torch]` runs one complete round with M simulated agents: a host "
         "process serves the embedded store and runs the coordinator, as the hosting agent does; the agents are asyncio tasks "
-        "spread over 4 processes, each with its own authenticated connection, running exactly `Member.join` + "
+        "spread over one process per core, each with its own authenticated connection, running exactly `Member.join` + "
         "`Member.next_round` (the code a real agent runs). Wall seconds run from \"go\" to the last assignment received; "
         "operations are requests on an agent's connection; bytes count both directions, handshake included. torch's row runs "
         f"its own c10d `DynamicRendezvousHandler` (threads in up to {TORCH_PROCS} processes, one TCPStore connection each, "

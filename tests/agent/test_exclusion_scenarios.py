@@ -15,24 +15,27 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from test_multinode_scenarios import BOUND, Agent, Plan, _spec, shared
 
 from fakes import Behaviour, FakeHandle, FakeTimers
 from rankrun.agent.attempt import Outcome
 from rankrun.agent.lines import ConsoleLines
 from rankrun.agent.multinode import _left_out, run_multinode
-from rankrun.errors import EXIT_UNHEALTHY, LauncherError, NodeExcluded, RankrunError
+from rankrun.errors import EXIT_UNHEALTHY, LauncherError, NodeExcluded, RankrunError, RendezvousClosed
 from rankrun.events.records import NodeExcluded as ExcludedFact
 from rankrun.events.records import RdzvRound, Record, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous.coordinator import Coordinator
 from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, RoundWord, node_value, place_from
-from rankrun.rendezvous.member import Ended
+from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.round import NodeInfo, Phase, Settings
 from rankrun.rendezvous.session import Session
 from rankrun.spec import LaunchSpec
 from rankrun.store.api import EventKind
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.server import StoreServer
 from rankrun.store.memory import MemoryStore
 
 KEYS = Keys.for_run("fake")
@@ -357,3 +360,29 @@ def test_a_job_that_ends_on_a_nodes_exclusion_before_it_reads_its_own_key_still_
     assert _left_out(Excluded("told", 1.0), session("vm-1-bb", "127.0.0.1"), None) == Excluded("told", 1.0)
     sick = _left_out(end, session("vm-1-bb", "127.0.0.1"), "exit 1")
     assert sick is not None and sick.reason == "unhealthy: health check: exit 1"
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["memory", "embedded"])
+def test_a_node_refused_at_join_gives_back_the_lease_it_asked_for_with_its_reads(served):
+    """Where the store pipelines them (the embedded client) the join's lease comes in the round trip of its reads; a
+    node refused (excluded, or the job over) revokes it: nothing of it stays on the host."""
+    async def main() -> None:
+        memory = MemoryStore(FakeTimers())
+        await memory.put(KEYS.blocked("h9", "127.0.0.9"), Blocked("fake", "blamed for 2 failures of the job", 1.7e9).value())
+        server = StoreServer(memory, b"s") if served else None
+        store = await StoreClient.connect("127.0.0.1", await server.start("127.0.0.1", 0), b"s") if server else memory
+        try:
+            with pytest.raises(NodeExcluded, match="blamed for 2 failures"):
+                await Member.join(store, KEYS, NodeInfo("back", 0, 1, "default", "127.0.0.9", "h9"), ttl=60)
+            assert memory._leases == {}
+            await memory.put(KEYS.closed, b"done")
+            with pytest.raises(RendezvousClosed):
+                await Member.join(store, KEYS, NodeInfo("late", 0, 1, "default", "127.0.0.2", "h2"), ttl=60)
+            assert memory._leases == {}
+        finally:
+            if server is not None:
+                await store.close()
+                await server.close()
+            await memory.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))

@@ -20,7 +20,7 @@ from etcdserver import etcd_cluster
 from fakes import FakeTimers
 from rankrun.api.values import VALUE_LIMIT, encode
 from rankrun.spec import parse_etcd_endpoints
-from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable, get_many
+from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable, get_many, pipelines, together
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.relay import Relay
 from rankrun.store.embedded.server import StoreServer
@@ -227,6 +227,54 @@ def test_get_many_reads_each_key_in_order_a_batch_at_a_time(run):
         found = await get_many(h.store, [f"/many/{i}" for i in range(40)], at_once=16)
         assert [e.value.decode() if e is not None else None for e in found] == \
             [str(i) if i % 3 == 0 else None for i in range(40)]
+
+    run(body)
+
+
+def test_requests_made_together_answer_in_order_and_none_is_left_running_when_one_fails(run):
+    async def body(h: Harness) -> None:
+        s = h.store
+        await s.put("/t/a", b"1")
+        a, missing, lease = await together(s, s.get("/t/a"), s.get("/t/none"), s.grant(h.ttl(30)))
+        assert a is not None and a.value == b"1" and missing is None
+        assert (await s.put("/t/leased", b"x", lease=lease.id)) > a.mod_revision  # the lease is a real one
+        later, running = s.get("/t/a"), asyncio.all_tasks()
+        with pytest.raises(LeaseLost):  # no such lease: the first fails
+            await together(s, s.put("/t/b", b"2", lease=0x7FFF1234), later)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert later.cr_frame is None  # ended, or closed unstarted: neither pending nor left to warn unawaited
+        assert asyncio.all_tasks() <= running
+        await lease.revoke()
+
+    run(body)
+
+
+def test_the_embedded_client_sends_requests_made_together_in_one_write(run):
+    """Where ``pipelines`` (the embedded client, also through a relay) the frames of requests made together go out in
+    one write, the server answers them in one (a round trip, and one read of the host's, for all); elsewhere they are
+    one after another."""
+    async def body(h: Harness) -> None:
+        s = h.store
+        if not isinstance(s, StoreClient):
+            assert not pipelines(s)
+            return
+        assert pipelines(s)
+        transport = s._protocol.transport
+        writes: list[bytes] = []
+        write = transport.write
+
+        def counted(data: bytes) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = counted
+        try:
+            first, second = await together(s, s.range("/x/"), s.get("/x/a"))
+        finally:
+            transport.write = write
+        assert first == ([], first[1]) and second is None
+        assert len(writes) == 1 and writes[0].count(b'"op":') == 2
 
     run(body)
 

@@ -1,7 +1,10 @@
 """One node's side of the rendezvous: join once, then read its own assignment and the round key, round after round.
 
-A join costs a node a fixed handful of operations (a get of its blocklist key, grant, put, range, two watches) and a
-few hundred bytes, whatever the number of nodes: nobody reads or rewrites a list of everyone.
+A join costs a node a fixed handful of operations and a few hundred bytes, whatever the number of nodes: nobody reads
+or rewrites a list of everyone. The gets of its blocklist key and of ``closed`` and a grant, then
+its put; a round, the ranges of its assign key and of the round key, then (unless the assignment was already there)
+the two watches. Each group is made together where the store pipelines them (``store.api.together``): one round trip,
+and one read and one write of the host's, where its CPU per node goes.
 
 A node excluded from the job learns it from its own assign key (``Excluded``, in the same watch as its rounds); one
 that comes back to a job that excluded it is refused at join (``NodeExcluded``, exit code 4). A node that finds itself
@@ -32,7 +35,7 @@ from rankrun.rendezvous.keys import (
     unhealthy_value,
 )
 from rankrun.rendezvous.round import NodeInfo, Phase
-from rankrun.store.api import Entry, EventKind, Lease, Store, StoreUnavailable, exact, watching
+from rankrun.store.api import Entry, EventKind, Lease, Store, StoreUnavailable, exact, together, watching
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,18 @@ class Member:
     async def join(cls, store: Store, keys: Keys, info: NodeInfo, ttl: float, job: Lease | None = None) -> Member:
         """Register (a lease-bound node key); ``RendezvousClosed`` if the job is already over, ``NodeExcluded`` if it
         excluded this node (its hostname and address are on the job's blocklist)."""
-        blocked = await store.get(keys.blocked(info.host, info.addr))
+        # the lease with the reads, in one round trip where the store pipelines them: a node refused gives it back
+        blocked, closed, lease = await together(store, store.get(keys.blocked(info.host, info.addr)),
+                                                store.get(keys.closed), store.grant(ttl))
+        if blocked is not None or closed is not None:
+            with contextlib.suppress(StoreUnavailable):
+                await lease.revoke()
         if blocked is not None:
             record = Blocked.parse(blocked.value)
             raise NodeExcluded(f"this node ({info.host}, {info.addr}) was excluded from job {record.run or keys.run_id} at "
                                f"{wall_time(record.at)}: {record.reason}; drain it or reschedule elsewhere")
-        if await store.get(keys.closed) is not None:
+        if closed is not None:
             raise RendezvousClosed("the job has already finished")
-        lease = await store.grant(ttl)
         await store.put(keys.node(info.id), node_value(info), lease=lease.id)
         return cls(store, keys, info, lease, job)
 
@@ -71,8 +78,9 @@ class Member:
         """The first word after round ``after``: an assignment, a place as a spare, the end of the job, or this node's
         exclusion (which comes first: a node excluded as the job ends is told so)."""
         key, round_key = self.keys.assign(self.info.id), self.keys.round
-        entries, revision = await self.store.range(key)  # a prefix: "assign/n1" also finds "assign/n10", so match exactly
-        round_entries, _ = await self.store.range(round_key)
+        # a prefix: "assign/n1" also finds "assign/n10", so match exactly; in this order (on the wire too): the watches
+        # start from the first one's revision, so the second's value is never newer than what they replay after it
+        (entries, revision), (round_entries, _) = await together(self.store, self.store.range(key), self.store.range(round_key))
         latest_assign, latest_round = _value(entries, key), _value(round_entries, round_key)
         found = self._read(latest_assign, latest_round, after)
         if found is not None:

@@ -117,6 +117,10 @@ class ClientWatch:
 
 
 class StoreClient:
+    # requests made together go out in one write and come back in one (``store.api.pipelines``): frames of one turn
+    # are flushed together, and the server answers them in order
+    pipelines = True
+
     def __init__(self, endpoint: str, liveness: Liveness | None = None) -> None:
         self.endpoint = endpoint
         self.liveness = liveness or Liveness()

@@ -37,6 +37,11 @@ MAX_FRAME = 16 << 20
 # (a round key of a few KiB to each of them stays a few MiB)
 BATCH = 1024
 _LEN = struct.Struct(">I")
+# one encoder and one decoder for every frame: ``json.dumps`` with its own separators builds a new encoder per call, and
+# ``json.loads`` of bytes guesses their encoding first (UTF-8 it is, by definition here); the host makes a few of each
+# per node a round
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_DECODE = json.JSONDecoder().decode
 
 
 class FrameError(ValueError):
@@ -44,7 +49,7 @@ class FrameError(ValueError):
 
 
 def frame(obj: dict[str, Any]) -> bytes:
-    body = json.dumps(obj, separators=(",", ":")).encode()
+    body = _ENCODE(obj).encode()
     return _LEN.pack(len(body)) + body
 
 
@@ -67,8 +72,8 @@ class FrameReader:
                 break
             start = pos + _LEN.size
             try:
-                obj = json.loads(bytes(view[start : start + size]))
-            except ValueError as exc:
+                obj = _DECODE(view[start : start + size].decode())
+            except ValueError as exc:  # UnicodeDecodeError too
                 raise FrameError(f"not JSON: {exc}") from None
             if not isinstance(obj, dict):
                 raise FrameError("a frame that is not an object")
