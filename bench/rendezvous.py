@@ -73,6 +73,7 @@ PROCS = os.cpu_count() or 4
 
 
 async def _host(nodes: int, group: int = 0) -> None:
+    from rankrun.fdlimit import raise_soft_limit
     from rankrun.main import collect_less_often
     from rankrun.rendezvous.coordinator import Coordinator
     from rankrun.rendezvous.keys import Keys
@@ -81,7 +82,8 @@ async def _host(nodes: int, group: int = 0) -> None:
     from rankrun.store.embedded.server import StoreServer
     from rankrun.store.memory import MemoryStore
 
-    collect_less_often()  # as the launcher does at start (rankrun.main)
+    raise_soft_limit()  # as the launcher does at start (rankrun.main)
+    collect_less_often()
     if os.environ.get("RDZV_LOG"):  # the host's own lines (a connection given up, a relay lost) on stderr
         import logging
 
@@ -181,7 +183,7 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
                 if i < lead:  # connected (or failed: reported below): the others go once every lead one did
                     led.append(i)
                     if len(led) == lead:
-                        leads.set()
+                        waiting.append(asyncio.ensure_future(every_process_led()))
             connected = time.monotonic()
             # a fixed-width id, as a real one (``session.node_info``: host-pid-6 hex digits): none is a prefix of
             # another, so a node's prefix watch of its assign key sees only its own
@@ -197,6 +199,7 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
     agents: list[StoreClient] = []
     relays: list[Relay] = []
     led: list[int] = []
+    waiting: list[asyncio.Future[None]] = []  # every_process_led, held until it is done
     connecting = asyncio.Semaphore(IN_FLIGHT)
     leads = asyncio.Event()
     if lead == 0:
@@ -210,6 +213,15 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
             await asyncio.sleep(0.1)
             lags[0] = max(lags[0], loop.time() - before - 0.1)
 
+    async def every_process_led() -> None:
+        """This process's lead agents are connected: say so, and let its others go once every process's are (the bench
+        says when): relays are asked in arrival order, and a process whose others went first would take more than its
+        share of them (one reached 16,005 descriptors of its 20,000, and another, past them, stopped a round)."""
+        await loop.run_in_executor(None, lambda: print("LED", flush=True))
+        await loop.run_in_executor(None, sys.stdin.readline)  # "all led"
+        leads.set()
+
+    loop = asyncio.get_running_loop()
     lagging = asyncio.create_task(lag())
     await asyncio.gather(*(agent(i) for i in range(count)))
     lagging.cancel()
@@ -222,7 +234,6 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
     # written from a thread: the report (~40 bytes a node) is past a pipe's 64 KiB, and the bench reads the processes in
     # turn; a write on the loop would stop it until then, and with it this process's relays, whose agents in the other
     # processes, still waiting for their assignments, would hear nothing for their liveness window
-    loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, lambda: print(report, flush=True))
     await loop.run_in_executor(None, sys.stdin.readline)  # "exit"
     for client in agents:
@@ -250,6 +261,9 @@ async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False) 
 
 
 def _run_agents(port: int, count: int, index: int, check: str | None, lead: int) -> None:
+    from rankrun.fdlimit import raise_soft_limit
+
+    raise_soft_limit()  # its agents' connections and its relays' (``run_rankrun``), as a launcher raises its own
     # no collections in a simulator process: a real agent's collector scans one agent's objects, here it would scan
     # the thousands of agents this process holds each time (4.4 s of a 16,384-node round's 29.8 s of CPU), a cost of
     # the simulation that no node pays; a round's garbage is freed by reference counting, and the process ends
@@ -281,9 +295,11 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
     descriptors one process held (the host, a relay, an agents process), sampled at the end. ``group``: the host chooses
     relays as the launcher's does (``--rdzv-conf relay_group``): the first agents to arrive each run one, in their
     agents' process, for ``group`` others; ``host_fds``: the host's descriptors then."""
-    if group:  # the relays run in the agents processes: one holding more than its share of them (they are asked in
-        # arrival order) would pass its open-files limit; 4,096 agents a process leave it twice over
-        procs = max(procs, -(-nodes // 4096))
+    if group:  # the relays run in the agents processes, each process's share of them (its lead agents connect first,
+        # ``every_process_led``): a process holds its agents' connections and about as many of its relays' agents, so
+        # at most half its open-files limit, less a margin (8,976 agents here, under a hard limit of 20,000)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        procs = max(procs, -(-nodes // ((hard - 2048) // 2)))
     py = sys.executable
     profile = ["-m", "cProfile", "-o", os.environ["RDZV_PROFILE"]] if os.environ.get("RDZV_PROFILE") else []
     host = subprocess.Popen([py, *profile, __file__, "--role", "host", "--nodes", str(nodes), "--relay-group", str(group)],
@@ -308,6 +324,14 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
         before = {p.pid: cpu_of(p.pid) for p in (host, *relaying)}
         start = _start_agents(children, nodes, procs, lambda i, share: [
             "--role", "agents", "--port", str(ports[i % len(ports)]), "--count", str(share), "--index", str(i), *checking])
+        if group:  # each process's lead agents connected: then all the others go (``every_process_led``)
+            for child in children:
+                assert child.stdout is not None
+                assert child.stdout.readline().strip() == "LED"
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write("all led\n")
+                child.stdin.flush()
         result = _collect(children, start, nodes, count_bytes=True)
         spent = {pid: cpu_of(pid) - cpu for pid, cpu in before.items()}
         result["fds_max"] = max(_fds(p.pid) for p in (host, *relaying, *children))

@@ -86,6 +86,13 @@ def serve(kind: str, src: str = str(SRC)) -> None:
     sys.path.insert(0, src)
     from rankrun.workerstore.tcpstore import TCPStoreServer  # noqa: PLC0415
 
+    try:
+        from rankrun.main import collect_less_often  # noqa: PLC0415
+    except ImportError:  # --before-src: a checkout from before it, served as it was
+        pass
+    else:
+        collect_less_often()  # as the launcher that hosts the store does at start
+
     async def main() -> None:
         server = TCPStoreServer()
         print("port", await server.start(HOST, 0), flush=True)
