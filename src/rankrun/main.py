@@ -77,9 +77,9 @@ YOUNG = 10_000
 
 def collect_less_often() -> None:
     """A host serving thousands of nodes allocates a few objects per frame, nearly all freed at once; at CPython's
-    default every 700 it stopped to collect, and those collections cost it 10 % of a 16,384-node round's CPU
-    (``bench/rendezvous.py``: 8.5-8.9 s against 7.5-7.7 s at this threshold). The older generations keep their
-    defaults: what lives on (connections, leases) is still collected as before."""
+    default every 700 it stopped to collect, and those collections cost it a tenth of a 16,384-node round's CPU
+    (``bench/rendezvous.py``, the host's CPU: 8.5 s, and 7.6-7.7 s at this threshold). The older generations keep
+    their defaults: what lives on (connections, leases) is collected as before."""
     gc.set_threshold(YOUNG, *gc.get_threshold()[1:])
 
 

@@ -238,13 +238,15 @@ def test_requests_made_together_answer_in_order_and_none_is_left_running_when_on
         a, missing, lease = await together(s, s.get("/t/a"), s.get("/t/none"), s.grant(h.ttl(30)))
         assert a is not None and a.value == b"1" and missing is None
         assert (await s.put("/t/leased", b"x", lease=lease.id)) > a.mod_revision  # the lease is a real one
-        later, running = s.get("/t/a"), asyncio.all_tasks()
+        later, running = asyncio.sleep(BOUND), asyncio.all_tasks()  # a request that would not end by itself
         with pytest.raises(LeaseLost):  # no such lease: the first fails
             await together(s, s.put("/t/b", b"2", lease=0x7FFF1234), later)
         for _ in range(3):
             await asyncio.sleep(0)
-        assert later.cr_frame is None  # ended, or closed unstarted: neither pending nor left to warn unawaited
+        assert later.cr_frame is None  # cancelled, or closed unstarted: neither running nor left to warn unawaited
         assert asyncio.all_tasks() <= running
+        with pytest.raises(LeaseLost):  # both fail: the first's error, and nothing said of the second's
+            await together(s, s.put("/t/b", b"2", lease=0x7FFF1234), s.put("/t/c", b"3", lease=0x7FFF1235))
         await lease.revoke()
 
     run(body)

@@ -206,12 +206,10 @@ async def together(store: Store, *requests: Coroutine[Any, Any, Any]) -> tuple[A
                 request.close()
     tasks = [asyncio.ensure_future(request) for request in requests]  # started in this order: their frames go so
     try:
-        return tuple(await asyncio.gather(*tasks))
+        return tuple(await asyncio.gather(*tasks))  # the first error raised; gather marks the later ones seen
     finally:
         for task in tasks:
             task.cancel()
-            if task.done() and not task.cancelled():
-                task.exception()  # seen: the first error is the one raised, the others are the same loss
 
 
 async def get_many(store: Store, keys: Sequence[str], at_once: int = 16) -> list[Entry | None]:
