@@ -64,7 +64,7 @@ ROUND_BOUND = 300.0  # seconds an agent waits to connect, and then for its assig
 # queue and not the host deciding. The host still meets the whole crowd, as fast as the simulators can send it.
 IN_FLIGHT = 256
 # processes the simulated agents are spread over: one per core. More only add switches between them (each turn of a
-# process's loop then serves fewer of its agents): 16,384 nodes on this 2-core machine took 10.0-10.8 s with 4, 9.2 s
+# process's loop then serves fewer of its agents): 16,384 nodes on this 2-core machine took 9.8-10.4 s with 4, 8.8-9.2 s
 # with 2 (BENCHMARKS.md, *Fewer round trips*)
 PROCS = os.cpu_count() or 4
 
@@ -325,13 +325,7 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
         start = _start_agents(children, nodes, procs, lambda i, share: [
             "--role", "agents", "--port", str(ports[i % len(ports)]), "--count", str(share), "--index", str(i), *checking])
         if group:  # each process's lead agents connected: then all the others go (``every_process_led``)
-            for child in children:
-                assert child.stdout is not None
-                assert child.stdout.readline().strip() == "LED"
-            for child in children:
-                assert child.stdin is not None
-                child.stdin.write("all led\n")
-                child.stdin.flush()
+            _step(children, "LED", "all led")
         result = _collect(children, start, nodes, count_bytes=True)
         spent = {pid: cpu_of(pid) - cpu for pid, cpu in before.items()}
         result["fds_max"] = max(_fds(p.pid) for p in (host, *relaying, *children))
@@ -411,15 +405,20 @@ def _start_agents(
         profile = ["-m", "cProfile", "-o", f"{os.environ['RDZV_PROFILE']}.agents{i}"] if os.environ.get("RDZV_PROFILE") else []
         children.append(subprocess.Popen([sys.executable, *profile, __file__, *args(i, share)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if quiet else None, text=True))
+    return _step(children, "READY", "go")
+
+
+def _step(children: list[subprocess.Popen[str]], heard: str, say: str) -> float:
+    """Wait for every agents process to say ``heard``, then tell each ``say``; the monotonic time between."""
     for child in children:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "READY"
-    start = time.monotonic()
+        assert child.stdout.readline().strip() == heard
+    between = time.monotonic()
     for child in children:
         assert child.stdin is not None
-        child.stdin.write("go\n")
+        child.stdin.write(f"{say}\n")
         child.stdin.flush()
-    return start
+    return between
 
 
 def end_process(proc: subprocess.Popen[str]) -> None:
