@@ -18,6 +18,8 @@ from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.round import NodeInfo, Phase, Settings
 from rankrun.rendezvous.session import CONNECT_RETRY, _resolvable
 from rankrun.store.api import StoreUnavailable
+from rankrun.store.embedded.client import StoreClient
+from rankrun.store.embedded.server import StoreServer
 from rankrun.store.memory import MemoryStore
 
 BOUND = 20.0
@@ -309,3 +311,49 @@ def test_a_node_waiting_for_the_end_hears_every_word_before_it_with_the_exclusio
         assert heard == [first, later]
 
     _run(body)
+
+
+def test_over_the_embedded_store_a_join_and_a_round_make_their_requests_together():
+    """On the embedded client (``store.api.pipelines``) a join is two writes (its two reads with its grant, then its
+    put) and a round whose assignment comes later three (its two ranges, its two watches, their two closes); one
+    request after another they would be four and five."""
+    async def body():
+        memory = MemoryStore()
+        server = StoreServer(memory, b"s")
+        client = await StoreClient.connect("127.0.0.1", await server.start("127.0.0.1", 0), b"s")
+        transport = client._protocol.transport
+        writes: list[bytes] = []
+        write = transport.write
+
+        def counted(data: bytes) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = counted
+        coordinator = Coordinator(memory, KEYS, Settings(1, 1, last_call_timeout=600.0, max_restarts=0),
+                                  master=lambda: ("127.0.0.1", 29500), before_round=_nothing, why_gone=memory.why_deleted)
+        task = None
+        try:
+            member = await Member.join(client, KEYS, _info(1), ttl=60)
+            assert len(writes) == 2 and writes[0].count(b'"op":') == 3
+            writes.clear()
+            waiting = asyncio.ensure_future(member.next_round(0))
+            while not client.watches:  # both watches asked for: the round may form
+                await asyncio.sleep(0)
+            task = asyncio.create_task(coordinator.run())
+            assert isinstance(await waiting, Assignment)
+            assert len(writes) == 3 and [w.count(b'"op":') for w in writes] == [2, 2, 2]
+        finally:
+            transport.write = write
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+            await server.close()
+            await memory.close()
+
+    _run(body)
+
+
+async def _nothing() -> None:
+    return None
