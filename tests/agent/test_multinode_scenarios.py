@@ -106,6 +106,10 @@ def _ok(attempt: int, rank: int) -> Behaviour:
     return Behaviour(exit_status=0)
 
 
+def _until_stopped_then_ok(attempt: int, rank: int) -> Behaviour:
+    return Behaviour() if attempt == 0 else Behaviour(exit_status=0)
+
+
 def test_two_agents_form_one_world_and_succeed(tmp_path):
     ends, agents, _ = _scenario(tmp_path, _spec(tmp_path, "2"), [_ok, _ok])
     assert [e.exit_code for e in ends] == [0, 0]
@@ -114,14 +118,19 @@ def test_two_agents_form_one_world_and_succeed(tmp_path):
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("127.0.0.1", "29500")}
 
 
+async def _fail_node_1_once_both_run(store: MemoryStore, agents: list[Agent]) -> None:
+    """Node 1's first worker exits 2 once both nodes run theirs: failing at once, it could end round 1 before a slow
+    host started its own (that node then skips the round, as it may, and its first worker is round 2's)."""
+    del store
+    for agent in agents:
+        await agent.running.wait()
+    agents[1].spawner.spawned[0].exit(2)
+
+
 def test_a_worker_failure_restarts_every_node_on_one_budget(tmp_path):
-    def failing_once(attempt: int, rank: int) -> Behaviour:
-        return Behaviour(exit_status=2) if attempt == 0 else Behaviour(exit_status=0)
-
-    def waiting_then_ok(attempt: int, rank: int) -> Behaviour:
-        return Behaviour() if attempt == 0 else Behaviour(exit_status=0)  # attempt 0 runs until it is stopped
-
-    ends, agents, _ = _scenario(tmp_path, _spec(tmp_path, "2", "--max-restarts", "1"), [waiting_then_ok, failing_once])
+    spec = _spec(tmp_path, "2", "--max-restarts", "1")
+    ends, agents, _ = _scenario(tmp_path, spec, [_until_stopped_then_ok, _until_stopped_then_ok],
+                                during=_fail_node_1_once_both_run)
     assert [e.exit_code for e in ends] == [0, 0]
     assert [[h.env["TORCHELASTIC_RESTART_COUNT"] for h in a.spawner.spawned] for a in agents] == [["0", "1"], ["0", "1"]]
     assert agents[0].spawner.spawned[0].signals[:1] == [15]  # the healthy node's worker was stopped for the restart
@@ -147,10 +156,6 @@ async def _lose_node_1(store: MemoryStore, agents: list[Agent]) -> None:
     entries, _ = store.scan(Keys.for_run("fake").nodes)
     (lease,) = {e.lease for e in entries if "127.0.0.2" in e.value.decode()}
     store.revoke(lease, "its lease expired after 15 s of silence (no keep-alive)")
-
-
-def _until_stopped_then_ok(attempt: int, rank: int) -> Behaviour:
-    return Behaviour() if attempt == 0 else Behaviour(exit_status=0)
 
 
 def test_a_lost_node_is_named_and_the_others_reform_without_it(tmp_path):
