@@ -251,8 +251,9 @@ def test_a_python_api_job_gives_every_node_the_values_of_the_round_that_succeede
         started = agent.spawner.after_spawn
 
         def returned(handle: FakeHandle, results: Path = results, started=started) -> None:
-            rank, attempt = handle.env["RANK"], handle.command.attempt
-            (results / f"{rank}.value").write_bytes(dumps(f"rank {rank} attempt {attempt}"))
+            # by the job's restart count, not this node's attempt: a node may skip a round that failed at once
+            rank, restart = handle.env["RANK"], handle.env["TORCHELASTIC_RESTART_COUNT"]
+            (results / f"{rank}.value").write_bytes(dumps(f"rank {rank} restart {restart}"))
             started(handle)
 
         agent.spawner.after_spawn = returned
@@ -269,4 +270,4 @@ def test_a_python_api_job_gives_every_node_the_values_of_the_round_that_succeede
     assert [e.exit_code for e in ends] == [0, 0]
     for index in range(2):
         got = {int(p.stem): loads(p.read_bytes()) for p in (tmp_path / f"results{index}").glob("*.value")}
-        assert got == {0: "rank 0 attempt 1", 1: "rank 1 attempt 1"}, index
+        assert got == {0: "rank 0 restart 1", 1: "rank 1 restart 1"}, index
