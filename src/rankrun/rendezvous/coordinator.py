@@ -224,7 +224,7 @@ class Coordinator:
         return {i: n for i, n in self._nodes.items() if i not in self._excluded}
 
     def _view(self) -> View:
-        return View(tuple(self._eligible().values()), self._phase, self._round, self._members, self._restarts,
+        return View(self._eligible().values(), self._phase, self._round, self._members, self._restarts,
                     self._min_since, self._results, self._leader, self._gone, self._alone_since, self._blame,
                     self._unhealthy)
 

@@ -163,7 +163,10 @@ class SortedKeys:
             return
         j = bisect.bisect_left(self._chunks[i], prefix)
         for chunk in itertools.islice(self._chunks, i, None):
-            for key in itertools.islice(chunk, j, None):
+            # by index: islice(chunk, j, None) steps over the j keys before the first one (up to 1,024, for each of
+            # the 4 ranges and watches a node's round makes: 1.4 s of the host's CPU at 32,768 nodes)
+            for at in range(j, len(chunk)):
+                key = chunk[at]
                 if not key.startswith(prefix):
                     return
                 yield key
