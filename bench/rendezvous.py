@@ -67,6 +67,10 @@ IN_FLIGHT = 256
 # process's loop then serves fewer of its agents): 16,384 nodes on this 2-core machine took 9.8-10.4 s with 4, 8.8-9.2 s
 # with 2 (BENCHMARKS.md, *Fewer round trips*)
 PROCS = os.cpu_count() or 4
+# seconds: a simulated agent's connection as a job's by default (``--rdzv-conf keep_alive_interval``, 3 attempts): its
+# relay (or the host) pings it after this long idle, and it answers; a node waiting 29 s for its round answers 5 pings,
+# as many frames as its round's own work (BENCHMARKS.md, *Fewer round trips*: 32,768 nodes with 60 s: 24.3-25.3 s)
+KEEP_ALIVE = 5.0
 
 
 # --------------------------------------------------------------------------- rankrun: the host
@@ -110,7 +114,8 @@ async def _host(nodes: int, group: int = 0) -> None:
 # --------------------------------------------------------------------------- rankrun: simulated agents
 
 
-async def _agents(port: int, count: int, index: int, check: str | None = None, lead: int = 0) -> None:
+async def _agents(port: int, count: int, index: int, check: str | None = None, lead: int = 0, *,
+                  keep_alive: float = KEEP_ALIVE) -> None:
     """``lead`` > 0: the host routes (``--relay-group``); this process's first ``lead`` agents connect before its
     others, so that the agents the host asks to relay are spread over the processes as relays over nodes would be
     (one process holding every relay's agents would pass its open-files limit: no node holds another's relay)."""
@@ -173,7 +178,7 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
                 await leads.wait()
             try:
                 async with connecting:
-                    client = await _connect(port, relays=lead > 0)
+                    client = await _connect(port, relays=lead > 0, keep_alive=keep_alive)
                     agents.append(client)
                     if client.serve is not None:  # asked by the host to relay (--relay-group): here, as an agent's
                         relay = Relay(SECRET)
@@ -242,17 +247,21 @@ async def _agents(port: int, count: int, index: int, check: str | None = None, l
         await relay.close()
 
 
-async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False) -> object:
+async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False, keep_alive: float = KEEP_ALIVE) -> object:
     """Connect as an agent does (``session._connect``): a connection that fails or times out (a SYN dropped by a full
-    listen queue, a handshake slower than the liveness window on a loaded machine) is tried again with backoff."""
+    listen queue, a handshake slower than the liveness window on a loaded machine) is tried again with backoff; its
+    liveness that of a job with ``keep_alive_interval=keep_alive`` (and 3 attempts, the default)."""
     from rankrun.rendezvous.session import CONNECT_RETRY
     from rankrun.store.api import StoreUnavailable
     from rankrun.store.embedded.client import StoreClient
+    from rankrun.store.embedded.liveness import Liveness
+
+    liveness = Liveness.of_lease(keep_alive, 3)
 
     deadline, pause = time.monotonic() + ROUND_BOUND, CONNECT_RETRY[0]
     while True:
         try:
-            return await StoreClient.connect(host, port, SECRET, relays=relays)
+            return await StoreClient.connect(host, port, SECRET, liveness=liveness, relays=relays)
         except StoreUnavailable:  # also the host's "no relay is ready yet" (--relay-group)
             if time.monotonic() + pause > deadline:
                 raise
@@ -260,7 +269,7 @@ async def _connect(port: int, host: str = "127.0.0.1", *, relays: bool = False) 
         pause = min(pause * 2, CONNECT_RETRY[1])
 
 
-def _run_agents(port: int, count: int, index: int, check: str | None, lead: int) -> None:
+def _run_agents(port: int, count: int, index: int, check: str | None, lead: int, *, keep_alive: float) -> None:
     from rankrun.fdlimit import raise_soft_limit
 
     raise_soft_limit()  # its agents' connections and its relays' (``run_rankrun``), as a launcher raises its own
@@ -272,7 +281,7 @@ def _run_agents(port: int, count: int, index: int, check: str | None, lead: int)
         from rankrun.main import _use_pidfd_child_watcher
 
         _use_pidfd_child_watcher()
-    asyncio.run(_agents(port, count, index, check, lead))
+    asyncio.run(_agents(port, count, index, check, lead, keep_alive=keep_alive))
 
 
 def _cpu_self() -> float:
@@ -287,7 +296,8 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 0, group: int = 0) -> dict[str, object]:
+def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 0, group: int = 0, *,
+                keep_alive: float = KEEP_ALIVE) -> dict[str, object]:
     """One round of ``nodes`` simulated agents; ``check``: each runs it as its ``--health-check`` before joining;
     ``relays``: that many relay processes (``store.embedded.relay``) between the agents and the host, each agents
     process's agents through one of them (process i: relay i mod R). The result's ``cpu_s``: CPU seconds of the agents
@@ -307,6 +317,7 @@ def run_rankrun(nodes: int, procs: int, check: str | None = None, relays: int = 
     children: list[subprocess.Popen[str]] = []
     relaying: list[subprocess.Popen[str]] = []
     checking = ["--check", check] if check is not None else []
+    checking += ["--keep-alive", f"{keep_alive:g}"]
     if group:  # each agents process's first few connect first: they are the ones asked to relay
         from rankrun.store.embedded.routing import relays_for
 
@@ -719,6 +730,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--torch", action="store_true", help="torch's c10d DynamicRendezvousHandler instead of rankrun")
     parser.add_argument("--bound", type=float, default=60.0, help="seconds before torch's run counts as not completed")
     parser.add_argument("--backend", choices=("embedded", "etcd"), default="embedded", help="rankrun's store")
+    parser.add_argument("--keep-alive", type=float, default=KEEP_ALIVE,
+                        help="the simulated agents' keep_alive_interval (s): a connection idle this long is pinged, and given "
+                             "up after 3 (default: the job's default, 5)")
     parser.add_argument("--check", default=None,
                         help="embedded: each simulated agent runs this --health-check command before it joins")
     parser.add_argument("--failover", action="store_true", help="time an etcd leader failover instead (3 members)")
@@ -735,7 +749,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     roles: dict[str, Callable[[], object]] = {
         "host": lambda: asyncio.run(_host(args.nodes, args.relay_group)),
-        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check, args.lead),
+        "agents": lambda: _run_agents(args.port, args.count, args.index, args.check, args.lead,
+                                      keep_alive=args.keep_alive),
         "relay": lambda: asyncio.run(_relay(args.port)),
         "etcd-host": lambda: asyncio.run(_etcd_host(args.endpoints, args.nodes)),
         "etcd-agents": lambda: asyncio.run(_etcd_agents(args.endpoints, args.count, args.index)),
@@ -769,7 +784,8 @@ def main(argv: list[str]) -> int:
     elif args.backend == "etcd":
         result = run_etcd(args.nodes, args.procs)
     else:
-        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays, args.relay_group)
+        result = run_rankrun(args.nodes, max(args.procs, args.relays), args.check, args.relays, args.relay_group,
+                             keep_alive=args.keep_alive)
     if args.json:
         print(json.dumps(result))
     else:
