@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from counting import count_writes
 from rankrun.cli import spec_from_args
 from rankrun.errors import RendezvousClosed
 from rankrun.rendezvous.coordinator import Coordinator
@@ -321,15 +322,7 @@ def test_over_the_embedded_store_a_join_and_a_round_make_their_requests_together
         memory = MemoryStore()
         server = StoreServer(memory, b"s")
         client = await StoreClient.connect("127.0.0.1", await server.start("127.0.0.1", 0), b"s")
-        transport = client._protocol.transport
-        writes: list[bytes] = []
-        write = transport.write
-
-        def counted(data: bytes) -> None:
-            writes.append(bytes(data))
-            write(data)
-
-        transport.write = counted
+        writes = count_writes(client)
         coordinator = Coordinator(memory, KEYS, Settings(1, 1, last_call_timeout=600.0, max_restarts=0),
                                   master=lambda: ("127.0.0.1", 29500), before_round=_nothing, why_gone=memory.why_deleted)
         task = None
@@ -344,7 +337,6 @@ def test_over_the_embedded_store_a_join_and_a_round_make_their_requests_together
             assert isinstance(await waiting, Assignment)
             assert len(writes) == 3 and [w.count(b'"op":') for w in writes] == [2, 2, 2]
         finally:
-            transport.write = write
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
