@@ -34,6 +34,17 @@ def test_dynamic_two_nodes_all_reduce(launch, tmp_path):
     assert sum("sum 10" in line for r in runs for line in r.out) == 4
 
 
+def test_nodes_whose_local_addr_is_not_the_endpoints_all_reduce(launch, tmp_path):
+    # the endpoint on one address, each node's --local-addr another (the workers' MASTER_ADDR is the host's): this
+    # hung in torch's 30-minute store retry when nothing listened there
+    endpoint = fresh_loopback()
+    runs = [launch("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id", "la",
+                   "--local-addr", fresh_loopback(), "--nproc-per-node", "1", payload("gloo_job.py"), env=_env(tmp_path))
+            for _ in range(2)]
+    assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+    assert sum("sum 3" in line for r in runs for line in r.out) == 2
+
+
 def test_a_node_killed_while_its_peers_sit_in_all_reduce_is_noticed_and_they_reform(launch, tmp_path):
     addr = fresh_loopback()
     finish = tmp_path / "finish"

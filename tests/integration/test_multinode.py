@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -222,3 +224,43 @@ def test_is_host_decides_who_hosts(launch, tmp_path):
     elsewhere = launch(*_dynamic("192.0.2.1", "2", "--rdzv-conf", "is_host=1,join_timeout=1", nproc=1), env=dict(env))
     assert elsewhere.finish() == 3  # told to host an address that is not this machine's: a clear error, no hang
     assert elsewhere.err[-1].startswith("rankrun: error: cannot listen on 192.0.2.1:29400:")
+
+
+def _reached(run) -> set[str]:
+    """The store addresses this launcher's workers reached (``payloads/store_reach.py``'s STORE OK lines)."""
+    return {m.group(1) for line in run.out if (m := re.search(r"STORE OK (\S+)", line))}
+
+
+def test_a_host_whose_local_addr_is_not_the_endpoints_serves_its_workers_store_there(launch, tmp_path):
+    # A management network for the endpoint, a fast one named by --local-addr: the workers are told the host's
+    # --local-addr (as under torchrun) and must find their store there, not retry a closed port for 30 minutes.
+    endpoint, first, second = fresh_loopback(), fresh_loopback(), fresh_loopback()
+    args = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id", "la",
+            "--nproc-per-node", "1", "--rdzv-conf", "join_timeout=60"]
+    runs = [launch(*args, "--local-addr", local, payload("store_reach.py"), env=_env(tmp_path)) for local in (first, second)]
+    assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+    reached = _reached(runs[0]) | _reached(runs[1])
+    assert len(reached) == 1, reached
+    assert reached <= {f"{first}:29400", f"{second}:29400"}, reached  # the host's --local-addr, the endpoint's port
+
+
+def test_a_local_addr_the_store_cannot_listen_on_falls_back_to_the_endpoint_in_one_line(launch, tmp_path):
+    endpoint, local = fresh_loopback(), fresh_loopback()
+    with socket.create_server((local, 29400)):  # the endpoint's port is taken on --local-addr's address
+        run = launch("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id", "la",
+                     "--rdzv-conf", "last_call_timeout=0.1", "--nproc-per-node", "1", "--local-addr", local,
+                     payload("store_reach.py"), env=_env(tmp_path))
+        assert run.finish() == 0, run.err
+    assert _reached(run) == {f"{endpoint}:29400"}
+    err = "\n".join(run.err)
+    assert f"cannot listen on --local-addr {local} as well" in err
+    assert f"the workers reach it at the endpoint's address, {endpoint}:29400" in err
+
+
+def test_static_workers_reach_the_master_addr_whatever_the_nodes_local_addr(launch, tmp_path):
+    master = fresh_loopback()
+    runs = [launch("--nnodes", "2", "--node-rank", str(rank), "--master-addr", master, "--master-port", "29500",
+                   "--nproc-per-node", "1", "--local-addr", fresh_loopback(), payload("store_reach.py"), env=_env(tmp_path))
+            for rank in (0, 1)]
+    assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
+    assert _reached(runs[0]) | _reached(runs[1]) == {f"{master}:29500"}  # --master-addr, as under torchrun

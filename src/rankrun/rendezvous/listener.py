@@ -6,8 +6,10 @@ Neither server speaks first, so the listener waits for the first bytes, then han
 (and those bytes) to the right server. This is how
 ``MASTER_PORT`` can be the ``--master-port`` (static) or the endpoint's port (dynamic) for the
 workers of every node, as under torchrun, while agents meet on the same port. The TCPStore side
-cannot be authenticated (torch's protocol has no place for it): the port is bound to one
-address only, never all interfaces. Anything else is closed.
+cannot be authenticated (torch's protocol has no place for it): the port is bound to named
+addresses only, never all interfaces: the endpoint's, and (``also``) the host's ``--local-addr``
+where that differs, since the workers are told to reach their store there, as under torchrun.
+Anything else is closed.
 """
 
 from __future__ import annotations
@@ -54,20 +56,28 @@ class SharedListener:
         self.rendezvous = rendezvous
         self.worker_store = worker_store
         self.relays: RelayHost | None = None  # other nodes' store relays (--store-relays), for worker_store
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self.address = ""
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` once (``StoreError`` with the OS's reason, and ``errno`` on ``__cause__``)."""
         # polled: every rank of a multi-node job reaches the workers' store through this port; its connections are
         # then Polled transports (``rankrun.listen``), the store's own accept path, whichever server adopts them
-        self._server, bound = await listen(host, port, lambda: _Sniffer(self), polled=True)
-        self.address = str(self._server.sockets[0].getsockname()[0])
+        server, bound = await listen(host, port, lambda: _Sniffer(self), polled=True)
+        self._servers.append(server)
+        self.address = str(server.sockets[0].getsockname()[0])
         return bound
 
+    async def also(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` as well, for the same servers (``StoreError`` as ``start``): the host's
+        ``--local-addr``, when it is not the endpoint's address, is where its workers are told to find their store."""
+        server, _ = await listen(host, port, lambda: _Sniffer(self), polled=True)
+        self._servers.append(server)
+
     async def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
+        servers, self._servers = self._servers, []
+        for server in servers:
             server.close()
+        for server in servers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 5.0)

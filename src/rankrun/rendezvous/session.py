@@ -147,7 +147,8 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
     if hosted is not None:
         listener, memory, bound = hosted
         addr = spec.local_addr or listener.address
-        coordinator = Coordinator(memory, keys, settings(spec), master=lambda: (addr, bound),
+        master = await _workers_address(spec, listener, bound, say)
+        coordinator = Coordinator(memory, keys, settings(spec), master=lambda: (master, bound),
                                   before_round=worker_store.reset, why_gone=memory.why_deleted, say=say)
         member = await Member.join(memory, keys, node_info(spec, addr, is_host=True), ttl(spec))
         return Session(member, listener.address, memory, lost_why, coordinator)
@@ -162,6 +163,26 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
         await _relay(spec, (host, port), addr, client.serve, say, stack)
     member = await Member.join(client, keys, node_info(spec, addr, is_host=False), ttl(spec))
     return Session(member, client.local_address or host, client, lost_why)
+
+
+async def _workers_address(spec: LaunchSpec, listener: SharedListener, port: int, say: Say) -> str:
+    """The address the workers are told (MASTER_ADDR) for the store this host serves on the endpoint's port.
+
+    Static: ``--master-addr``, as under torchrun. Dynamic: this host's ``--local-addr``, as under torchrun (group rank
+    0's address), listened on too when it is not the endpoint's own (a management network for the endpoint, a fast
+    one named by ``--local-addr``); where it cannot be, the endpoint's address, said in one line. Telling the workers
+    an address nothing listens on left torch retrying its connection for 30 minutes in silence.
+    """
+    wanted = spec.local_addr
+    if isinstance(spec.rendezvous, StaticRendezvous) or not wanted or wanted == listener.address:
+        return listener.address
+    try:
+        await listener.also(wanted, port)
+    except StoreError as exc:
+        say(f"rendezvous: the workers' store cannot listen on --local-addr {wanted} as well ({exc}); the workers reach "
+            f"it at the endpoint's address, {listener.address}:{port} (MASTER_ADDR, MASTER_PORT)")
+        return listener.address
+    return wanted
 
 
 async def _relay(  # noqa: PLR0917
