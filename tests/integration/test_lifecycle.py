@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import RANKRUN, alive, clean_environ, payload, run_cli, wait_empty, wait_gone
+from rankrun.timeline.layout import failure_words
+from rankrun.timeline.read import read_file
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -127,6 +130,32 @@ def test_worker_killed_by_signal_is_named_in_report(launch):
     report = "\n".join(run.err)
     assert "exit       : signal 11 (SIGSEGV)" in report
     assert "Signal 11 (SIGSEGV) received by PID" in report
+
+
+def test_a_traceback_then_a_death_by_signal_names_both(tmp_path):
+    # torch's worker that raises after init_process_group often dies by SIGABRT in its teardown: its traceback is the
+    # failure, the signal how it ended; a traceback it handled long before (ConnectionError) is never blamed
+    events = tmp_path / "events.jsonl"
+    res = run_cli("--nproc-per-node", "1", "--max-restarts", "2", "--events", str(events), payload("abort_after_raise.py"))
+    assert res.returncode == 1, res.stderr
+    restarts = [line for line in res.stderr.splitlines() if "restarting workers" in line]
+    assert len(restarts) == 2, res.stderr
+    assert re.search(r"attempt 0 failed: rank 0 \(pid \d+\) was killed by signal 6 \(SIGABRT\): ValueError: bad lr in "
+                     r"attempt 0; restarting", restarts[0])
+    assert re.search(r"attempt 1 failed: rank 0 \(pid \d+\) was killed by signal 6 \(SIGABRT\); restarting", restarts[1])
+    failures = [json.loads(line) for line in events.read_text().splitlines() if '"failure"' in line]
+    assert [(f["attempt"], f["signal"], f["exit_code"], f["exception"]) for f in failures] == [
+        (0, "SIGABRT", None, "ValueError: bad lr in attempt 0"), (1, "SIGABRT", None, None),
+        (2, "SIGABRT", None, "ValueError: bad lr in attempt 2")]
+    report = res.stderr[res.stderr.index("=" * 72):]
+    assert "exit       : signal 6 (SIGABRT)" in report
+    assert re.search(r"Signal 6 \(SIGABRT\) received by PID \d+ after ValueError: bad lr in attempt 2; its last stderr "
+                     r"lines:\n +Traceback \(most recent call last\):\n", report)
+    assert report.index("ValueError: bad lr in attempt 2\n") < report.index("terminate called without an active exception")
+    assert "ConnectionError" not in report
+    words = [failure_words(e) for e in read_file(str(events)) if e.name == "failure"]
+    assert words == ["rank 0 killed by SIGABRT: ValueError: bad lr in attempt 0", "rank 0 killed by SIGABRT",
+                     "rank 0 killed by SIGABRT: ValueError: bad lr in attempt 2"]
 
 
 def test_success_requires_every_worker_to_exit_zero(tmp_path):

@@ -45,12 +45,17 @@ def test_the_exception_is_the_error_files_first_line_else_the_tracebacks_last():
     recorded = WorkerError("KeyError: 'lr'\nmore of it", "Traceback ...", 0)
     assert exception_of(result(1, RAISED, recorded)) == "KeyError: 'lr'"
     assert exception_of(result(3, "exit 3 with no traceback\n")) is None
-    assert exception_of(result(-9, RAISED)) is None  # killed: whatever it printed before is not why
+    # raised, then killed in its teardown (torch's SIGABRT): the traceback is why
+    assert exception_of(result(-6, RAISED + "terminate called without an active exception\n")) == "ValueError: bad batch 17"
+    # a traceback it went on from is not why it was killed, nor why it exited
+    assert exception_of(result(-9, RAISED + "".join(f"step {i}\n" for i in range(6)))) is None
+    assert exception_of(result(1, RAISED + "".join(f"step {i}\n" for i in range(6)))) is None
 
 
 def test_a_failure_by_signal_names_it_and_has_no_exit_code():
     assert failure(result(-9), 2, "10.0.0.5") == Failure(2, 5, "10.0.0.5", None, "SIGKILL", None)
     assert failure(result(1, RAISED), 0, "h") == Failure(0, 5, "h", 1, None, "ValueError: bad batch 17")
+    assert failure(result(-6, RAISED), 0, "h") == Failure(0, 5, "h", None, "SIGABRT", "ValueError: bad batch 17")
 
 
 def test_a_failure_travels_to_the_other_nodes_and_back_with_their_attempt():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from conftest import GOLDEN_DIR
 from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, prefix_lines, render, render_prefix, split_complete
 from rankrun.policy import Action, Failed, Signalled, Succeeded, decide
-from rankrun.report.cause import explain
+from rankrun.report.cause import ending_exception, explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
 from rankrun.report.failure import Ending, WorkerResult, one_line, render_report, root_cause, root_cause_json
 
@@ -82,6 +82,8 @@ TB_HANDLED = 'Traceback (most recent call last):\n  File "t.py", line 2, in <mod
          ' 20%Traceback (most recent call last):\n  File "t.py", line 1\nOSError: x'),
         # the uncaught traceback, then a final line (sys.exit message, shutdown noise) is kept with it
         (f"{TB_REAL}\nwandb: synced\n", f"{TB_REAL}\nwandb: synced"),
+        # five lines after it still end with it (torch's teardown warnings, terminate ...): quoted with it
+        (f"{TB_REAL}\n" + "noise\n" * 5, TB_REAL + "\nnoise" * 5),
         # "Exception ignored in" without a traceback
         ("Exception ignored in: <_io.TextIOWrapper>\nBrokenPipeError: [Errno 32] Broken pipe\nbye\n", "bye"),
     ],
@@ -92,14 +94,33 @@ def test_explain_picks_the_traceback_that_ended_the_process(tail, expected):
 
 def test_explain_for_a_death_by_signal_quotes_the_last_lines():
     tail = "step 1\nterminate called after throwing an instance of 'std::runtime_error'\n  what():  boom\n"
-    assert explain(tail, by_signal=True) == "step 1\nterminate called after throwing an instance of 'std::runtime_error'\n  what():  boom"
+    assert explain(tail) == "step 1\nterminate called after throwing an instance of 'std::runtime_error'\n  what():  boom"
+
+
+TERMINATE = "terminate called without an active exception"
+
+
+@pytest.mark.parametrize(("tail", "raised"), [
+    (f"{TB_REAL}\n{TERMINATE}\n", "ValueError: REAL CAUSE"),  # torch's teardown after the raise
+    (f"{TB_REAL}\n{TB_ATEXIT}\n" + "noise\n" * 5, "ValueError: REAL CAUSE"),  # five lines after: still it; ignored ones skipped
+    (f"{TB_HANDLED}\n" + "step\n" * 6, None),  # the program went on from it: six lines, not the end's
+    (f"{TB_HANDLED}\n" + "step\n" * 20 + f"{TB_REAL}\n", "ValueError: REAL CAUSE"),  # the last one, not the handled one
+    (f"[rank1]: {TB_REAL.replace(chr(10), chr(10) + '[rank1]: ')}\n\n\n", "[rank1]: ValueError: REAL CAUSE"),
+    ("step 1\nSegmentation fault\n", None),
+    ("", None),
+])
+def test_the_exception_that_ended_a_process_is_its_last_tracebacks_if_little_followed(tail, raised):
+    assert ending_exception(tail) == raised
 
 
 def test_report_golden_atexit_and_handled(utc):
     atexit = _result(1, Ending.FAILED, 1, 1796002631.25, tail=f"{TB_HANDLED}\n" + "x\n" * 8 + f"{TB_REAL}\n{TB_ATEXIT}\n")
     aborted = _result(0, Ending.FAILED, -6, 1796002631.5, tail="terminate called after throwing an instance of 'c10::Error'\n"
                       "  what():  CUDA error\n")
-    text = render_report("train.py", "host1", 0, [aborted, atexit]) + render_report("train.py", "host1", 0, [aborted])
+    raised = _result(0, Ending.FAILED, -6, 1796002631.5, tail=f"{TB_HANDLED}\n" + "x\n" * 8 + f"{TB_REAL}\n"
+                     "terminate called without an active exception\n")
+    text = render_report("train.py", "host1", 0, [aborted, atexit]) + render_report("train.py", "host1", 0, [aborted]) \
+        + render_report("train.py", "host1", 0, [raised])
     assert text == (GOLDEN / "report_atexit_abort.txt").read_text()
 
 
@@ -167,6 +188,16 @@ def utc(monkeypatch):
      "rank 1 (pid 101) exited 2: t.py: error: unrecognized arguments: --lr"),
     (3, None, "", "rank 1 (pid 101) exited 3"),
     (-9, None, "loading\n", "rank 1 (pid 101) was killed by signal 9 (SIGKILL)"),
+    # raised, then died in its teardown: both
+    (-6, None, "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\nValueError: bad lr\n"
+     "terminate called without an active exception\n", "rank 1 (pid 101) was killed by signal 6 (SIGABRT): ValueError: bad lr"),
+    (-6, WorkerError("ValueError: bad lr", "Traceback ...", 0), "", "rank 1 (pid 101) was killed by signal 6 (SIGABRT): ValueError: bad lr"),
+    # a traceback it went on from is not why it was killed
+    (-9, None, TB_HANDLED + "\n" + "step\n" * 6, "rank 1 (pid 101) was killed by signal 9 (SIGKILL)"),
+    # shutdown noise after the traceback: the exception names it, not the noise
+    (1, None, f"{TB_REAL}\nwandb: synced\n", "rank 1 (pid 101) exited 1: ValueError: REAL CAUSE"),
+    # a traceback it went on from, then sys.exit("message"): the message
+    (1, None, TB_HANDLED + "\n" + "step\n" * 6 + "fatal: giving up\n", "rank 1 (pid 101) exited 1: fatal: giving up"),
 ])
 def test_one_line_names_the_root_cause_with_its_exception(status, error, tail, expected):
     assert one_line(_result(1, Ending.FAILED, status, 0.0, error, tail)) == expected

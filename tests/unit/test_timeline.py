@@ -111,6 +111,7 @@ def test_the_failure_restart_exclusion_and_stall_are_marks_with_their_words():
 
 @pytest.mark.parametrize(("keys", "words"), [
     ({"exception": None, "signal": "SIGKILL", "exit_code": -9}, "rank 1 killed by SIGKILL"),
+    ({"exception": "ValueError: bad lr", "signal": "SIGABRT", "exit_code": None}, "rank 1 killed by SIGABRT: ValueError: bad lr"),
     ({"exception": None, "signal": None, "exit_code": 3}, "rank 1 exited with 3"),
     ({"exception": None, "signal": None, "exit_code": None, "rank": None}, "a worker failed"),
     ({"exception": "RuntimeError: " + "x" * 80}, "rank 1 failed: RuntimeError: " + "x" * 26 + "…"),

@@ -11,8 +11,7 @@ from rankrun import told
 from rankrun.errors import ending
 from rankrun.events.records import Failure, JobOutcome, JobStart, WorkersOutcome
 from rankrun.proc.group import GroupOutcome
-from rankrun.report.cause import blocks
-from rankrun.report.failure import WorkerResult, signal_name
+from rankrun.report.failure import WorkerResult, failure_cause, signal_name
 from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous
 
 
@@ -39,16 +38,10 @@ def workers_outcome(outcome: GroupOutcome) -> WorkersOutcome:
 
 
 def exception_of(result: WorkerResult) -> str | None:
-    """``Type: message`` of the exception that ended a worker: its error file's first line, else the exception line
-    of the last traceback in its output; None for a death by signal, or when neither says."""
-    if result.status < 0:
-        return None
-    if result.error is not None and result.error.message.strip():
-        return result.error.message.strip().split("\n")[0]
-    tracebacks = [b for b in blocks(result.stderr_tail) if b.kind == "traceback"]
-    if not tracebacks:
-        return None
-    return next((line.strip() for line in reversed(tracebacks[-1].lines) if line.strip()), None)
+    """``Type: message`` of the exception that ended a worker, whatever ended it (a death by signal after a traceback
+    names both): its error file's first line, else the exception line of the traceback that ended its output; None
+    when neither says (``rankrun.report.failure.failure_cause``)."""
+    return failure_cause(result)
 
 
 def failure(result: WorkerResult, attempt: int, host: str) -> Failure:

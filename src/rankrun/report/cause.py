@@ -13,7 +13,15 @@ the real error), and plain lines. Then:
   that traceback's exception (in case it was the real one, followed by much exit noise);
 - a thread's traceback keeps its "Exception in thread …" line, so it does not read as the
   main thread's;
-- a death by signal quotes the last lines (e.g. C++'s ``terminate called after …``).
+- the same holds whatever ended the process, an exit code or a signal: torch's worker that
+  raises after ``init_process_group`` often dies by SIGABRT in its teardown (``terminate called
+  without an active exception`` follows the traceback), and that traceback still names the
+  failure; a death by signal with no traceback just before it (an OOM kill, C++'s ``terminate
+  called after …``) quotes the last lines.
+
+"Just before" is counted in lines, not seconds (the tail has no times): a traceback the program
+printed and went on from is followed by what it printed next, so it is not blamed for a later
+end unless the program went silent after it.
 
 Prefixes that torch's excepthook puts on every line (``[rank1]: ``) are kept.
 """
@@ -90,20 +98,39 @@ def _body(line: str, prefix: str) -> str:
     return line[len(prefix) :] if prefix and line.startswith(prefix) else line
 
 
-def explain(text: str, *, by_signal: bool = False) -> str:
+def explain(text: str) -> str:
     """The lines of ``text`` (a worker's last output) that say why it failed; ``""`` if it wrote nothing."""
     kept = [b for b in blocks(text) if b.kind != "ignored"]
     lines = [line for b in kept for line in b.lines]
-    last_tb = max((i for i, b in enumerate(kept) if b.kind == "traceback"), default=None)
-    if by_signal or last_tb is None:
+    last_tb, after = _last_traceback(kept)
+    if last_tb is None:
         return _clip(_last_lines(lines, LAST))
-    after = [line for b in kept[last_tb + 1 :] for line in b.lines]
     went_on = [line for line in after if line.strip()]
     if len(went_on) > AFTER:  # the program went on after it (a handled traceback), or a lot followed it
-        raised = next((line.strip() for line in reversed(kept[last_tb].lines) if line.strip()), "")
-        note = f"(the last traceback, {len(went_on)} lines before the end, was: {raised})"
+        note = f"(the last traceback, {len(went_on)} lines before the end, was: {_raised(kept[last_tb])})"
         return _clip([note, *_last_lines(lines, LAST)])
     return _clip([*kept[last_tb].lines, *after])
+
+
+def ending_exception(text: str) -> str | None:
+    """``Type: message`` of the traceback that ended the process whose last output is ``text`` (its last traceback,
+    when at most ``AFTER`` lines follow it), else None: no traceback, or only one the program went on from."""
+    kept = [b for b in blocks(text) if b.kind != "ignored"]
+    last_tb, after = _last_traceback(kept)
+    if last_tb is None or sum(1 for line in after if line.strip()) > AFTER:
+        return None
+    return _raised(kept[last_tb]) or None
+
+
+def _last_traceback(kept: list[Block]) -> tuple[int | None, list[str]]:
+    """The index of the last traceback among ``kept``, and the lines after it."""
+    last_tb = max((i for i, b in enumerate(kept) if b.kind == "traceback"), default=None)
+    return last_tb, [] if last_tb is None else [line for b in kept[last_tb + 1 :] for line in b.lines]
+
+
+def _raised(block: Block) -> str:
+    """A traceback's exception line (its last non-blank line)."""
+    return next((line.strip() for line in reversed(block.lines) if line.strip()), "")
 
 
 def _last_lines(lines: list[str], count: int) -> list[str]:

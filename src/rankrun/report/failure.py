@@ -8,7 +8,8 @@ shows it first, then this node's own. Workers that
 ended because rankrun stopped them are listed as stopped, never as failures. The
 exception shown comes from the worker's error file when it used ``@record``, otherwise from
 its last output (``rankrun.report.cause``: the traceback that ended it, never one Python
-marked as ignored), so no change to user code is needed.
+marked as ignored, whatever ended the process: an exit code, or a signal in its teardown), so
+no change to user code is needed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 
 from rankrun.record import record
-from rankrun.report.cause import explain
+from rankrun.report.cause import ending_exception, explain
 from rankrun.report.errorfile import WorkerError, error_json
 
 WIDTH = 72
@@ -67,26 +68,36 @@ def exception_text(result: WorkerResult) -> tuple[str, str]:
     """(where it came from, the text) for the root cause's exception."""
     if result.error is not None and (result.error.traceback or result.error.message):
         return ("error file", result.error.traceback.rstrip("\n") or result.error.message)
-    quoted = explain(result.stderr_tail, by_signal=result.status < 0)
+    quoted = explain(result.stderr_tail)
     if result.status < 0:
         line = f"Signal {-result.status} ({signal_name(-result.status)}) received by PID {result.pid}"
+        if (raised := ending_exception(result.stderr_tail)) is not None:  # it raised, then died in its teardown
+            line += f" after {raised}"
         return ("signal", f"{line}; its last {result.tail_label} lines:\n{quoted}" if quoted else line)
     return (result.tail_label, quoted or f"<the worker wrote nothing to {result.tail_label}>")
+
+
+def failure_cause(result: WorkerResult) -> str | None:
+    """``Type: message`` of the exception that ended a worker, whatever ended it (an exit code or a signal): its error
+    file's first line, else the exception line of the traceback that ended its output (``ending_exception``)."""
+    if result.error is not None and result.error.message.strip():
+        return result.error.message.strip().split("\n")[0]  # "ValueError: ..." starts it; more lines may follow
+    return ending_exception(result.stderr_tail)
 
 
 def one_line(result: WorkerResult) -> str:
     """How a failed worker ended, in one line: ``rank 1 (pid 4242) exited 1: ValueError: bad lr`` (pure).
 
-    The exception is the first line of the error file's message, else the last line of what the worker's tail
-    explains (``rankrun.report.cause``: the traceback's own exception line, or the last thing it wrote); a death
-    by signal names the signal.
+    The exception is ``failure_cause``'s; an exit without one names the last line of what the worker's tail explains
+    (``rankrun.report.cause``: e.g. ``sys.exit("message")``'s). A death by signal names the signal, and the exception
+    when a traceback ended its output: ``rank 1 (pid 4242) was killed by signal 6 (SIGABRT): ValueError: bad lr``.
     """
     who = f"rank {result.rank} (pid {result.pid})"
+    cause = failure_cause(result)
     if result.status < 0:
-        return f"{who} was killed by {describe_status(result.status)}"
-    if result.error is not None and result.error.message.strip():
-        cause = result.error.message.strip().split("\n")[0]  # "ValueError: ..." starts it; more lines may follow
-    else:
+        how = f"{who} was killed by {describe_status(result.status)}"
+        return f"{how}: {cause}" if cause else how
+    if cause is None:
         quoted = explain(result.stderr_tail)
         cause = next((line.strip() for line in reversed(quoted.split("\n")) if line.strip()), "")
     return f"{who} exited {result.status}: {cause}" if cause else f"{who} exited {result.status}"

@@ -70,13 +70,15 @@ def _clip(text: str) -> str:
 
 
 def failure_words(e: Event) -> str:
-    """``rank 1 failed: ValueError: bad lr`` (or its exit code, or its signal)."""
+    """``rank 1 failed: ValueError: bad lr`` (or its exit code, or its signal: ``rank 1 killed by SIGABRT`` and, when it
+    raised before, ``rank 1 killed by SIGABRT: ValueError: bad lr``)."""
     rank = e.integer("rank")
     who = f"rank {rank}" if rank is not None else "a worker"
-    if (exc := e.text("exception")) is not None:
+    exc, sig = e.text("exception"), e.text("signal")
+    if sig is not None:
+        return f"{who} killed by {sig}: {exc}" if exc is not None else f"{who} killed by {sig}"
+    if exc is not None:
         return f"{who} failed: {exc}"
-    if (sig := e.text("signal")) is not None:
-        return f"{who} killed by {sig}"
     if (code := e.integer("exit_code")) is not None:
         return f"{who} exited with {code}"
     return f"{who} failed"
