@@ -63,11 +63,12 @@ class EntrySpec:
 
     @property
     def title(self) -> str:
-        """The name used in failure reports, as torchrun titles them; a ``rankrun.launch(fn)`` job's, after ``fn``
-        (the API passes its name as the worker module's third argument)."""
+        """The name used in failure reports, as torchrun titles them, but the script's for ``--run-path`` too (torchrun
+        says ``run_script_path``, its shim's name); a ``rankrun.launch(fn)`` job's, after ``fn`` (the API passes its
+        name as the worker module's third argument)."""
         if self.kind is EntryKind.MODULE and self.script == API_WORKER and len(self.args) > 2:
             return f"rankrun.launch({self.args[2]})"
-        return "run_script_path" if self.kind is EntryKind.RUN_PATH else self.script
+        return self.script
 
     @property
     def api_results(self) -> Path | None:

@@ -103,7 +103,7 @@ def test_run_path_failure_is_recorded(tmp_path, reaper):
     env = clean_environ() | {"TEST_PID_DIR": str(reaper.watch_dir(tmp_path / "pids"))}
     res = run_cli("--run-path", "--nproc-per-node", "2", payload("raiser.py"), env=env, cwd=tmp_path)
     assert res.returncode == 1
-    assert "rankrun: run_script_path FAILED" in res.stderr
+    assert f"rankrun: {payload('raiser.py')} FAILED" in res.stderr  # the script's name, not the shim's (torchrun: run_script_path)
     assert "(from error file)" in res.stderr
     assert "ValueError: boom from rank 1" in res.stderr
     assert "in helper" in res.stderr  # the real traceback, not just the message

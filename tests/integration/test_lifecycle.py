@@ -189,6 +189,33 @@ def test_launcher_error_file_gets_root_cause(tmp_path):
     assert "KeyError: 'missing-thing'" in data["message"]["extraInfo"]["py_callstack"]
 
 
+def test_a_run_path_failure_is_the_scripts_as_in_a_plain_run(tmp_path):
+    # --run-path runs the script inside rankrun's shim (runpy): the report, the error file and the console still show
+    # the script's failure as `python script.py` does, from the script's own frame, with the script's name
+    script = tmp_path / "bad.py"
+    script.write_text("import os\n\n\ndef helper():\n    raise KeyError('missing-thing')\n\n\n"
+                      "if os.environ['RANK'] == '1':\n    helper()\n")
+    logs = tmp_path / "logs"
+    shimmed = run_cli("--run-path", "--nproc-per-node", "2", "--log-dir", str(logs), str(script), cwd=tmp_path)
+    plain = run_cli("--nproc-per-node", "2", str(script), cwd=tmp_path)
+    assert (shimmed.returncode, plain.returncode) == (1, 1), shimmed.stderr
+    assert f"rankrun: {script} FAILED (attempt 0)" in shimmed.stderr
+    assert "runpy" not in shimmed.stderr and "run_path.py" not in shimmed.stderr, shimmed.stderr
+
+    def quoted(stderr: str, source: str) -> str:  # the report's exception, as quoted
+        return stderr.split(f"exception  : (from {source})\n")[1].split("\n---", maxsplit=1)[0]
+
+    def console(stderr: str) -> list[str]:  # rank 1's lines on the console
+        return [line for line in stderr.splitlines() if line.startswith("[default1]:")]
+
+    assert quoted(shimmed.stderr, "error file") == quoted(plain.stderr, "stderr")
+    assert quoted(plain.stderr, "stderr").startswith(f'    Traceback (most recent call last):\n      File "{script}", line 9')
+    assert console(shimmed.stderr) == console(plain.stderr) != []
+    recorded = json.loads(next(logs.glob("*/attempt_0/1/error.json")).read_text())["message"]
+    assert recorded["message"] == "KeyError: 'missing-thing'"
+    assert recorded["extraInfo"]["py_callstack"] == "\n".join(line[4:] for line in quoted(plain.stderr, "stderr").split("\n")) + "\n"
+
+
 def test_single_node_c10d_holds_endpoint_and_uses_rdzv_id(tmp_path):
     import socket  # noqa: PLC0415
 

@@ -12,18 +12,16 @@ from rankrun.errors import ending
 from rankrun.events.records import Failure, JobOutcome, JobStart, WorkersOutcome
 from rankrun.proc.group import GroupOutcome
 from rankrun.report.failure import WorkerResult, failure_cause, signal_name
-from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous
+from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous
 
 
 def job_start(spec: LaunchSpec) -> JobStart:
     """The options that shape the job."""
     rdzv = spec.rendezvous
     nnodes = str(rdzv.min_nodes) if rdzv.min_nodes == rdzv.max_nodes else f"{rdzv.min_nodes}:{rdzv.max_nodes}"
-    entry = spec.worker.entry
     backend = rdzv.backend if isinstance(rdzv, DynamicRendezvous) else \
         "static" if isinstance(rdzv, StaticRendezvous) else "standalone"
-    return JobStart(spec.worker.nproc, nnodes, spec.restart.max_restarts, backend,
-                    entry.title if entry.kind is not EntryKind.RUN_PATH else entry.script)
+    return JobStart(spec.worker.nproc, nnodes, spec.restart.max_restarts, backend, spec.worker.entry.title)
 
 
 def workers_outcome(outcome: GroupOutcome) -> WorkersOutcome:
