@@ -202,6 +202,38 @@ def test_ctrl_c_in_the_caller_stops_every_worker_within_a_second_and_launch_work
     assert gone.endswith(": True") and float(re.search(r"after ([\d.]+) s", gone).group(1)) < 1.0, gone  # type: ignore[union-attr]
     driver.wait_for(r"^again 100$", timeout=60)
     assert driver.finish() == 0
+    # whatever the workers printed of their KeyboardInterrupt before the SIGKILL starts at the user's function
+    assert not [line for line in driver.err if "runpy" in line or "rankrun/api/worker.py" in line], driver.err
+
+
+MAKER = """
+import pickle, sys, time
+from rankrun.api.ship import dumps
+
+def wait_for_ctrl_c():
+    print("READY", flush=True)
+    time.sleep(120)
+
+with open(sys.argv[1], "wb") as fh:
+    fh.write(pickle.dumps((list(sys.path), dumps((wait_for_ctrl_c, ())))))
+"""
+
+
+def test_a_workers_ctrl_c_traceback_starts_at_the_users_function_and_it_ends_as_python_does(reaper, tmp_path):
+    # one rank of rankrun.launch (python -m rankrun.api.worker) interrupted in the user's function: what it prints is
+    # Python's KeyboardInterrupt traceback from that function on (no runpy, no rankrun frames), then it dies by SIGINT
+    maker, job, results = tmp_path / "maker.py", tmp_path / "payload", tmp_path / "results"
+    maker.write_text(MAKER)
+    results.mkdir()
+    subprocess.run([sys.executable, str(maker), str(job)], env=clean_environ(), timeout=60, check=True)
+    worker = Launcher([sys.executable, "-m", "rankrun.api.worker", str(job), str(results), "wait_for_ctrl_c"],
+                      clean_environ() | {"RANK": "0"}, tmp_path, reaper)
+    worker.wait_for(r"^READY$", timeout=60)
+    worker.proc.send_signal(signal.SIGINT)
+    assert worker.finish(timeout=60) == -signal.SIGINT
+    assert worker.err == ["Traceback (most recent call last):", f'  File "{maker}", line 7, in wait_for_ctrl_c',
+                          "    time.sleep(120)", "KeyboardInterrupt"]
+    assert (results / "0.error").exists()
 
 
 def test_importing_the_legacy_launcher_module_keeps_rankrun_launch_callable(capsys):

@@ -13,7 +13,8 @@ from types import TracebackType
 import pytest
 
 from rankrun.api.launch import _relay, command_line
-from rankrun.api.worker import from_user_code, type_name
+from rankrun.api.worker import type_name
+from rankrun.report.frames import from_user_code
 
 
 class Outer:
@@ -62,7 +63,7 @@ def test_a_traceback_that_is_rankruns_own_from_top_to_bottom_stays_whole():
 
 RUN_PATH = """
 import runpy, sys, traceback
-from rankrun.api.worker import from_user_code
+from rankrun.report.frames import from_user_code
 try:
     runpy.run_path(sys.argv[1])
 except ValueError as exc:
