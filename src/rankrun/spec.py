@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from enum import Enum
 from pathlib import Path
@@ -24,6 +24,17 @@ ETCD_DEFAULT_PORT = 2379
 DEFAULT_ETCD_PREFIX = "/rankrun"
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 API_WORKER = "rankrun.api.worker"  # the module each worker of rankrun.launch(fn) runs
+API_DIR = "RANKRUN_API_DIR"  # in the launcher's environment: rankrun.launch's caller's private directory
+API_DIR_PREFIX = "rankrun-launch-"  # that directory's name starts so (tempfile's prefix)
+
+
+def api_dir(env: Mapping[str, str]) -> str | None:
+    """The private directory (payload, results, report) of the ``rankrun.launch`` caller that started this launcher,
+    for the launcher's watchdog to remove if the launcher dies without cleaning up: it dies with its caller, and a
+    caller ended by a signal (SIGTERM) runs no clean-up of its own. None when there is none, or when the value does not
+    name a directory the API made (``API_DIR_PREFIX``): never anyone else's (pure)."""
+    path = env.get(API_DIR, "")
+    return path if Path(path).name.startswith(API_DIR_PREFIX) and Path(path).is_absolute() else None
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
 

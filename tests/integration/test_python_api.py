@@ -14,7 +14,8 @@ import pytest
 
 import rankrun
 import rankrun.api.values
-from conftest import Launcher, clean_environ, fresh_loopback, payload, run_cli, two_api_nodes
+from conftest import Launcher, clean_environ, fresh_loopback, payload, run_cli, two_api_nodes, wait_empty, wait_gone
+from rankrun import procfs
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -234,6 +235,34 @@ def test_a_workers_ctrl_c_traceback_starts_at_the_users_function_and_it_ends_as_
     assert worker.err == ["Traceback (most recent call last):", f'  File "{maker}", line 7, in wait_for_ctrl_c',
                           "    time.sleep(120)", "KeyboardInterrupt"]
     assert (results / "0.error").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = procfs.children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def test_a_caller_stopped_by_sigterm_leaves_nothing_in_its_temp_directory_and_no_process(reaper, tmp_path):
+    # SIGTERM ends the caller at once (no Python clean-up runs): its launcher dies with it, and its watchdog takes the
+    # workers and the caller's own rankrun-launch-* directory (payload, results) with it
+    tmp, pid_dir = tmp_path / "tmp-of-the-caller", tmp_path / "pids-of-workers"
+    tmp.mkdir()
+    pid_dir.mkdir()
+    caller = Launcher([sys.executable, payload("api_driver.py"), "sleep", str(pid_dir)],
+                      clean_environ() | {"TMPDIR": str(tmp)}, tmp_path, reaper)
+    caller.wait_for(r"sleeping", count=2, timeout=60)
+    everyone = _descendants(caller.proc.pid)
+    reaper.pids.update(everyone)
+    assert len(everyone) >= 4, everyone  # the launcher, its watchdog, two workers
+    assert any(p.name.startswith("rankrun-launch-") for p in tmp.iterdir())  # the run's files, while it runs
+    caller.proc.send_signal(signal.SIGTERM)
+    assert caller.finish(timeout=60) == -signal.SIGTERM
+    assert wait_gone(everyone, 10.0) == []
+    assert wait_empty(tmp, 10.0) == []
 
 
 def test_importing_the_legacy_launcher_module_keeps_rankrun_launch_callable(capsys):

@@ -6,7 +6,8 @@ one of two nodes of a job on that rendezvous backend (c10d, etcd), two ranks eac
 carries (``rankrun.api.values.VALUE_LIMIT``); the driver prints what it got, or the error; ``node-fails ENDPOINT``:
 the same job, where rank 2 raises and the other ranks wait to be stopped; the driver prints the ``WorkerError``;
 ``caught``: rank 1 of two raises, the driver catches the ``WorkerError`` and prints its rank 1's type and the first
-line of its traceback after the header; ``uncaught``: the same job, the ``WorkerError`` left to Python.
+line of its traceback after the header; ``uncaught``: the same job, the ``WorkerError`` left to Python; ``sleep
+PID_DIR``: two ranks sleep (``interrupt``'s), until something stops the driver.
 """
 
 import os
@@ -98,6 +99,8 @@ if __name__ == "__main__":
         one_of_two_failing_nodes(sys.argv[2])
     elif sys.argv[1] == "node":
         one_of_two_nodes(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
+    elif sys.argv[1] == "sleep":
+        rankrun.launch(sleeper, sys.argv[2], nproc_per_node=2)
     elif sys.argv[1] == "values":
         values = rankrun.launch(identify, 1, nproc_per_node=4)
         print("values", sorted((rank, value) for rank, (value, _) in values.items()), flush=True)

@@ -12,6 +12,7 @@ from rankrun.cli import parse_args, spec_from_args
 from rankrun.errors import NotSupportedYetError, UsageError
 from rankrun.proc.early import requested_signals
 from rankrun.spec import (
+    API_DIR,
     DynamicRendezvous,
     Endpoint,
     EntryKind,
@@ -20,6 +21,7 @@ from rankrun.spec import (
     StaticRendezvous,
     StragglerSpec,
     Stream,
+    api_dir,
     parse_endpoint,
     parse_etcd_endpoints,
     parse_filters,
@@ -281,3 +283,15 @@ def test_bad_straggler_options_are_one_line_naming_the_flag(tmp_path, argv, env,
     with pytest.raises(UsageError, match=line) as caught:
         _spec(tmp_path, *argv, env=env)
     assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(("value", "found"), [
+    ("/tmp/rankrun-launch-k2x9", "/tmp/rankrun-launch-k2x9"),
+    (None, None),
+    ("", None),
+    ("/home/me", None),  # never a directory the API did not make: the watchdog would remove it
+    ("/tmp/rankrun-launch-k2x9/..", None),
+    ("rankrun-launch-k2x9", None),  # relative: where the launcher runs is not where the caller made it
+])
+def test_the_launchers_watchdog_is_given_only_a_directory_the_api_made(value, found):
+    assert api_dir({} if value is None else {API_DIR: value}) == found

@@ -42,7 +42,7 @@ from rankrun.report.failure import (
     signal_name,
 )
 from rankrun.slurm import job_words
-from rankrun.spec import DynamicRendezvous, LaunchSpec
+from rankrun.spec import DynamicRendezvous, LaunchSpec, api_dir
 from rankrun.stacks.flight import has_dumps
 
 LOCAL_ADDRESS = "127.0.0.1"  # one node's address for its events and metrics, without --local-addr
@@ -83,6 +83,8 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, observers: 
     logs = RunLogs(spec.logs, spec.rendezvous.run_id)
     if deps.watchdog is not None and logs.base is not None and not logs.keep:
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
+    if deps.watchdog is not None and (caller_dir := api_dir(spec.base_env)) is not None:
+        deps.watchdog.own_dir(caller_dir)  # rankrun.launch's: we die with its caller, which then cleans up nothing
     held: asyncio.Server | None = None
     try:
         if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:

@@ -6,7 +6,8 @@ nothing starts. Then the launcher itself runs, as a child process (``python -m r
 NAME``, ``NAME`` only for the failure report's title):
 the same agent as the CLI, with its restarts, its root cause and its no-orphans guarantees, and nothing of it in the
 caller's process (no signal handler, no event loop, no fork of an interpreter that may hold CUDA or a notebook's
-threads). It dies with the caller (``PR_SET_PDEATHSIG``), and its watchdog takes the workers with it.
+threads). It dies with the caller (``PR_SET_PDEATHSIG``), and its watchdog takes the workers with it, and the
+caller's private directory (``API_DIR``): a caller ended by a signal (SIGTERM) runs no clean-up of its own.
 
 Each worker is a fresh interpreter that loads ``(fn, args)`` (``rankrun.api.ship``: what ``__main__`` defines goes
 by value) and writes its value to the run's private directory (``rankrun.api.worker``); on this node values are
@@ -44,7 +45,7 @@ from rankrun.api.values import read_spilled
 from rankrun.cli import build_parser, spec_from_args
 from rankrun.errors import LauncherError, RankrunError, WorkerError
 from rankrun.proc.spawn import pdeathsig_exec
-from rankrun.spec import API_WORKER
+from rankrun.spec import API_DIR, API_DIR_PREFIX, API_WORKER
 
 INTERRUPT_GRACE = 1.0  # seconds from the caller's KeyboardInterrupt to SIGKILL of a launcher still running
 NESTED = "RANKRUN_API_WORKER"  # in the launcher's environment, so in its workers': a launch from inside one is refused
@@ -93,7 +94,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
         raise RuntimeError("rankrun.launch: called inside a worker of rankrun.launch: a worker cannot start a job of "
                            "its own (return what it needs, and launch again from the caller)")
     argv = command_line(nproc_per_node, options)
-    with tempfile.TemporaryDirectory(prefix="rankrun-launch-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=API_DIR_PREFIX) as tmp:
         run = Path(tmp)
         payload, results, report = run / "payload", run / "results", run / "report.json"
         results.mkdir()
@@ -103,7 +104,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int | str = 1, **
         except RankrunError as exc:
             raise ValueError(f"rankrun.launch: {exc}") from None
         payload.write_bytes(pickle.dumps((list(sys.path), dumps((fn, args)))))
-        code, err = _run(full, {**os.environ, "RANKRUN_REPORT_JSON": str(report), NESTED: "1"})
+        code, err = _run(full, {**os.environ, "RANKRUN_REPORT_JSON": str(report), NESTED: "1", API_DIR: tmp})
         if code == 0:
             return _values(results)
         if code == WorkerError.exit_code:  # the launcher's "workers failed"

@@ -9,8 +9,9 @@ Three layers, cheapest first:
    launcher dies for any reason the kernel closes the write end, the watchdog reads EOF and
    SIGKILLs every registered process group (the worker and everything it started that kept
    its process group), puts the user's terminal modes back if an interactive run had them
-   changed, removes the launcher's private temp directory and the files it registered (the DCGM job-mapping
-   files: each only while it still holds what the launcher wrote), then exits. A clean
+   changed, removes the launcher's private temp directory (and a ``rankrun.launch`` caller's, which died first) and
+   the files it registered (the DCGM job-mapping files: each only while it still holds what the launcher wrote),
+   then exits. A clean
    launcher exit says ``exit`` first, so nothing is killed twice.
 3. The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): descendants orphaned by a
    worker are re-parented to it, so at the end of each attempt it can kill and reap them
