@@ -14,7 +14,15 @@ from rankrun.logs.lines import LineSplitter, LineState, Tail, matching_lines, pr
 from rankrun.policy import Action, Failed, Signalled, Succeeded, decide
 from rankrun.report.cause import ending_exception, explain
 from rankrun.report.errorfile import WorkerError, parse_error_json
-from rankrun.report.failure import Ending, WorkerResult, one_line, render_report, root_cause, root_cause_json
+from rankrun.report.failure import (
+    Ending,
+    WorkerResult,
+    exception_text,
+    one_line,
+    render_report,
+    root_cause,
+    root_cause_json,
+)
 
 GOLDEN = GOLDEN_DIR
 
@@ -111,6 +119,18 @@ TERMINATE = "terminate called without an active exception"
 ])
 def test_the_exception_that_ended_a_process_is_its_last_tracebacks_if_little_followed(tail, raised):
     assert ending_exception(tail) == raised
+
+
+@pytest.mark.parametrize(("status", "error", "tail", "expected"), [
+    (-9, None, "", ("signal", "Signal 9 (SIGKILL) received by PID 101")),  # nothing written: the signal alone
+    (-6, None, "Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x\n",
+     ("signal", "Signal 6 (SIGABRT) received by PID 101 after ValueError: x; its last stderr lines:\n"
+                "Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x")),
+    (-6, WorkerError("ValueError: x", "", 0), "noise\n", ("error file", "ValueError: x")),  # a message, no traceback
+    (1, None, "", ("stderr", "<the worker wrote nothing to stderr>")),
+])
+def test_the_reports_exception_names_its_source(status, error, tail, expected):
+    assert exception_text(_result(1, Ending.FAILED, status, 0.0, error, tail)) == expected
 
 
 def test_report_golden_atexit_and_handled(utc):
