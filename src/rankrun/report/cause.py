@@ -119,7 +119,7 @@ def ending_exception(text: str) -> str | None:
     last_tb, after = _last_traceback(kept)
     if last_tb is None or sum(1 for line in after if line.strip()) > AFTER:
         return None
-    return _raised(kept[last_tb]) or None
+    return _raised(kept[last_tb])
 
 
 def _last_traceback(kept: list[Block]) -> tuple[int | None, list[str]]:
@@ -129,8 +129,8 @@ def _last_traceback(kept: list[Block]) -> tuple[int | None, list[str]]:
 
 
 def _raised(block: Block) -> str:
-    """A traceback's exception line (its last non-blank line)."""
-    return next((line.strip() for line in reversed(block.lines) if line.strip()), "")
+    """A traceback's exception line (its last non-blank line: there is one, the header at least)."""
+    return next(line.strip() for line in reversed(block.lines) if line.strip())
 
 
 def _last_lines(lines: list[str], count: int) -> list[str]:
