@@ -28,10 +28,10 @@ from rankrun.events.records import RdzvRound, Record, Restart
 from rankrun.logs.layout import RunLogs
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous.coordinator import Coordinator
-from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, RoundWord, node_value, place_from
+from rankrun.rendezvous.keys import Assignment, Blocked, Excluded, Keys, RoundWord, node_from, node_value, place_from
 from rankrun.rendezvous.member import Ended, Member
 from rankrun.rendezvous.round import NodeInfo, Phase, Settings
-from rankrun.rendezvous.session import Session
+from rankrun.rendezvous.session import Session, node_info, open_session, ttl
 from rankrun.spec import LaunchSpec
 from rankrun.store.api import EventKind
 from rankrun.store.embedded.client import StoreClient
@@ -74,8 +74,8 @@ class Node(Agent):
         self.joined = asyncio.Event()
         opened = shared(store, index, host=host)
 
-        async def backend(spec, worker_store, say, stack):
-            session, lead = await opened(spec, worker_store, say, stack)
+        async def backend(spec, worker_store, say, stack, unhealthy=None):
+            session, lead = await opened(spec, worker_store, say, stack, unhealthy)
             self.session = session
             self.joined.set()
             return session, lead
@@ -298,6 +298,106 @@ def test_a_node_that_reports_itself_unhealthy_is_excluded_at_once_without_a_rest
         assert node.last().env["WORLD_SIZE"] == "2"
         assert node.last().env["TORCHELASTIC_RESTART_COUNT"] == "0"  # a regroup: no restart spent
     assert len(nodes[2].spawner.spawned) == 1
+
+
+async def _decided(store: MemoryStore, key: str) -> None:
+    """Until the coordinator has written ``key`` (a node's assign key: its decision about that node)."""
+    entries, revision = await store.range(key)
+    if any(e.key == key for e in entries):
+        return
+    watch = await store.watch(key, revision)
+    try:
+        async for event in watch:
+            if event.kind is EventKind.PUT and event.key == key:
+                return
+    finally:
+        await watch.close()
+
+
+def test_a_node_whose_check_fails_before_it_joins_is_never_counted_in_a_round(tmp_path):
+    """Issue 34: the sick node's join must say it is unhealthy. It joins first, and its next write reaches the store
+    only once the coordinator has decided about it (a slow link): told only after joining, it completed MAX (1:2) and
+    the healthy node's first round counted it, its workers seeing WORLD_SIZE 2."""
+    healthy = _spec(tmp_path, "1:2", "--rdzv-conf", "last_call_timeout=0.2")
+    ill = _spec(tmp_path, "1:2", "--rdzv-conf", "last_call_timeout=0.2", "--health-check", "echo 'GPU 3: ECC error'; exit 1")
+    store = MemoryStore(FakeTimers())
+    host, sick = Node(tmp_path, store, 0, _ok, host=True), Node(tmp_path, store, 1, _ok)
+    joins = sick.deps.rendezvous
+    assert joins is not None
+
+    async def slow_link(spec, worker_store, say, stack, unhealthy=None):
+        opened = await joins(spec, worker_store, say, stack, unhealthy)
+        assert sick.session is not None
+        await _decided(store, KEYS.assign(sick.session.member.info.id))
+        return opened
+
+    sick.deps.rendezvous = slow_link
+
+    async def main():
+        first = asyncio.create_task(sick.run(ill))
+        await sick.joined.wait()  # its node key is in the store before the coordinator's first read
+        return await asyncio.gather(host.run(healthy), first)
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(main(), BOUND))
+    finally:
+        errs = [n.close() for n in (host, sick)]
+    done, out = ends
+    assert isinstance(done, Outcome) and done.exit_code == 0, errs
+    assert [h.env["WORLD_SIZE"] for h in host.spawner.spawned] == ["1"]  # never a round with the sick node
+    assert [(r.nodes, r.world_size) for r in host.rounds()] == [(1, 1)]
+    assert isinstance(out, NodeExcluded) and out.exit_code == 4
+    assert str(out).endswith("is excluded from job fake: unhealthy: health check: GPU 3: ECC error; drain it or "
+                             "reschedule elsewhere"), str(out)
+    assert sick.spawner.spawned == []
+    (told,) = [e for e in host.events if isinstance(e, ExcludedFact)]
+    assert told.nodes[0].endswith(" at 127.0.0.2") and told.reason == "unhealthy: health check: GPU 3: ECC error"
+
+
+def _ok(attempt: int, rank: int) -> Behaviour:
+    return Behaviour(exit_status=0)
+
+
+@pytest.mark.parametrize(("unhealthy", "stands"), [(None, True), ("health check: exit 1", False)], ids=["healthy", "sick"])
+def test_a_node_whose_check_failed_does_not_stand_for_election(tmp_path, unhealthy, stands):
+    """On a shared store (etcd) a node whose check failed before it joined must not coordinate the job while a healthy
+    node can (it would host the workers' store, without workers, and leave with the job's exit code, never 4): its
+    join says why, and the session runs no campaign for it."""
+    spec = _spec(tmp_path, "1:2")
+    store = MemoryStore(FakeTimers())
+    stood = asyncio.Event()
+
+    async def backend(spec, worker_store, say, stack, unhealthy=None):
+        member = await Member.join(store, KEYS, node_info(spec, "127.0.0.2", is_host=False, unhealthy=unhealthy), ttl(spec))
+
+        async def campaign(session: Session) -> None:
+            stood.set()
+
+        return Session(member, "127.0.0.2", store, "the shared store ended its lease"), campaign
+
+    async def main() -> NodeInfo:
+        async with open_session(spec, SimpleNamespace(), print, backend=backend, unhealthy=unhealthy) as session:
+            await asyncio.sleep(0)  # a campaign, if started, took its first step (tasks run in the order created)
+            entries, _ = await store.range(KEYS.nodes)
+            return node_from(entries[0].value, 1, session.member.info.id)
+
+    joined = asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert stood.is_set() is stands
+    assert joined.unhealthy == unhealthy  # in the join itself
+
+
+def test_a_sick_node_that_no_coordinator_excludes_leaves_as_unhealthy_at_join_timeout(tmp_path):
+    """Nobody coordinates (on etcd it does not stand itself): at join_timeout it leaves with exit 4 and its check's
+    line, not as a rendezvous that timed out (exit 3, "worth retrying")."""
+    spec = _spec(tmp_path, "2", "--rdzv-conf", "join_timeout=0.3", "--health-check", "echo 'NIC down'; exit 1")
+    sick = Node(tmp_path, MemoryStore(FakeTimers()), 1, _ok)
+    try:
+        out = asyncio.run(asyncio.wait_for(sick.run(spec), BOUND))
+    finally:
+        sick.close()
+    assert isinstance(out, NodeExcluded) and out.exit_code == 4, out
+    assert str(out) == "this node (host1) is unhealthy: health check: NIC down; it runs no workers in job fake: drain it " \
+                       "or reschedule the job elsewhere"
 
 
 def test_nobody_is_excluded_with_max_node_failures_0(tmp_path):

@@ -44,12 +44,12 @@ def _spec(tmp_path: Path, nnodes: str, *flags: str) -> LaunchSpec:
 def shared(store: MemoryStore, index: int, *, host: bool) -> Backend:
     """A backend that joins ``store`` as node ``index`` (at 127.0.0.<index+1>); the host also coordinates."""
 
-    async def backend(spec, worker_store, say, stack) -> tuple[Session, None]:
+    async def backend(spec, worker_store, say, stack, unhealthy=None) -> tuple[Session, None]:
         del say, stack
         keys, addr = Keys.for_run(spec.rendezvous.run_id), f"127.0.0.{index + 1}"
         coordinator = Coordinator(store, keys, settings(spec), master=lambda: ("127.0.0.1", 29500),
                                   before_round=worker_store.reset, why_gone=store.why_deleted) if host else None
-        member = await Member.join(store, keys, node_info(spec, addr, is_host=host), ttl(spec))
+        member = await Member.join(store, keys, node_info(spec, addr, is_host=host, unhealthy=unhealthy), ttl(spec))
         return Session(member, addr, store, "the shared store ended its lease", coordinator), None
 
     return backend

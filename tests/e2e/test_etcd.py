@@ -336,3 +336,22 @@ def test_the_network_check_runs_over_etcd_and_its_keys_go_with_the_job(launch, e
                                               r"nobody unhealthy", checked[0]), [r.err for r in runs]
     assert sorted(line for r in runs for line in r.out) == [f"ran {rank} of 3" for rank in range(3)]
     assert [k["key"] for k in etcd.keys("/rankrun/netcheck/")] == ["/rankrun/netcheck/closed"]
+
+
+def test_a_node_whose_check_fails_does_not_stand_for_election_and_exits_4(launch, etcd, tmp_path):
+    """Issue 34: the sick node, started first, had joined and won the election before saying it was unhealthy: it
+    coordinated the job and held the workers' store, without workers, and exited 0 with it, so that a scheduler never
+    learned to drain it. Its join says it is unhealthy now, and it does not campaign: a healthy node coordinates,
+    excludes it, and it exits 4; the job runs on the other two."""
+    args = (*_args(etcd.endpoints, "sickvote", "2:3"), "--nproc-per-node", "1")
+    worker = ("--no-python", "sh", "-c", 'echo "ran $RANK of $WORLD_SIZE"')
+    sick = launch(*args, "--local-addr", fresh_loopback(), "--health-check", "echo 'NIC down' >&2; exit 1", *worker,
+                  env=_env())
+    _until(lambda: _nodes(etcd, "sickvote") == 1, "the sick node joined")
+    runs = [launch(*args, "--local-addr", fresh_loopback(), "--health-check", "true", *worker, env=_env()) for _ in range(2)]
+    assert sick.finish(timeout=60) == 4, sick.err
+    assert [r.finish(timeout=60) for r in runs] == [0, 0], [r.err for r in runs]
+    assert sick.out == [] and sorted(line for r in runs for line in r.out) == ["ran 0 of 2", "ran 1 of 2"]
+    said = [line for line in sick.err if "excluded from job sickvote" in line]
+    assert said and "unhealthy: health check: NIC down" in said[0], sick.err
+    assert not any("served it without workers" in line for line in sick.err), sick.err

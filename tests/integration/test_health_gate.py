@@ -207,3 +207,31 @@ def test_a_static_job_that_cannot_go_on_without_an_excluded_node_ends_at_once_na
     assert time.monotonic() - started < 30  # at once, not after join_timeout
     said = " ".join(runs[0].err)
     assert addrs[1] in said and "excluded" in said and "static" in said, runs[0].err
+
+
+def test_a_node_whose_check_fails_is_never_counted_in_a_round_even_when_it_completes_max(launch, tmp_path):
+    """Issue 34: the sick node, started first, joins as the host comes up, completing MAX (1:2): told only after it had
+    joined, the host's first round counted it, its workers seeing WORLD_SIZE 4 until the round moved on. Its join says
+    it now: excluded at once, never a member; the workers see 2 only. They wait for the test's word, so that the job
+    is still on when the sick node joins, whenever that is."""
+    b, c = os.urandom(2)
+    addrs = [f"127.{1 + b % 254}.{c}.{n}" for n in (1, 2)]
+    worker = ["--no-python", "sh", "-c", 'echo "WORLD_SIZE=$WORLD_SIZE" >> "$OUT/workers"; '
+              'until [ -e "$OUT/go" ]; do sleep 0.02; done']  # bounded by the test's wait for the launchers
+    runs = {}
+    for n, name in ((1, "sick"), (0, "host")):  # the sick node first: it is in the store when the host's first decision comes
+        out = tmp_path / name
+        out.mkdir()
+        check = "true" if n == 0 else "echo 'GPU 3: uncorrectable ECC error'; exit 1"
+        runs[name] = launch("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addrs[0]}:29400",
+                            "--rdzv-id", "sickfirst", "--rdzv-conf", f"is_host={int(n == 0)},last_call_timeout=1",
+                            "--local-addr", addrs[n], "--nproc-per-node", "2", "--health-check", check, *worker,
+                            env=clean_environ() | {"RANKRUN_RDZV_SECRET": "gate-secret", "OUT": str(out)})
+    assert runs["sick"].finish(timeout=60) == 4, runs["sick"].err
+    (tmp_path / "host" / "go").touch()
+    assert runs["host"].finish(timeout=60) == 0, runs["host"].err
+    assert _lines(tmp_path / "host" / "workers") == ["WORLD_SIZE=2"] * 2  # one round, without the sick node
+    assert _lines(tmp_path / "sick" / "workers") == []
+    said = [line for line in runs["sick"].err if "excluded from job sickfirst" in line]
+    assert said and "unhealthy: health check: GPU 3: uncorrectable ECC error" in said[0], runs["sick"].err
+    assert not any("moved on" in line or "stopped" in line for line in runs["host"].err), runs["host"].err

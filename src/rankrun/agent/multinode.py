@@ -17,7 +17,9 @@ emits to its event stream (``node.lost``, ``failure``, then ``restart`` when the
 new round's ``rdzv.round``. Every word also lists the nodes the job has excluded so far: each node emits
 ``node.excluded`` once for each, the first time it hears of it (even when it skipped the round that excluded it).
 
-A node the coordinator excluded (blamed for ``--max-node-failures`` failures, or unhealthy) reads it on its assign key
+A node whose ``--health-check`` fails before it joins says so in its join (``NodeInfo.unhealthy``): the coordinator
+excludes it before any round can count it, and on etcd it does not campaign. A node the coordinator excluded (blamed
+for ``--max-node-failures`` failures, or unhealthy) reads it on its assign key
 and leaves with exit code 4 (``NodeExcluded``), a line naming why; the node hosting the job's store (or coordinating
 it, on etcd) cannot leave without ending the job, so it keeps serving without workers until the job ends, and leaves
 with the job's exit code.
@@ -37,6 +39,7 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
 from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
+from rankrun.agent.gate import excluded as excluded_line
 from rankrun.agent.gate import unhealthy
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.relays import NodeRelay
@@ -79,15 +82,15 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
         deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
     sick = await unhealthy(spec, deps, stops)  # --health-check before the first round, before joining
+    said = f"health check: {sick}" if sick is not None else None  # in the join itself: never counted in a round
     try:
-        async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous) as session:
+        async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous,
+                                unhealthy=said) as session:
             if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
                 deps.console.say(f"rendezvous {rdzv.run_id}: etcd without a user or client certificate (--rdzv-conf user=, "
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
             if begin is not None:
                 await begin(session.member.info.addr or session.address)
-            if sick is not None:  # joined only to be excluded for good (the blocklist), or to serve without workers
-                await session.member.report_unhealthy(f"health check: {sick}")
             relay = NodeRelay(spec, deps.console.say, hosting=session.coordinator is not None and not etcd,
                               address=session.member.info.addr or session.address)
             try:
@@ -119,7 +122,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     spare_said = False
     excluded: dict[str, str] = {}  # every exclusion this node has heard of: name → why (for its failure report)
     while True:
-        word = await _wait_for_word(spec, deps, stops, session, previous)
+        word = await _wait_for_word(spec, deps, stops, session, previous, sick=sick)
         if isinstance(word, Interrupted):
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
@@ -134,7 +137,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             # never got to start its workers) failed with the job
             return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed,
                                 excluded=excluded)
-        if isinstance(word, Spare) or sick is not None:  # sick: placed before the coordinator heard it; never run workers
+        if isinstance(word, Spare) or sick is not None:  # sick (a later round's check): never run workers
             spare_said = spare_said or (isinstance(word, Spare) and _say_spare(spec, deps))
             previous = word.round
             continue
@@ -399,9 +402,11 @@ def _host(deps: AgentDeps, member: Member) -> str:
 
 
 async def _wait_for_word(
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, previous: int
+    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, previous: int, *, sick: str | None = None,
 ) -> Assignment | Spare | Ended | Interrupted:
-    """The next word from the coordinator, or a signal; bounded by join_timeout, with a progress line every 5 s."""
+    """The next word from the coordinator, or a signal; bounded by join_timeout, with a progress line every 5 s.
+    ``sick``: this node's failed check; a node that no coordinator excluded by join_timeout (none was elected: it
+    does not stand itself) leaves as unhealthy all the same, exit 4, not as a rendezvous that timed out."""
     rdzv = spec.rendezvous
     member = session.member
     deps.on_demand.idle(rdzv.run_id, WAITING)  # what rankrun --stacks says meanwhile
@@ -419,6 +424,8 @@ async def _wait_for_word(
                     continue  # another consumer took it first
                 raise LauncherError(f"rendezvous {rdzv.run_id}: lost its place while waiting: {session.why_lost()}")
     except TimeoutError:
+        if sick is not None:
+            raise NodeExcluded(excluded_line(deps.host, rdzv.run_id, sick)) from None
         raise LauncherError(await _timeout_message(spec, member)) from None
     except StoreUnavailable as exc:
         raise LauncherError(f"rendezvous {rdzv.run_id}: {exc}") from exc

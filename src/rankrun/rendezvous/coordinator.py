@@ -150,7 +150,7 @@ class Coordinator:
         # it forever); what the second read saw comes again as events, which are idempotent
         sick, _ = await self._store.range(self._keys.unhealthy)
         for entry in sick:
-            self._said_unhealthy(entry.key[len(self._keys.unhealthy) :], entry.value)
+            self._said_unhealthy(entry.key[len(self._keys.unhealthy) :], unhealthy_from(entry.value))
         try:
             async with watching(self._store, (self._keys.nodes, self._keys.results, self._keys.unhealthy), revision,
                                 self._events):
@@ -268,7 +268,7 @@ class Coordinator:
             raise event
         if event.key.startswith(self._keys.unhealthy):
             if event.kind is EventKind.PUT:
-                self._said_unhealthy(event.key[len(self._keys.unhealthy) :], event.value)
+                self._said_unhealthy(event.key[len(self._keys.unhealthy) :], unhealthy_from(event.value))
             return
         if event.key.startswith(self._keys.nodes):
             node_id = event.key[len(self._keys.nodes) :]
@@ -290,10 +290,12 @@ class Coordinator:
             self._excluded[node_id] = blocked.reason
             self._pending.append((self._keys.assign(node_id), Excluded(blocked.reason, blocked.at).value()))
             logger.info("rendezvous: %s at %s is on the job's blocklist: refused", node_id, info.addr)
+        if info.unhealthy is not None:  # its check failed before it joined: excluded before any decision counts it
+            self._said_unhealthy(node_id, info.unhealthy)
 
-    def _said_unhealthy(self, node_id: str, value: bytes) -> None:
+    def _said_unhealthy(self, node_id: str, reason: str) -> None:
         if node_id not in self._excluded:
-            self._unhealthy[node_id] = unhealthy_from(value)
+            self._unhealthy[node_id] = reason
 
     async def _exclude(self, excluded: tuple[Exclusion, ...]) -> None:
         """Leave these nodes out for good: each is told on its assign key and put on the blocklist (before the round

@@ -8,7 +8,8 @@ Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node
 node wins a compare-and-set, ``coordinator`` (the election) and ``job`` (the first to join); any node ``stacks/ask``
 (a stall's ask by compare-and-set, ``rankrun --stacks``'s by a plain write); the asker ``stacks/report``::
 
-    nodes/<node>            a node's description, written once when it joins, bound to its lease
+    nodes/<node>            a node's description, written once when it joins, bound to its lease (and, when its
+                            --health-check failed before it joined, why: the coordinator never counts it)
     round                   the coordinator's word on the current round: number, phase, restarts, why
     assign/<node>           this node's place in a round: group rank, first rank, sizes, MASTER_ADDR/PORT; or that
                             it waits as a spare; or that it is excluded from the job, and why
@@ -213,13 +214,17 @@ def _load(data: bytes) -> dict[str, Any]:
 
 def node_from(value: bytes, joined: int, node_id: str) -> NodeInfo:
     d = _load(value)
+    sick = d.get("unhealthy")
     return NodeInfo(node_id, joined, int(d.get("nproc", 1)), str(d.get("role", "default")), str(d.get("addr", "")),
-                    str(d.get("host", "")), d.get("static_rank"), bool(d.get("is_host", False)))
+                    str(d.get("host", "")), d.get("static_rank"), bool(d.get("is_host", False)),
+                    str(sick) if sick is not None else None)
 
 
 def node_value(info: NodeInfo) -> bytes:
     d = asdict(info)
     del d["id"], d["joined"]
+    if info.unhealthy is None:  # a healthy node's key stays as it was: a join costs a few hundred bytes
+        del d["unhealthy"]
     return _dump(d)
 
 

@@ -8,7 +8,8 @@ and one read and one write of the host's, where its CPU per node goes.
 
 A node excluded from the job learns it from its own assign key (``Excluded``, in the same watch as its rounds); one
 that comes back to a job that excluded it is refused at join (``NodeExcluded``, exit code 4). A node that finds itself
-unhealthy says so with ``report_unhealthy``: the coordinator excludes it as it does a node blamed too often.
+unhealthy says so with ``report_unhealthy`` (or, unhealthy before it joins, in its join: ``NodeInfo.unhealthy``): the
+coordinator excludes it as it does a node blamed too often.
 """
 
 from __future__ import annotations

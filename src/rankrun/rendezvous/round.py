@@ -40,6 +40,9 @@ class NodeInfo:
     host: str  # its hostname, for messages
     static_rank: int | None = None  # --node-rank in static mode
     is_host: bool = False  # it hosts the store: group rank 0 of every round (dynamic mode)
+    # its own --health-check failed before it joined (why): said in the same write as its join, so that the coordinator
+    # never counts it in a round, whatever it decides before another write of the node's could reach it
+    unhealthy: str | None = None
 
     @property
     def name(self) -> str:

@@ -11,7 +11,8 @@ and this node's part in it:
 - the embedded store, joining: every other agent connects (retrying until ``join_timeout``, with
   a line every few seconds) and joins;
 - etcd: every agent adopts (or creates) the job lease, serves its own worker store on port 0,
-  joins, and campaigns; the one elected coordinates until it leaves or is deposed.
+  joins, and campaigns; the one elected coordinates until it leaves or is deposed. A node whose health check
+  failed before it joined says so in its join and does not campaign: it waits for its exclusion.
 
 While the session is open its background work runs beside the caller's: the keep-alives and, where
 this node coordinates, the coordinator, all in one ``TaskGroup`` (a failure there cancels the
@@ -56,7 +57,9 @@ CONNECT_RETRY = (0.05, 1.0)  # first and longest pause between attempts to reach
 
 Say = Callable[[str], None]
 Lead = Callable[["Session"], Coroutine[Any, Any, None]]  # a shared store: campaign, then coordinate once elected
-Backend = Callable[[LaunchSpec, TCPStoreServer, Say, contextlib.AsyncExitStack], Awaitable[tuple["Session", Lead | None]]]
+# (spec, worker store, say, exit stack, why this node is unhealthy or None): its session, and its campaign (etcd)
+Backend = Callable[[LaunchSpec, TCPStoreServer, Say, contextlib.AsyncExitStack, str | None],
+                   Awaitable[tuple["Session", Lead | None]]]
 
 
 @dataclass
@@ -96,21 +99,24 @@ def ttl(spec: LaunchSpec) -> float:
 
 @contextlib.asynccontextmanager
 async def open_session(
-    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, *, backend: Backend | None = None
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, *, backend: Backend | None = None,
+    unhealthy: str | None = None,
 ) -> AsyncIterator[Session]:
     """Join the job (hosting it, joining it, or through etcd); leave it, and close everything, on exit.
 
     ``backend`` opens the store and joins (what the spec asks for by default); tests give one that joins a shared
-    in-memory store, so that many agents run in one process on fakes.
+    in-memory store, so that many agents run in one process on fakes. ``unhealthy``: why this node's health check
+    failed before it joins; its join says so (``NodeInfo.unhealthy``), so that no round ever counts it, and on etcd
+    it does not campaign: a node that runs no workers must not coordinate the job while a healthy one can.
     """
     conf = spec.rendezvous.conf
     async with contextlib.AsyncExitStack() as stack:
-        session, lead = await (backend or _backend)(spec, worker_store, say, stack)
+        session, lead = await (backend or _backend)(spec, worker_store, say, stack, unhealthy)
         async with asyncio.TaskGroup() as group:  # the keep-alives and the coordinator live exactly as long as the session
             background = [group.create_task(session.member.keep_alive(conf.keep_alive_interval, conf.keep_alive_max_attempt))]
             if session.coordinator is not None:
                 background.append(group.create_task(session.coordinator.run()))
-            leading = group.create_task(lead(session)) if lead is not None else None
+            leading = group.create_task(lead(session)) if lead is not None and unhealthy is None else None
             try:
                 yield session
             finally:
@@ -127,17 +133,19 @@ async def open_session(
 
 
 async def _backend(
-    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack, unhealthy: str | None
 ) -> tuple[Session, Lead | None]:
     if on_etcd(spec.rendezvous):
-        return await _open_etcd(spec, worker_store, say, stack)
-    return await _open_embedded(spec, worker_store, say, stack), None
+        return await _open_etcd(spec, worker_store, say, stack, unhealthy)
+    return await _open_embedded(spec, worker_store, say, stack, unhealthy), None
 
 
 # --------------------------------------------------------------------------- the embedded store
 
 
-async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack) -> Session:
+async def _open_embedded(
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack, unhealthy: str | None
+) -> Session:
     rdzv = spec.rendezvous
     host, port = endpoint(spec)
     await _resolvable(spec, host, port, say)
@@ -150,7 +158,7 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
         master = await _workers_address(spec, listener, bound, say)
         coordinator = Coordinator(memory, keys, settings(spec), master=lambda: (master, bound),
                                   before_round=worker_store.reset, why_gone=memory.why_deleted, say=say)
-        member = await Member.join(memory, keys, node_info(spec, addr, is_host=True), ttl(spec))
+        member = await Member.join(memory, keys, node_info(spec, addr, is_host=True, unhealthy=unhealthy), ttl(spec))
         return Session(member, listener.address, memory, lost_why, coordinator)
     client = await _connect(spec, host, port, say)
     stack.push_async_callback(client.close)
@@ -161,7 +169,7 @@ async def _open_embedded(spec: LaunchSpec, worker_store: TCPStoreServer, say: Sa
         lost_why = f"its lease expired or the connection to the host at {host}:{port} through the relay at {client.via} was lost"
     elif client.serve is not None:
         await _relay(spec, (host, port), addr, client.serve, say, stack)
-    member = await Member.join(client, keys, node_info(spec, addr, is_host=False), ttl(spec))
+    member = await Member.join(client, keys, node_info(spec, addr, is_host=False, unhealthy=unhealthy), ttl(spec))
     return Session(member, client.local_address or host, client, lost_why)
 
 
@@ -304,20 +312,22 @@ async def _connect(spec: LaunchSpec, host: str, port: int, say: Say) -> StoreCli
         pause = min(pause * 2, CONNECT_RETRY[1])
 
 
-def node_info(spec: LaunchSpec, addr: str, *, is_host: bool) -> NodeInfo:
+def node_info(spec: LaunchSpec, addr: str, *, is_host: bool, unhealthy: str | None = None) -> NodeInfo:
     rdzv = spec.rendezvous
     static_rank = rdzv.node_rank if isinstance(rdzv, StaticRendezvous) else None
     node_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
-    return NodeInfo(node_id, 0, spec.worker.nproc, spec.worker.role, addr, socket.gethostname(), static_rank, is_host)
+    return NodeInfo(node_id, 0, spec.worker.nproc, spec.worker.role, addr, socket.gethostname(), static_rank, is_host,
+                    unhealthy)
 
 
 # --------------------------------------------------------------------------- etcd
 
 
 async def _open_etcd(
-    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack
+    spec: LaunchSpec, worker_store: TCPStoreServer, say: Say, stack: contextlib.AsyncExitStack, unhealthy: str | None
 ) -> tuple[Session, Lead]:
-    """Join through etcd: adopt (or create) the job lease, start this node's worker store, register."""
+    """Join through etcd: adopt (or create) the job lease, start this node's worker store, register (saying
+    ``unhealthy``, why its check failed, if it did: ``open_session`` then runs no campaign)."""
     from rankrun.store.etcd.gateway import Gateway, tls_context  # noqa: PLC0415
     from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
 
@@ -339,7 +349,7 @@ async def _open_etcd(
         gateway.say = lambda line: say(f"rendezvous {rdzv.run_id}: {line}")
         addr = spec.local_addr or store.local_address or "127.0.0.1"
         port = await worker_store.start(addr, 0)
-        member = await Member.join(store, keys, node_info(spec, addr, is_host=False), lease_ttl, job)
+        member = await Member.join(store, keys, node_info(spec, addr, is_host=False, unhealthy=unhealthy), lease_ttl, job)
     except StoreUnavailable as exc:
         tried = ", ".join(map(str, rdzv.etcd_endpoints))
         raise LauncherError(f"rendezvous {rdzv.run_id}: cannot use etcd ({tried}): {exc}") from None
