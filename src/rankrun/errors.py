@@ -21,6 +21,7 @@ caller, as Python APIs do::
             ├── Compacted             3   a watch asked for history the store no longer keeps
             ├── NotCoordinator        3   an elected coordinator found the election moved on without it
             ├── RendezvousClosed      3   the job this node wants to join has already finished
+            ├── RendezvousHeld        3   the endpoint serves another job's rendezvous (another --rdzv-id)
             └── EtcdError             3   etcd answered with an error (``store.etcd.gateway``: it carries the endpoint)
 
 Every class below ``RankrunError`` anywhere in rankrun is drawn here (``tests/unit/test_claims.py``).
@@ -138,6 +139,11 @@ class NotCoordinator(StoreUnavailable):
 
 class RendezvousClosed(StoreUnavailable):
     """The job this node wants to join has already finished."""
+
+
+class RendezvousHeld(StoreUnavailable):
+    """The embedded store at this job's endpoint is another job's (another ``--rdzv-id``): refused at the handshake,
+    at once, not a wait for ``join_timeout``."""
 
 
 class WorkerError(RankrunError):

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rankrun.store.api import AuthenticationFailed, StoreUnavailable
+from rankrun.store.api import AuthenticationFailed, RendezvousHeld, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.relay import Relay
@@ -56,6 +56,30 @@ def test_the_first_agents_are_asked_to_relay_the_rest_wait_for_one_then_go_there
         await memory.close()
 
     asyncio.run(main())
+
+
+def test_another_jobs_agent_is_refused_by_the_host_not_sent_to_a_relay():
+    """Once every relay is asked the host answers an agent from its hello (``Routing.early``), before any proof; an agent
+    of another job (issue 34) must still reach the proof, where the host refuses it: a relay serves whoever it is sent."""
+    async def main() -> None:
+        memory = MemoryStore()
+        server = StoreServer(memory, SECRET, routing=Routing(1), job="job-a")
+        port = await server.start("127.0.0.1", 0)
+        asked = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True, job="job-a")
+        relay = Relay(SECRET)
+        relay_port = await relay.start("127.0.0.1", 0, ("127.0.0.1", port), token=asked.serve)
+        ours = await StoreClient.connect("127.0.0.1", port, SECRET, relays=True, job="job-a")
+        assert ours.via == f"127.0.0.1:{relay_port}"  # sent on from its hello
+        with pytest.raises(RendezvousHeld, match="held by job job-a, not this node's job job-b"):
+            await StoreClient.connect("127.0.0.1", port, SECRET, relays=True, job="job-b")
+        assert relay.agents == 1
+        for client in (ours, asked):
+            await client.close()
+        await relay.close()
+        await server.close()
+        await memory.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
 
 
 def test_an_agent_waiting_for_a_relay_that_is_lost_is_told_to_retry_and_the_next_is_asked():

@@ -13,7 +13,7 @@ import pytest
 from fakes import FakeTimers
 from rankrun.proof import client_proof, server_proof
 from rankrun.rendezvous.listener import SharedListener
-from rankrun.store.api import AuthenticationFailed, EventKind, StoreUnavailable
+from rankrun.store.api import AuthenticationFailed, EventKind, RendezvousHeld, StoreUnavailable
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.server import StoreServer
@@ -75,6 +75,35 @@ def test_wrong_missing_or_unexpected_secrets_are_refused_with_the_endpoint_named
         _run(body)
     rejections = [r for r in caplog.records if "rejected a connection from 127.0.0.1" in r.getMessage()]
     assert len(rejections) == 1  # logged once per address, not once per attempt
+
+
+def test_a_client_of_another_job_is_refused_at_once_and_told_the_job_only_if_it_proved_the_secret():
+    """Issue 34: a second job's node on a running job's endpoint joined keys nobody coordinates and waited out its
+    join_timeout. The host serves one job (its run id); another job's hello is refused at the proof."""
+    async def main() -> None:
+        store = MemoryStore(FakeTimers())
+        server = StoreServer(store, secret=SECRET, job="job-a")
+        port = await server.start("127.0.0.1", 0)
+        try:
+            for job in ("job-a", None):  # its own job's node; a node whose hello names no job (an older launcher)
+                client = await StoreClient.connect("127.0.0.1", port, SECRET, job=job)
+                await client.close()
+            with pytest.raises(RendezvousHeld) as held:
+                await StoreClient.connect("127.0.0.1", port, SECRET, job="job-b")
+            assert str(held.value) == (f"rendezvous 127.0.0.1:{port}: held by job job-a, not this node's job job-b "
+                                       "(--rdzv-id): another job's rendezvous runs on this endpoint; give this job an "
+                                       "endpoint of its own (--rdzv-endpoint HOST:PORT)")
+            with pytest.raises(AuthenticationFailed) as guessed:  # without the secret: not told which job
+                await StoreClient.connect("127.0.0.1", port, b"job-b's own secret", job="job-b")
+            assert not isinstance(guessed.value, RendezvousHeld)
+            assert str(guessed.value) == (f"rendezvous 127.0.0.1:{port}: authentication failed: this endpoint serves "
+                                          "another job's rendezvous, not job job-b's, with a secret this node does not have")
+            assert store.revision == 0  # nothing was done by anyone who was refused
+        finally:
+            await server.close()
+            await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
 
 
 async def _raw_handshake(port: int, proof_for) -> tuple[bytes, dict]:

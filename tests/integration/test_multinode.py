@@ -140,6 +140,28 @@ def test_a_wrong_secret_is_refused_with_one_line(launch, tmp_path):
     assert host.finish() == 0
 
 
+def test_a_second_job_on_a_running_jobs_endpoint_is_refused_at_once_naming_the_job_that_holds_it(launch, tmp_path):
+    """Issue 34: another --rdzv-id on the same endpoint printed "0/2 nodes joined" and waited out its join_timeout
+    (600 s by default) before exit 3. Refused at its handshake now: one line naming the endpoint and the job holding
+    it, exit 3 within seconds (its join_timeout here is 120 s); the running job is undisturbed."""
+    addr = fresh_loopback()
+    finish = tmp_path / "finish"
+    held = launch(*_dynamic(addr, "1:2", "--rdzv-conf", "last_call_timeout=0.2", nproc=1),
+                  env=_env(tmp_path, NODE_WAIT_FILE=str(finish)))
+    held.wait_for(r"READY rank 0 world 1")
+    second = [*_dynamic(addr, "2", "--rdzv-conf", "join_timeout=120", nproc=1)]
+    second[second.index("itest")] = "other-job"
+    intruder = launch(*second, env=_env(tmp_path))
+    assert intruder.finish(timeout=30) == 3  # not after its join_timeout
+    assert intruder.err == [f"rankrun: error: rendezvous {addr}:29400: held by job itest, not this node's job other-job "
+                            "(--rdzv-id): another job's rendezvous runs on this endpoint; give this job an endpoint of its "
+                            "own (--rdzv-endpoint HOST:PORT)"]
+    assert intruder.out == []
+    finish.touch()
+    assert held.finish() == 0, held.err
+    assert not any("joined" in line or "round 2" in line for line in held.err), held.err
+
+
 def test_a_missing_static_node_times_out_naming_it(launch, tmp_path):
     addr = fresh_loopback()
     alone = launch(*_static(addr, 3, 0, "--rdzv-conf", "join_timeout=1"), env=_env(tmp_path))

@@ -211,7 +211,8 @@ def test_the_exception_tree_in_errors_is_the_whole_tree():
 
 
 _TREE = {"RankrunError", "UsageError", "ArgumentError", "NotSupportedYetError", "LauncherError", "StoreError", "SpawnError",
-         "StoreUnavailable", "AuthenticationFailed", "LeaseLost", "Compacted", "NotCoordinator", "RendezvousClosed", "EtcdError"}
+         "StoreUnavailable", "AuthenticationFailed", "LeaseLost", "Compacted", "NotCoordinator", "RendezvousClosed",
+         "RendezvousHeld", "EtcdError"}
 
 
 def _derives_from_the_tree(node: ast.ClassDef) -> bool:

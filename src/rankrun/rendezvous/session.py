@@ -41,7 +41,7 @@ from rankrun.rendezvous.listener import SharedListener
 from rankrun.rendezvous.member import Member
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
-from rankrun.store.api import AuthenticationFailed, EventKind, Store, StoreUnavailable
+from rankrun.store.api import AuthenticationFailed, EventKind, RendezvousHeld, Store, StoreUnavailable
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.liveness import Liveness
 from rankrun.store.embedded.relay import Relay
@@ -227,7 +227,7 @@ async def _try_to_host(
         must = rdzv.conf.is_host is True
     memory = MemoryStore()
     routing, line = _routing(spec)
-    server = StoreServer(memory, spec.secret, routing=routing)
+    server = StoreServer(memory, spec.secret, routing=routing, job=rdzv.run_id)  # another job's nodes: refused at once
     listener = SharedListener(server, worker_store)
     try:
         bound = await listener.start(host, port)
@@ -298,8 +298,9 @@ async def _connect(spec: LaunchSpec, host: str, port: int, say: Say) -> StoreCli
     liveness = Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt)
     while True:
         try:
-            return await StoreClient.connect(host, port, spec.secret, spec.local_addr, liveness, relays=True)
-        except AuthenticationFailed:
+            return await StoreClient.connect(host, port, spec.secret, spec.local_addr, liveness, relays=True,
+                                             job=spec.rendezvous.run_id)
+        except (AuthenticationFailed, RendezvousHeld):  # no retry changes a secret, or another job's endpoint
             raise
         except StoreUnavailable as exc:
             if loop.time() + pause > deadline:

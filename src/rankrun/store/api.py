@@ -13,7 +13,8 @@ Implementations: ``store.memory.MemoryStore`` (the reference and the test double
 against each.
 
 Errors (all ``StoreUnavailable``, a ``rankrun.errors.LauncherError``, or below): the store cannot
-be reached or the connection was lost; ``AuthenticationFailed`` when the secrets do not match;
+be reached or the connection was lost; ``AuthenticationFailed`` when the secrets do not match; ``RendezvousHeld`` when
+the embedded store there is another job's;
 ``LeaseLost`` for an operation on a lease that no longer exists;
 ``Compacted`` for a watch from a revision the store no longer has. No call takes a timeout:
 callers bound them (``asyncio.timeout``), and every call may be cancelled. A networked store never
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol, TypeVar, overload
 
-from rankrun.errors import AuthenticationFailed, Compacted, LeaseLost, StoreUnavailable
+from rankrun.errors import AuthenticationFailed, Compacted, LeaseLost, RendezvousHeld, StoreUnavailable
 
-__all__ = ["AuthenticationFailed", "Compacted", "LeaseLost", "StoreUnavailable"]  # the seam's errors (rankrun.errors)
+# the seam's errors (rankrun.errors)
+__all__ = ["AuthenticationFailed", "Compacted", "LeaseLost", "RendezvousHeld", "StoreUnavailable"]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,16 @@ from typing import Any
 
 from rankrun.clock import seconds
 from rankrun.proof import client_proof, proof_matches, server_proof
-from rankrun.store.api import AuthenticationFailed, Compacted, Entry, Event, LeaseHandle, LeaseLost, StoreUnavailable
+from rankrun.store.api import (
+    AuthenticationFailed,
+    Compacted,
+    Entry,
+    Event,
+    LeaseHandle,
+    LeaseLost,
+    RendezvousHeld,
+    StoreUnavailable,
+)
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, froze_for, tune_socket
 
@@ -149,18 +158,20 @@ class StoreClient:
     async def connect(
         cls, host: str, port: int, secret: bytes | None = None, local_addr: str | None = None, liveness: Liveness | None = None,
         *, relay: Callable[[list[Any]], None] | None = None, at: str | None = None, token: int | None = None,
-        relays: bool = False,
+        relays: bool = False, job: str | None = None,
     ) -> StoreClient:
         """Connect and authenticate within the liveness window; ``StoreUnavailable`` (``AuthenticationFailed``) naming
         the endpoint otherwise. ``relay``: this is a relay's connection, and its agents' frames go there; ``at``: where
         its agents connect, and ``token`` the host's word that asked for it. ``relays``: this agent follows the host to a
         relay, and relays itself when asked (``store.embedded.routing``): ``serve`` is then the token to relay with;
-        ``via`` names the relay it was sent to."""
+        ``via`` names the relay it was sent to. ``job``: this node's run id, which the host checks against its own
+        (``RendezvousHeld`` when the endpoint is another job's)."""
         client = cls(f"{host}:{port}", liveness)
         client.relayed = relay
         try:
             async with asyncio.timeout(client.liveness.window):
-                await client._connect(host, port, secret, local_addr, relay_hello={"at": at, "for": token}, relays=relays)
+                await client._connect(host, port, secret, local_addr, relay_hello={"at": at, "for": token}, relays=relays,
+                                      job=job)
                 if client.redirect is None:
                     return client
                 # sent to a relay: the same handshake there (the relay knows the secret; it sends nobody further)
@@ -168,14 +179,14 @@ class StoreClient:
                 relayed.via = client.redirect
                 client = relayed
                 relay_host, _, relay_port = relayed.via.rpartition(":")
-                return await relayed._connect(relay_host, int(relay_port), secret, local_addr)
+                return await relayed._connect(relay_host, int(relay_port), secret, local_addr, job=job)
         except TimeoutError:
             client.lost(client.silent_why(), whole=True)
             raise StoreUnavailable(f"rendezvous {client.endpoint}: no answer within {client.liveness.window:g} s "
                                    "(the network or the host is down)") from None
 
     async def _connect(self, host: str, port: int, secret: bytes | None, local_addr: str | None, *,
-                       relay_hello: dict[str, Any] | None = None, relays: bool = False) -> StoreClient:
+                       relay_hello: dict[str, Any] | None = None, relays: bool = False, job: str | None = None) -> StoreClient:
         client = self
         loop = asyncio.get_running_loop()
         try:
@@ -192,7 +203,7 @@ class StoreClient:
         client.local_address = sockname[0] if isinstance(sockname, tuple) else None
         tune_socket(transport.get_extra_info("socket"), client.liveness)
         try:
-            await client._handshake(secret, relay_hello=relay_hello, relays=relays)
+            await client._handshake(secret, relay_hello=relay_hello, relays=relays, job=job)
         except BaseException:
             transport.abort()
             raise
@@ -204,7 +215,7 @@ class StoreClient:
         return client
 
     async def _handshake(self, secret: bytes | None, *, relay_hello: dict[str, Any] | None = None,
-                         relays: bool = False) -> None:
+                         relays: bool = False, job: str | None = None) -> None:
         assert self._protocol is not None
         assert self._protocol.transport is not None
         nonce = os.urandom(16)
@@ -215,6 +226,8 @@ class StoreClient:
             hello |= {k: v for k, v in (relay_hello or {}).items() if v is not None}  # where its agents connect, for whom
         if relays:
             hello["relays"] = True
+        if job is not None:
+            hello["job"] = job
         self._protocol.transport.write(wire.MAGIC + wire.frame(hello))
         said = await self._handshake_frame()
         if relays and self._routed(said):  # sent on from its hello (``routing.early``): the relay proves the secret
@@ -231,6 +244,8 @@ class StoreClient:
         self._protocol.transport.write(wire.frame({"proof": proof}))
         answer = await self._handshake_frame()
         if not answer.get("ok"):
+            if "held" in answer:  # another job's endpoint: no retry will change that
+                raise RendezvousHeld(f"rendezvous {self.endpoint}: {answer.get('error', 'held by another job')}")
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: {answer.get('error', 'refused')}")
         if secret is not None and not proof_matches(server_proof(secret, challenge, nonce), answer.get("proof")):
             raise AuthenticationFailed(f"rendezvous {self.endpoint}: the server does not know this job's secret")

@@ -12,7 +12,10 @@ one turn by the coordinator, reach it together). A connection that says ``"relay
 watches, its frames in the relay's batches; the relay's connection lost, every one of them is.
 
 With a secret, a connection must complete the challenge-response of ``store.embedded.wire`` before
-any operation; a peer that fails is told so in one frame, closed, and logged once per address. An agent sent to a relay
+any operation; a peer that fails is told so in one frame, closed, and logged once per address. A server that serves a
+job (``job``: its run id) refuses, in the same place, a client whose hello names another job: a second job started
+on a running job's endpoint learns at once that the endpoint is held, and by which job (named only to a client that
+proved the secret), instead of joining keys nobody coordinates and waiting out its join_timeout. An agent sent to a relay
 (``store.embedded.routing``) may be told so in reply to its hello, before any proof: it operates nowhere here, and the
 relay asks for the proof.
 A launch serves only connections that ``rendezvous.listener.SharedListener`` accepted on the shared port and handed
@@ -52,6 +55,7 @@ class _Connection(asyncio.Protocol):
         self._prefix = b""  # bytes before the frames start (the magic)
         self._frames = wire.FrameReader()
         self._state = "magic"  # magic → hello → proof → ready
+        self._job: str | None = None  # the run id the client's hello names (an older client's names none)
         self._nonce = b""
         self._challenge = b""
         self._leases: set[int] = set()
@@ -174,9 +178,14 @@ class _Connection(asyncio.Protocol):
         elif self._state == "proof":
             secret = self._server.secret
             expected = client_proof(secret, self._challenge, self._nonce) if secret is not None else ""
+            foreign = self._foreign()
             if secret is not None and not proof_matches(expected, msg.get("proof")):
                 self._server.rejected(self.peer)
-                self._send({"ok": False, "error": "authentication failed: this job's rendezvous needs its secret"})
+                self._send({"ok": False, "error": refused(foreign, proved=False)})
+                self._close("")
+                return
+            if foreign is not None:
+                self._send({"ok": False, "error": refused(foreign, proved=True), "held": foreign[0]})
                 self._close("")
                 return
             self._state = "ready"
@@ -193,6 +202,8 @@ class _Connection(asyncio.Protocol):
             self._close(f"unsupported protocol version {msg.get('hello')!r} (this server speaks {wire.VERSION})")
             return
         self._nonce = wire.unb64(msg.get("nonce", ""))
+        job = msg.get("job")
+        self._job = job if isinstance(job, str) else None
         if msg.get("relay") is True:  # a relay: after the handshake, its agents' frames (``_relayed``)
             self._virtual = {}
             self._at = str(msg.get("at") or "")
@@ -203,7 +214,7 @@ class _Connection(asyncio.Protocol):
         if liveness is not None:
             self._watch_silence(liveness)
         routing = self._server.routing
-        if routing is not None and self._offers and self._virtual is None:
+        if routing is not None and self._offers and self._virtual is None and self._foreign() is None:
             early = routing.early(self)  # every relay asked: the crowd is sent on from its hello (``routing``)
             if isinstance(early, Wait):
                 self._state = "waiting"
@@ -214,6 +225,13 @@ class _Connection(asyncio.Protocol):
         self._challenge = os.urandom(16)
         self._state = "proof"
         self._send({"version": wire.VERSION, "challenge": wire.b64(self._challenge), "auth": self._server.secret is not None})
+
+    def _foreign(self) -> tuple[str, str] | None:
+        """(this server's job, the client's) when the client's hello names another job than the one served here."""
+        mine = self._server.job
+        if mine is None or self._job is None or self._job == mine:
+            return None
+        return mine, self._job
 
     def _route(self) -> Route | None:
         """Where an authenticated connection is served (``store.embedded.routing``): None, here as always."""
@@ -437,12 +455,27 @@ _OPS: dict[str, Callable[[_Connection, dict[str, Any]], Any]] = {
 }
 
 
+def refused(foreign: tuple[str, str] | None, *, proved: bool) -> str:
+    """Why a connection is refused at its proof (pure): the secret, or another job's endpoint (``foreign``: this
+    server's job, the client's); the job held here is named only to a client that ``proved`` the secret."""
+    if foreign is None:
+        return "authentication failed: this job's rendezvous needs its secret"
+    held, asked = foreign
+    if not proved:
+        return (f"authentication failed: this endpoint serves another job's rendezvous, not job {asked}'s, with a "
+                "secret this node does not have")
+    return (f"held by job {held}, not this node's job {asked} (--rdzv-id): another job's rendezvous runs on this "
+            "endpoint; give this job an endpoint of its own (--rdzv-endpoint HOST:PORT)")
+
+
 class StoreServer:
     """Serves ``store`` to the connections it is handed (``adopt``) or accepts itself (``start``), until ``close()``."""
 
-    def __init__(self, store: MemoryStore, secret: bytes | None = None, routing: Routing[_Connection] | None = None) -> None:
+    def __init__(self, store: MemoryStore, secret: bytes | None = None, routing: Routing[_Connection] | None = None,
+                 job: str | None = None) -> None:
         self.store = store
         self.secret = secret
+        self.job = job  # the run id of the job served here (None: any; the contract tests, a relay's own server)
         self.routing = routing  # past what the host holds: some agents relay, the rest are sent to them
         self.connections: set[_Connection] = set()
         # connections watched for silence, by the liveness their clients asked for (a job asks for one): one timer per

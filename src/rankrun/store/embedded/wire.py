@@ -10,11 +10,13 @@ Handshake (versioned; with a per-job secret it is a mutual HMAC-SHA256 challenge
 the secret is never sent, and each side's fresh nonce makes a recorded exchange useless; the proofs are
 ``rankrun.proof``'s)::
 
-    client → server   RKRN {"hello": 1, "nonce": <16 random bytes>}
+    client → server   RKRN {"hello": 1, "nonce": <16 random bytes>, "job": <its run id>}
     server → client   {"version": 1, "challenge": <16 random bytes>, "auth": true|false}
     client → server   {"proof": HMAC(secret, "rankrun-client" | challenge | nonce)}   ("" without a secret)
     server → client   {"ok": true, "proof": HMAC(secret, "rankrun-server" | nonce | challenge)}
                       or {"ok": false, "error": "..."} and the connection is closed
+                      ({"ok": false, "error": "...", "held": <the server's run id>} for a client of another job:
+                      the server serves one job, and names it only to a client that proved the secret)
 
 Then requests ``{"id": n, "op": "...", ...}`` get replies ``{"id": n, "r": ...}`` or
 ``{"id": n, "err": kind, "msg": text}``; the server also pushes ``{"watch": w, "ev": [...]}``
