@@ -24,6 +24,7 @@ from rankrun.fsutil import which
 from rankrun.proc.early import EarlyCatcher
 from rankrun.spec import (
     DEFAULT_PREFIX_TEMPLATE,
+    DEFAULT_RUN_ID,
     DEFAULT_SIGNALS,
     ETCD_V2_NOTE,
     DynamicRendezvous,
@@ -54,6 +55,7 @@ from rankrun.spec import (
     parse_std_map,
     resolve_backend,
     unknown_conf_note,
+    unused_id_note,
     uuid4_from,
 )
 
@@ -101,7 +103,8 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND",
      {"default": "static", "help": "static, c10d or etcd (etcd-v2: an alias)"}),
     (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": "", "help": "HOST[:PORT] (etcd: a list)"}),
-    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": "none", "help": "job id, becomes TORCHELASTIC_RUN_ID"}),
+    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": DEFAULT_RUN_ID,
+     "help": "job id, becomes TORCHELASTIC_RUN_ID (a standalone run, as torchrun's, gets a fresh one instead)"}),
     (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),
     (("--max-restarts", "--max_restarts"), "MAX_RESTARTS",
      {"default": 0, "type": int, "help": "restarts of the worker group after a failure (default 0)"}),
@@ -384,7 +387,10 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None and max_nodes == 1
     local_host = ns.local_addr or "127.0.0.1"
     if ns.standalone or implicit:
-        return Standalone(uuid4_from(os.urandom(16)), conf, min_nodes, max_nodes), StoreSpec(local_host, 0)
+        fresh = uuid4_from(os.urandom(16))
+        if (note := unused_id_note(ns.rdzv_id, fresh, explicit=ns.standalone)) is not None:
+            print(note, file=sys.stderr)
+        return Standalone(fresh, conf, min_nodes, max_nodes), StoreSpec(local_host, 0)
     # torchrun: an empty --rdzv-id becomes a random uuid4's integer value
     run_id = ns.rdzv_id if ns.rdzv_id else str(int(uuid4_from(os.urandom(16)).replace("-", ""), 16))
     if backend == "static":

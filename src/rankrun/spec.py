@@ -489,6 +489,28 @@ def parse_rdzv_conf(value: str) -> tuple[RendezvousConf, tuple[str, ...]]:
     return RendezvousConf(**fields), tuple(unknown)
 
 
+DEFAULT_RUN_ID = "none"  # torchrun's --rdzv-id default: the run id of a static job that names none
+
+
+def rendezvous_name(run_id: str) -> str:
+    """How a line names the job's rendezvous: by its run id, unless that is torchrun's default, which reads as if
+    there were no rendezvous (``rendezvous none: no secret``)."""
+    return "rendezvous" if run_id == DEFAULT_RUN_ID else f"rendezvous {run_id}"
+
+
+def unused_id_note(given: str, run_id: str, *, explicit: bool) -> str | None:
+    """The line for an ``--rdzv-id`` that a standalone run (``explicit``: ``--standalone``) does not use. torchrun
+    gives every standalone run a fresh id whatever ``--rdzv-id`` says (its ``run.run``), silently; the workers' id
+    stays torchrun's, and a user who named the job is told the id it runs as, and how to keep theirs."""
+    if given in ("", DEFAULT_RUN_ID):  # no id, or torchrun's default: nothing of the user's is dropped
+        return None
+    why = "--standalone" if explicit else "one node without --rdzv-endpoint or --master-port runs standalone, which"
+    keep = "drop --standalone and add" if explicit else "add"
+    return (f"rankrun: note: --rdzv-id {given} is not used: {why} gives each run a fresh id, as torchrun does; the "
+            f"workers' TORCHELASTIC_RUN_ID, the events, the metrics and the DCGM files name {run_id}; to run as {given}, "
+            f"{keep} --rdzv-backend c10d --rdzv-endpoint localhost:0")
+
+
 def unknown_conf_note(keys: Sequence[str]) -> str:
     """The warning for ``--rdzv-conf`` keys nobody reads (torchrun is silent; a typo should still be seen)."""
     names = ", ".join(repr(k) for k in keys)

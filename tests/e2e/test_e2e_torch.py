@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,8 +25,6 @@ def _dump_env(tmp_path: Path, cmd: tuple[str, ...], name: str) -> dict[str, dict
     out = tmp_path / name
     out.mkdir()
     env = clean_environ() | {"TEST_OUT": str(out)}
-    import subprocess  # noqa: PLC0415
-
     res = subprocess.run([*cmd, "--nproc-per-node", "4", payload("envdump.py"), "--foo", "bar"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
@@ -63,6 +62,32 @@ def test_worker_env_nproc4_matches_golden_and_torchrun(tmp_path, private_tmpdir)
     assert len({e["MASTER_PORT"] for e in ours.values()}) == 1
     golden = json.loads((GOLDEN / "worker_env_nproc4.json").read_text())
     assert {r: _normalise(e) for r, e in sorted(ours.items())} == golden
+
+
+@pytest.mark.parametrize("shape", [
+    (), ("--standalone",), ("--master-port", "0"), ("--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"),
+], ids=["implicit-standalone", "standalone", "static", "c10d"])
+def test_rdzv_id_reaches_the_workers_exactly_when_torchruns_does(tmp_path, private_tmpdir, shape):
+    """torchrun 2.13 drops --rdzv-id on a standalone run (a fresh uuid4) and keeps it otherwise; rankrun's workers
+    see the same, and rankrun says so where it drops one."""
+    argv = ("--nproc-per-node", "1", "--rdzv-id", "dcgmjob", *shape, "--no-python", "sh", "-c", "echo $TORCHELASTIC_RUN_ID")
+    ours = run_cli(*argv, cwd=tmp_path)
+    theirs = subprocess.run([*TORCHRUN, *argv], env=clean_environ(), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, check=False)
+    from rankrun.fsutil import remove_tree  # noqa: PLC0415
+
+    for leaked in private_tmpdir.iterdir():  # torchrun leaks one torchelastic_* dir per run (torchrun.md §8.1)
+        assert leaked.name.startswith("torchelastic_")
+        remove_tree(leaked)
+    assert (ours.returncode, theirs.returncode) == (0, 0), (ours.stderr, theirs.stderr)
+
+    def kind(run_id: str) -> str:
+        return "given" if run_id == "dcgmjob" else "uuid4" if re.fullmatch(UUID, run_id) else run_id
+
+    assert kind(ours.stdout.strip()) == kind(theirs.stdout.strip())
+    dropped = kind(ours.stdout.strip()) == "uuid4"
+    assert ("rankrun: note: --rdzv-id dcgmjob is not used" in ours.stderr) == dropped
+    assert dropped == (shape in ((), ("--standalone",)))
 
 
 def test_allreduce_over_env_init(tmp_path):

@@ -154,7 +154,7 @@ def test_an_unreachable_etcd_is_one_line_and_exit_3(launch):
     nowhere = f"{fresh_address()}:2379,{fresh_address()}:2379"
     run = launch(*_args(nowhere, "none", "2"), "--no-python", "true", env=_env())
     assert run.finish() == 3
-    assert len(run.err) == 1 and run.err[0].startswith("rankrun: error: rendezvous none: cannot use etcd"), run.err
+    assert len(run.err) == 1 and run.err[0].startswith("rankrun: error: rendezvous: cannot use etcd"), run.err
     assert nowhere.split(",", maxsplit=1)[0].split(":", maxsplit=1)[0] in run.err[0] and "refused" in run.err[0]
 
 

@@ -4,7 +4,9 @@ and dcgm-exporter's GPU-to-job files (``DCGM_HPC_JOB_MAPPING_DIR``), after a cle
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("private_tmpdir")
 WORKER = payload("events_worker.py")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 STATES = "torchelastic.worker.status."
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 
 
 def _torch_lines(stderr: str) -> list[dict[str, object]]:
@@ -72,3 +75,32 @@ def test_dcgm_files_go_with_a_launcher_killed_with_sigkill(launch, tmp_path):
         time.sleep(0.02)
     assert list(mapping.iterdir()) == []
     assert not alive(run.proc.pid)
+
+
+def test_an_unused_rdzv_id_is_said_and_one_fresh_id_names_the_run_everywhere(launch, tmp_path):
+    """A single node with --rdzv-id and no --standalone: torchrun's implicit standalone, whose workers get a fresh
+    uuid whatever --rdzv-id says (torchrun 2.13, as tests/e2e/test_e2e_torch.py compares). The worker's
+    TORCHELASTIC_RUN_ID, the events, the metrics and the DCGM file name that one id; one line says --rdzv-id is not it."""
+    mapping, events, pids = tmp_path / "dcgm", tmp_path / "events.jsonl", tmp_path / "pids"
+    mapping.mkdir()
+    env = clean_environ() | {"DCGM_HPC_JOB_MAPPING_DIR": str(mapping), "WAIT_FILE": str(tmp_path / "go")}
+    run = launch("--rdzv-id", "dcgmjob", "--events", str(events), "--metrics-port", "0", WORKER, env=env)
+    said = run.wait_for(r"^rankrun: metrics at http://\S+$|^READY rank 0 attempt 0$", count=2)  # two streams: any order
+    (address,) = [line.split()[-1] for line in said if line.startswith("rankrun: metrics at ")]
+    with urllib.request.urlopen(address, timeout=30) as reply:
+        series = reply.read().decode()
+    (worker,) = [int(p.read_text()) for p in pids.glob("w*")]
+    worker_env = dict(item.split("=", 1) for item in Path(f"/proc/{worker}/environ").read_text().split("\0") if "=" in item)
+    run_id = worker_env["TORCHELASTIC_RUN_ID"]
+    assert re.fullmatch(UUID, run_id)
+    assert {p.name: p.read_text() for p in mapping.iterdir()} == {"0": f"{run_id}\n"}
+    labels = set(re.findall(r'run="([^"]*)"', series))
+    (tmp_path / "go").touch()
+    assert run.finish() == 0
+    assert labels == {run_id}
+    assert {json.loads(line)["run"] for line in events.read_text().splitlines()} == {run_id}
+    assert [line for line in run.err if "dcgmjob" in line] == [
+        f"rankrun: note: --rdzv-id dcgmjob is not used: one node without --rdzv-endpoint or --master-port runs "
+        f"standalone, which gives each run a fresh id, as torchrun does; the workers' TORCHELASTIC_RUN_ID, the events, "
+        f"the metrics and the DCGM files name {run_id}; to run as dcgmjob, add --rdzv-backend c10d --rdzv-endpoint "
+        "localhost:0"]

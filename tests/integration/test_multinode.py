@@ -163,10 +163,14 @@ def test_a_second_job_on_a_running_jobs_endpoint_is_refused_at_once_naming_the_j
 
 
 def test_a_missing_static_node_times_out_naming_it(launch, tmp_path):
+    """No --rdzv-id: torchrun's default id ``none`` is the run's, but no line calls the rendezvous "none"."""
     addr = fresh_loopback()
-    alone = launch(*_static(addr, 3, 0, "--rdzv-conf", "join_timeout=1"), env=_env(tmp_path))
+    env = {k: v for k, v in _env(tmp_path).items() if k != "RANKRUN_RDZV_SECRET"}
+    alone = launch(*_static(addr, 3, 0, "--rdzv-conf", "join_timeout=1"), env=env)
     assert alone.finish() == 3
-    assert alone.err[-1].startswith("rankrun: error: rendezvous none: timed out after 1 s (join_timeout) waiting for the other")
+    assert alone.err[0] == ("rankrun: rendezvous: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): any "
+                            "host that can reach the endpoint can join this job")
+    assert alone.err[-1].startswith("rankrun: error: rendezvous: timed out after 1 s (join_timeout) waiting for the other")
     assert alone.err[-1].endswith("1 of 3 joined; node ranks never seen: 1, 2")
 
 

@@ -30,7 +30,9 @@ from rankrun.spec import (
     parse_rdzv_conf,
     parse_signals,
     parse_std_map,
+    rendezvous_name,
     resolve_backend,
+    unused_id_note,
     uuid4_from,
 )
 
@@ -133,6 +135,43 @@ def test_implicit_standalone_static_and_c10d(tmp_path):
     assert (c10d.rendezvous.endpoint_host, c10d.rendezvous.run_id, c10d.store.port) == ("localhost", "job1", 0)
     empty_id = _spec(tmp_path, "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "")
     assert empty_id.rendezvous.run_id.isdigit()
+
+
+@pytest.mark.parametrize(("argv", "env", "note"), [
+    (["--rdzv-id", "dcgmjob"], {}, "one node without --rdzv-endpoint or --master-port runs standalone, which gives"),
+    (["--standalone", "--rdzv_id=dcgmjob"], {}, "--standalone gives"),
+    ([], {"PET_RDZV_ID": "dcgmjob"}, "one node without"),
+    (["--rdzv-id", ""], {}, None),  # empty: a fresh id asked for
+    (["--rdzv-id", "none"], {}, None),  # torchrun's default spelled out
+    (["--rdzv-id", "dcgmjob", "--master-port", "0"], {}, None),  # static: the id is the run's
+    (["--rdzv-id", "dcgmjob", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"], {}, None),
+])
+def test_a_standalone_run_says_the_rdzv_id_it_does_not_use(tmp_path, capsys, argv, env, note):
+    """torchrun drops --rdzv-id on a standalone run (a fresh uuid, silently); rankrun's workers get torchrun's id
+    and one line names the id the user gave, the one the run has, and how to keep theirs."""
+    spec = _spec(tmp_path, *argv, env=env)
+    err = capsys.readouterr().err
+    if note is None:
+        assert err == ""
+        return
+    assert isinstance(spec.rendezvous, Standalone) and spec.rendezvous.run_id != "dcgmjob"
+    assert err.startswith(f"rankrun: note: --rdzv-id dcgmjob is not used: {note}")
+    assert f" name {spec.rendezvous.run_id}; to run as dcgmjob, " in err and err.count("\n") == 1
+
+
+def test_unused_id_note_and_rendezvous_name():
+    assert unused_id_note("none", "u", explicit=False) is None
+    assert unused_id_note("", "u", explicit=True) is None
+    assert unused_id_note("j", "u", explicit=True) == (
+        "rankrun: note: --rdzv-id j is not used: --standalone gives each run a fresh id, as torchrun does; the workers' "
+        "TORCHELASTIC_RUN_ID, the events, the metrics and the DCGM files name u; to run as j, drop --standalone and "
+        "add --rdzv-backend c10d --rdzv-endpoint localhost:0")
+    assert unused_id_note("j", "u", explicit=False) == (
+        "rankrun: note: --rdzv-id j is not used: one node without --rdzv-endpoint or --master-port runs standalone, "
+        "which gives each run a fresh id, as torchrun does; the workers' TORCHELASTIC_RUN_ID, the events, the metrics "
+        "and the DCGM files name u; to run as j, add --rdzv-backend c10d --rdzv-endpoint localhost:0")
+    assert rendezvous_name("none") == "rendezvous"  # torchrun's default id reads as "no rendezvous"
+    assert rendezvous_name("job42") == "rendezvous job42"
 
 
 def test_pet_environment_defaults_and_cli_wins(tmp_path):

@@ -58,7 +58,7 @@ from rankrun.rendezvous.keys import Assignment, Excluded, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member, wall_time
 from rankrun.rendezvous.session import Session, open_session
 from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
-from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous, on_etcd
+from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous, on_etcd, rendezvous_name
 from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
 
@@ -79,7 +79,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
     assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
     etcd = on_etcd(rdzv)
     if not etcd and spec.secret is None:
-        deps.console.say(f"rendezvous {rdzv.run_id}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
+        deps.console.say(f"{rendezvous_name(rdzv.run_id)}: no secret (RANKRUN_RDZV_SECRET or --rdzv-conf secret_file=PATH): "
                          "any host that can reach the endpoint can join this job")
     sick = await unhealthy(spec, deps, stops)  # --health-check before the first round, before joining
     said = f"health check: {sick}" if sick is not None else None  # in the join itself: never counted in a round
@@ -87,7 +87,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
         async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous,
                                 unhealthy=said) as session:
             if etcd and rdzv.conf.user is None and rdzv.conf.ssl_cert is None:  # etcd's own users or certificates guard it
-                deps.console.say(f"rendezvous {rdzv.run_id}: etcd without a user or client certificate (--rdzv-conf user=, "
+                deps.console.say(f"{rendezvous_name(rdzv.run_id)}: etcd without a user or client certificate (--rdzv-conf user=, "
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
             if begin is not None:
                 await begin(session.member.info.addr or session.address)
@@ -166,7 +166,7 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         if outcome.interrupted_by is not None:
             return Outcome.signalled(outcome.interrupted_by, restarts)
         if member.lease.lost.is_set():
-            raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: this node lost its place in the job: "
+            raise LauncherError(f"{rendezvous_name(spec.rendezvous.run_id)}: this node lost its place in the job: "
                                 f"{session.why_lost()}; workers stopped")
         await _round_over(spec, deps, member, api, word, last, attempt)
         previous = word.round
@@ -194,7 +194,7 @@ async def _round_over(  # noqa: PLR0917 - private; what _rounds holds
     """This node's workers of ``word``'s round are gone: say how they ended."""
     outcome = last.outcome
     if outcome.regrouped is not None:
-        deps.console.say(f"rendezvous {spec.rendezvous.run_id}: round {word.round} stopped: {outcome.regrouped}")
+        deps.console.say(f"{rendezvous_name(spec.rendezvous.run_id)}: round {word.round} stopped: {outcome.regrouped}")
     else:  # the workers ended by themselves: say how
         if api is not None:  # rankrun.launch: this node's values, or failures, for the others
             await api.report(word, outcome.failed, last.results)
@@ -259,7 +259,7 @@ async def _network_check(  # noqa: PLR0917 - private; what _rounds holds
             return await measure(addr, port, spec.secret, size=netcheck.SIZE, pings=netcheck.PINGS,
                                  timeout=netcheck.MEASURE_TIMEOUT)
         except ProbeError as exc:
-            deps.console.say(f"rendezvous {run_id}: network check: {exc}")
+            deps.console.say(f"{rendezvous_name(run_id)}: network check: {exc}")
             return None
 
     reach = netcheck.reach(spec.health.timeout if spec.health.check is not None else None)
@@ -270,18 +270,18 @@ async def _network_check(  # noqa: PLR0917 - private; what _rounds holds
         async with asyncio.timeout(bound):
             index, verdict = await first_of(part, member.round_changed(word.round), stops.arrived())
     except TimeoutError:
-        deps.console.say(f"rendezvous {run_id}: round {word.round}'s network check gave no verdict within "
+        deps.console.say(f"{rendezvous_name(run_id)}: round {word.round}'s network check gave no verdict within "
                          f"{bound:g} s; starting the workers")
         return True
     except StoreUnavailable as exc:
-        raise LauncherError(f"rendezvous {run_id}: {exc}") from exc
+        raise LauncherError(f"{rendezvous_name(run_id)}: {exc}") from exc
     if index != 0:
         return index == 2
     return not verdict
 
 
 def _say_spare(spec: LaunchSpec, deps: AgentDeps) -> bool:
-    deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job is full ({spec.rendezvous.max_nodes} nodes); "
+    deps.console.say(f"{rendezvous_name(spec.rendezvous.run_id)}: the job is full ({spec.rendezvous.max_nodes} nodes); "
                      "this node waits as a spare")
     return True
 
@@ -353,16 +353,16 @@ async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
             deps.console.say(f"received {signal_name(stop.signum)} while serving the job without workers; exiting")
             return Outcome.signalled(stop.signum, restarts)
         if index == 2:
-            raise LauncherError(f"rendezvous {run_id}: lost its place while serving the job: {session.why_lost()}")
+            raise LauncherError(f"{rendezvous_name(run_id)}: lost its place while serving the job: {session.why_lost()}")
         end: RoundWord = value
         _tell_excluded(deps, end, heard)
         break
-    deps.console.say(f"rendezvous {run_id}: the job ended ({'succeeded' if end.ok else 'failed'}); this node served it "
+    deps.console.say(f"{rendezvous_name(run_id)}: the job ended ({'succeeded' if end.ok else 'failed'}); this node served it "
                      f"without workers: excluded: {word.reason}")
     if end.ok:
         return Outcome.succeeded(end.restarts)
     if end.stranded:
-        raise LauncherError(f"rendezvous {run_id}: the job ended: {end.reason}")
+        raise LauncherError(f"{rendezvous_name(run_id)}: the job ended: {end.reason}")
     return Outcome.failed(end.restarts, None, end.cause or end.reason, excluded=dict(end.excluded))
 
 
@@ -374,13 +374,13 @@ async def _ended(  # noqa: PLR0917 - private; what _rounds holds
         await api.job_ended(word.word, placed, deps.console.say)
     end = word.word
     if spare:
-        deps.console.say(f"rendezvous {spec.rendezvous.run_id}: the job ended "
+        deps.console.say(f"{rendezvous_name(spec.rendezvous.run_id)}: the job ended "
                          f"({'succeeded' if end.ok else 'failed'}) while this node waited as a spare")
         return Outcome.succeeded(end.restarts)
     if end.ok:
         return Outcome.succeeded(end.restarts)
     if end.stranded:  # not the workers' failure: the job could not go on with the nodes left
-        raise LauncherError(f"rendezvous {spec.rendezvous.run_id}: the job ended: {end.reason}")
+        raise LauncherError(f"{rendezvous_name(spec.rendezvous.run_id)}: the job ended: {end.reason}")
     return Outcome.failed(end.restarts, last, end.cause or end.reason, excluded=excluded)
 
 
@@ -422,13 +422,13 @@ async def _wait_for_word(
                     if stop is not None:
                         return stop
                     continue  # another consumer took it first
-                raise LauncherError(f"rendezvous {rdzv.run_id}: lost its place while waiting: {session.why_lost()}")
+                raise LauncherError(f"{rendezvous_name(rdzv.run_id)}: lost its place while waiting: {session.why_lost()}")
     except TimeoutError:
         if sick is not None:
             raise NodeExcluded(excluded_line(deps.host, rdzv.run_id, sick)) from None
         raise LauncherError(await _timeout_message(spec, member)) from None
     except StoreUnavailable as exc:
-        raise LauncherError(f"rendezvous {rdzv.run_id}: {exc}") from exc
+        raise LauncherError(f"{rendezvous_name(rdzv.run_id)}: {exc}") from exc
     finally:
         progress.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -444,14 +444,15 @@ async def _progress(spec: LaunchSpec, deps: AgentDeps, member: Member) -> None:
         with contextlib.suppress(StoreUnavailable):
             status = await member.status()
             names = ", ".join(status.names) + (", ..." if status.joined > len(status.names) else "")
-            deps.console.say(f"rendezvous {rdzv.run_id}: {status.joined}/{rdzv.max_nodes} nodes joined "
+            deps.console.say(f"{rendezvous_name(rdzv.run_id)}: {status.joined}/{rdzv.max_nodes} nodes joined "
                              f"(min {rdzv.min_nodes}, max {rdzv.max_nodes}), waiting {loop.time() - started:.0f} s"
                              + (f"; joined: {names}" if names else ""))
 
 
 async def _timeout_message(spec: LaunchSpec, member: Member) -> str:
     rdzv = spec.rendezvous
-    text = f"rendezvous {rdzv.run_id}: timed out after {rdzv.conf.join_timeout:.0f} s (join_timeout) waiting for the other nodes"
+    text = (f"{rendezvous_name(rdzv.run_id)}: timed out after {rdzv.conf.join_timeout:.0f} s (join_timeout) waiting for "
+            "the other nodes")
     with contextlib.suppress(StoreUnavailable):
         status = await member.status()
         wanted = str(rdzv.min_nodes) if rdzv.min_nodes == rdzv.max_nodes else f"{rdzv.min_nodes}-{rdzv.max_nodes}"

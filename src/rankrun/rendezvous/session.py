@@ -40,7 +40,7 @@ from rankrun.rendezvous.keys import Keys
 from rankrun.rendezvous.listener import SharedListener
 from rankrun.rendezvous.member import Member
 from rankrun.rendezvous.round import NodeInfo, Settings
-from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd
+from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd, rendezvous_name
 from rankrun.store.api import AuthenticationFailed, EventKind, RendezvousHeld, Store, StoreUnavailable
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.liveness import Liveness
@@ -347,13 +347,13 @@ async def _open_etcd(
         job = await job_lease(store, keys.job, 2 * lease_ttl, store.lease)
         # from now on an outage (an election) is waited out, up to read_timeout, and said
         gateway.retry_for = conf.read_timeout
-        gateway.say = lambda line: say(f"rendezvous {rdzv.run_id}: {line}")
+        gateway.say = lambda line: say(f"{rendezvous_name(rdzv.run_id)}: {line}")
         addr = spec.local_addr or store.local_address or "127.0.0.1"
         port = await worker_store.start(addr, 0)
         member = await Member.join(store, keys, node_info(spec, addr, is_host=False, unhealthy=unhealthy), lease_ttl, job)
     except StoreUnavailable as exc:
         tried = ", ".join(map(str, rdzv.etcd_endpoints))
-        raise LauncherError(f"rendezvous {rdzv.run_id}: cannot use etcd ({tried}): {exc}") from None
+        raise LauncherError(f"{rendezvous_name(rdzv.run_id)}: cannot use etcd ({tried}): {exc}") from None
     lost_why = (f"its etcd lease expired (no keep-alive reached etcd for {lease_ttl:g} s: keep_alive_interval x "
                 "keep_alive_max_attempt; was this agent stopped or starved?)")
     session = Session(member, addr, store, lost_why)
