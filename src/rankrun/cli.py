@@ -80,6 +80,20 @@ class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, width=_columns() - 2)
 
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        """One spelling of each multi-word option (``--nproc-per-node N``, not ``..., --nproc_per_node N`` too): the
+        description says the other works; the list stays half as long."""
+        shown = _shown_spellings(action.option_strings)
+        if shown == action.option_strings:
+            return super()._format_action_invocation(action)
+        one = argparse.Action(shown, action.dest, nargs=action.nargs, metavar=action.metavar, choices=action.choices)
+        return super()._format_action_invocation(one)
+
+
+def _shown_spellings(names: Sequence[str]) -> list[str]:
+    """The option's spellings but torchrun's underscore twin of one already there (``--nproc_per_node``)."""
+    return [n for n in names if not ("_" in n and n.replace("_", "-") in names)]
+
 
 def _columns() -> int:
     """``shutil.get_terminal_size().columns``: ``COLUMNS``, else the terminal on stdout, else 80."""
@@ -97,70 +111,82 @@ def _columns() -> int:
 
 # (spellings, PET name or None, argparse kwargs). Multi-word options get both spellings, as in torchrun.
 _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
-    (("--nnodes",), "NNODES", {"default": "1:1", "help": "number of nodes, N or MIN:MAX (elastic, with --rdzv-backend c10d)"}),
+    (("--nnodes",), "NNODES",
+     {"metavar": "N|MIN:MAX", "default": "1:1", "help": "number of nodes, N or MIN:MAX (elastic, with --rdzv-backend c10d)"}),
     (("--nproc-per-node", "--nproc_per_node"), "NPROC_PER_NODE",
-     {"default": "1", "help": "workers per node: an integer, cpu, gpu or auto"}),
+     {"metavar": "N", "default": "1", "help": "workers per node: an integer, cpu, gpu or auto"}),
     (("--rdzv-backend", "--rdzv_backend"), "RDZV_BACKEND",
-     {"default": "static", "help": "static, c10d or etcd (etcd-v2: an alias)"}),
-    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT", {"default": "", "help": "HOST[:PORT] (etcd: a list)"}),
-    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"default": DEFAULT_RUN_ID,
+     {"metavar": "NAME", "default": "static", "help": "static, c10d or etcd (etcd-v2: an alias)"}),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), "RDZV_ENDPOINT",
+     {"metavar": "HOST:PORT", "default": "", "help": "HOST[:PORT] (etcd: a list)"}),
+    (("--rdzv-id", "--rdzv_id"), "RDZV_ID", {"metavar": "ID", "default": DEFAULT_RUN_ID,
      "help": "job id, becomes TORCHELASTIC_RUN_ID (a standalone run, as torchrun's, gets a fresh one instead)"}),
-    (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF", {"default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),
+    (("--rdzv-conf", "--rdzv_conf"), "RDZV_CONF",
+     {"metavar": "K=V,...", "default": "", "help": "k1=v1,k2=v2 rendezvous settings"}),
     (("--max-restarts", "--max_restarts"), "MAX_RESTARTS",
-     {"default": 0, "type": int, "help": "restarts of the worker group after a failure (default 0)"}),
+     {"metavar": "N", "default": 0, "type": int, "help": "restarts of the worker group after a failure (default 0)"}),
     (("--max-node-failures", "--max_node_failures"), "MAX_NODE_FAILURES",
      {"default": "2", "metavar": "K", "help": "several nodes: exclude a node from the job once it has been blamed for K "
       "failures (its workers failed first); it exits 4 (default 2, 0: never)"}),
     (("--monitor-interval", "--monitor_interval"), "MONITOR_INTERVAL",
-     {"default": 0.1, "type": float, "help": "accepted for compatibility; exits are events, not polled"}),
+     {"metavar": "SECONDS", "default": 0.1, "type": float, "help": "accepted for compatibility; exits are events, not polled"}),
     (("--start-method", "--start_method"), "START_METHOD",
      {"default": "spawn", "choices": ["spawn", "fork", "forkserver"], "help": "accepted for compatibility"}),
     (("--event-log-handler", "--event_log_handler"), "EVENT_LOG_HANDLER",
-     {"default": "null", "help": "accepted for compatibility: null, console or dynamic_rendezvous"}),
-    (("--role",), "ROLE", {"default": "default", "help": "worker role: ROLE_NAME and the console prefix"}),
+     {"metavar": "NAME", "default": "null", "help": "accepted for compatibility: null, console or dynamic_rendezvous"}),
+    (("--role",), "ROLE", {"metavar": "NAME", "default": "default", "help": "worker role: ROLE_NAME and the console prefix"}),
     (("--log-dir", "--log_dir"), "LOG_DIR",
-     {"default": None, "help": "keep per-rank logs in DIR/<run_id>_<rand>/attempt_<n>/<local_rank>/"}),
+     {"metavar": "DIR", "default": None, "help": "keep per-rank logs in DIR/<run_id>_<rand>/attempt_<n>/<local_rank>/"}),
     (("-r", "--redirects"), "REDIRECTS",
-     {"default": "0", "help": "send output to files only: 0-3 (1 stdout, 2 stderr, 3 both) or a map 0:3,1:1"}),
-    (("-t", "--tee"), "TEE", {"default": "0", "help": "write output to files and the console: same syntax as -r"}),
+     {"metavar": "MAP", "default": "0", "help": "send output to files only: 0-3 (1 stdout, 2 stderr, 3 both) or a map 0:3,1:1"}),
+    (("-t", "--tee"), "TEE",
+     {"metavar": "MAP", "default": "0", "help": "write output to files and the console: same syntax as -r"}),
     (("--local-ranks-filter", "--local_ranks_filter"), "LOCAL_RANKS_FILTER",
-     {"default": "", "help": "only these local ranks (comma list) reach the console"}),
+     {"metavar": "RANKS", "default": "", "help": "only these local ranks (comma list) reach the console"}),
     (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "DUPLICATE_STDOUT_FILTERS",
-     {"default": "", "help": "tee'd stdout lines containing any of these (comma list) also go to filtered_stdout.log"}),
+     {"metavar": "WORDS", "default": "",
+      "help": "tee'd stdout lines containing any of these (comma list) also go to filtered_stdout.log"}),
     (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "DUPLICATE_STDERR_FILTERS",
-     {"default": "", "help": "the same for stderr and filtered_stderr.log"}),
-    (("--node-rank", "--node_rank"), "NODE_RANK", {"default": 0, "type": int, "help": "this node's rank (static backend)"}),
+     {"metavar": "WORDS", "default": "", "help": "the same for stderr and filtered_stderr.log"}),
+    (("--node-rank", "--node_rank"), "NODE_RANK",
+     {"metavar": "N", "default": 0, "type": int, "help": "this node's rank (static backend)"}),
     (("--master-addr", "--master_addr"), "MASTER_ADDR",
-     {"default": "127.0.0.1", "help": "address the worker store binds and MASTER_ADDR (static backend)"}),
+     {"metavar": "ADDR", "default": "127.0.0.1", "help": "address the worker store binds and MASTER_ADDR (static backend)"}),
     (("--master-port", "--master_port"), "MASTER_PORT",
-     {"default": None, "type": int, "help": "port of the worker store (static backend; 0 lets the OS choose)"}),
+     {"metavar": "PORT", "default": None, "type": int,
+      "help": "port of the worker store (static backend; 0 lets the OS choose)"}),
     (("--store-relays", "--store_relays"), "STORE_RELAYS",
      {"default": "auto", "nargs": "?", "const": "1", "metavar": "auto|1|0",
       "help": "several nodes: each node's agent serves its own workers' store connections and forwards them to the "
       "host over one connection (MASTER_ADDR names it); auto (the default): when the host cannot hold one connection "
       "per rank"}),
-    (("--local-addr", "--local_addr"), "LOCAL_ADDR", {"default": None, "help": "this node's address (default 127.0.0.1)"}),
-    (("--logs-specs", "--logs_specs"), None, {"default": None, "help": "only 'default' (torchrun's own layout)"}),
+    (("--local-addr", "--local_addr"), "LOCAL_ADDR",
+     {"metavar": "ADDR", "default": None, "help": "this node's address (default 127.0.0.1)"}),
+    (("--logs-specs", "--logs_specs"), None,
+     {"metavar": "NAME", "default": None, "help": "only 'default' (torchrun's own layout)"}),
     (("--numa-binding", "--numa_binding"), None,
      {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"],
       "help": "bind each local rank to CPUs near its GPU: node, socket, exclusive or core-complex"}),
     (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE",
-     {"default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
+     {"metavar": "SIGNALS", "default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
     (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT",
-     {"default": None, "type": int, "help": "seconds between the polite signal and SIGKILL (default 30)"}),
+     {"metavar": "SECONDS", "default": None, "type": int, "help": "seconds between the polite signal and SIGKILL (default 30)"}),
     (("--hang-timeout", "--hang_timeout"), "HANG_TIMEOUT",
-     {"default": "0", "help": "report the job as stalled after SECONDS without output and with every worker's stacks "
+     {"metavar": "SECONDS", "default": "0",
+      "help": "report the job as stalled after SECONDS without output and with every worker's stacks "
       "unchanged (0: off)"}),
     (("--stacks",), None, {"default": None, "metavar": "PID",
                            "help": "rankrun --stacks [PID]: print the grouped stacks of a running job and exit"}),
     (("--hang-action", "--hang_action"), "HANG_ACTION",
-     {"default": "report", "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
+     {"metavar": "ACTION", "default": "report",
+      "help": "after a stall report: report (keep running) or fail (stop the workers as after a "
       "failure: --max-restarts applies)"}),
     (("--straggler-window", "--straggler_window"), "STRAGGLER_WINDOW",
      {"default": "60", "metavar": "SECONDS", "help": "every SECONDS, name a rank the others keep waiting for in "
       "their collectives (default 60, 0: off)"}),
     (("--straggler-action", "--straggler_action"), "STRAGGLER_ACTION",
-     {"default": "report", "help": "after a straggler verdict: report (a line) or exclude (a rank that stays the "
+     {"metavar": "ACTION", "default": "report",
+      "help": "after a straggler verdict: report (a line) or exclude (a rank that stays the "
       "straggler counts as its node's blame for --max-node-failures)"}),
     (("--health-check", "--health_check"), "HEALTH_CHECK",
      {"default": None, "metavar": "CMD", "help": "run CMD (/bin/sh -c) on every node before each round; a non-zero exit "
@@ -173,7 +199,8 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
                                            "help": "serve Prometheus metrics at http://ADDR:PORT/metrics on this node's "
                                            "address (0: the OS picks)"}),
     (("--log-line-prefix-template", "--log_line_prefix_template"), None,
-     {"default": None, "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
+     {"metavar": "TEMPLATE", "default": None,
+      "help": "console prefix, a string.Template with ${rank}, ${local_rank}, ${role_name}; '' for none "
       f"(default $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else none with one rank on the console and {DEFAULT_PREFIX_TEMPLATE!r} "
       "with several)"}),
 ]
@@ -188,6 +215,29 @@ _FLAGS: list[tuple[tuple[str, ...], str, str]] = [
      "several nodes: before each round's workers start, every node measures its ring neighbour; a node whose links "
      "are outliers is excluded from the job, exit 4"),
 ]
+
+# --help's headings, the way a reader looks for an option: (title, description, each option's first spelling). Every
+# option is under exactly one (build_parser fails on one that is not; tests/unit/test_cli_help.py pins them).
+GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("torchrun's options", "what to run, its workers and their output (torchrun's options for several nodes and "
+     "restarts are under those headings)",
+     ("--nproc-per-node", "--standalone", "-m", "--no-python", "--run-path", "--role", "--virtual-local-rank",
+      "--numa-binding", "--log-dir", "-r", "-t", "--local-ranks-filter", "--duplicate-stdout-filters",
+      "--duplicate-stderr-filters", "--log-line-prefix-template", "--logs-specs", "--start-method", "--monitor-interval",
+      "--event-log-handler", "--use-env")),
+    ("several nodes", "how the nodes of one job meet (every node gives the same values)",
+     ("--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--node-rank", "--master-addr",
+      "--master-port", "--local-addr")),
+    ("faults and restarts", "what a failure, a signal or a stall does",
+     ("--max-restarts", "--max-node-failures", "--signals-to-handle", "--shutdown-timeout", "--hang-timeout",
+      "--hang-action")),
+    ("observing", "the job's events, its metrics and its stacks, while it runs",
+     ("--events", "--metrics-port", "--stacks")),
+    ("health", "checks that keep a bad node out of the job", ("--health-check", "--health-check-timeout",
+                                                            "--network-check")),
+    ("stragglers", "the rank the others keep waiting for", ("--straggler-window", "--straggler-action")),
+    ("large jobs", "thousands of ranks", ("--store-relays",)),
+)
 
 
 def _env_flag(env: Mapping[str, str], name: str) -> bool:
@@ -209,21 +259,32 @@ def build_parser(env: Mapping[str, str], *, legacy: bool = False) -> argparse.Ar
     parser = _Parser(
         prog=LEGACY if legacy else "rankrun",
         usage=f"{LEGACY if legacy else 'rankrun'} [options] SCRIPT [ARGS...]",
-        description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun.",
+        description="Start one worker per slot with torchrun's environment; a drop-in replacement for torchrun. Every "
+                    "torchrun option works, in both spellings (--nproc-per-node or --nproc_per_node).",
         epilog="exit codes: 0 success, 1 workers failed, 2 usage error, 3 launcher error, 4 this node was excluded from "
                "the job (drain it), 128+N stopped by signal N",
         formatter_class=_Formatter,
     )
-    for names, pet, kwargs in _OPTIONS:
-        opts = dict(kwargs)
-        if pet is not None and env.get(f"PET_{pet}", "").strip():  # an empty PET_ variable is an unset one
-            opts["default"] = env[f"PET_{pet}"]
-        parser.add_argument(*names, **opts)  # type: ignore[arg-type]
-    for names, pet, text in _FLAGS:
-        parser.add_argument(*names, action="store_true", default=_env_flag(env, pet), help=text)
-    if legacy:
-        parser.add_argument("--use-env", "--use_env", action="store_true", help="LOCAL_RANK in the environment only: no "
-                            "--local-rank=N after the script (also --use-env=1/true/True, which torch refuses)")
+    options = {names[0]: (names, pet, kwargs) for names, pet, kwargs in _OPTIONS}
+    flags = {names[0]: (names, pet, text) for names, pet, text in _FLAGS}
+    for title, description, firsts in GROUPS:  # each heading's options in its order
+        group = parser.add_argument_group(title, description)
+        for first in firsts:
+            if first in options:
+                names, pet, kwargs = options.pop(first)
+                opts = dict(kwargs)
+                if pet is not None and env.get(f"PET_{pet}", "").strip():  # an empty PET_ variable is an unset one
+                    opts["default"] = env[f"PET_{pet}"]
+                group.add_argument(*names, **opts)  # type: ignore[arg-type]
+            elif first in flags:
+                names, flag_pet, text = flags.pop(first)
+                group.add_argument(*names, action="store_true", default=_env_flag(env, flag_pet), help=text)
+            elif first == "--use-env" and legacy:
+                group.add_argument("--use-env", "--use_env", action="store_true", help="LOCAL_RANK in the environment "
+                                   "only: no --local-rank=N after the script (also --use-env=1/true/True, which torch "
+                                   "refuses)")
+    if options or flags:  # an option given no heading would be missing from the parser: fail at once, in every test
+        raise AssertionError(f"options under no --help heading: {sorted(options) + sorted(flags)}")
     parser.add_argument("--version", action="version", version=f"rankrun {__version__}")
     parser.add_argument("training_script", help="script, module (-m) or program (--no-python)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)

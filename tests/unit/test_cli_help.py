@@ -1,0 +1,57 @@
+"""``rankrun --help``: grouped the way a reader looks for an option, every option under exactly one heading, one
+spelling shown of each (both parse)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rankrun.cli import build_parser, parse_args
+
+HEADINGS = ["positional arguments", "options", "torchrun's options", "several nodes", "faults and restarts",
+            "observing", "health", "stragglers", "large jobs"]
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    """Each heading's (an unindented ``title:`` line) option invocations: its lines that start with ``  -``."""
+    out: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        if re.fullmatch(r"[a-z][^:]*:", line):
+            current = line[:-1]
+            out[current] = []
+        elif line.startswith("  -"):
+            out[current].append(line.split("  ", 2)[1].strip())
+    return out
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["rankrun", "rankrun.launch"])
+def test_every_option_is_under_exactly_one_heading_in_the_readers_order(monkeypatch, legacy):
+    monkeypatch.setenv("COLUMNS", "200")  # one invocation a line: no wrapping to read around
+    parser = build_parser({}, legacy=legacy)
+    sections = _sections(parser.format_help())
+    assert list(sections) == HEADINGS
+    options = [a for a in parser._actions if a.option_strings]
+    for action in options:
+        first = action.option_strings[0]
+        under = [title for title, lines in sections.items()
+                 if any(re.match(rf"{re.escape(first)}(\s|,|$)", line) for line in lines)]
+        assert len(under) == 1, (first, under)
+    groups = [g for g in parser._action_groups if g.title in HEADINGS]
+    held = [a for g in groups for a in g._group_actions]
+    assert sorted(map(id, held)) == sorted(id(a) for a in parser._actions)  # each action in one group, none left out
+    assert ("--use-env" in sections["torchrun's options"][-1]) == legacy
+    assert sections["options"] == ["-h, --help", "--version"]
+    assert sections["large jobs"] == ["--store-relays [auto|1|0]"]
+
+
+def test_help_shows_one_spelling_and_both_parse(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    invocations = [line for lines in _sections(build_parser({}).format_help()).values() for line in lines]
+    assert [line for line in invocations if "_" in line] == []  # torchrun's underscore twins: parsed, not listed
+    assert "--nproc-per-node N" in invocations
+    assert "-r MAP, --redirects MAP" in invocations  # a short and a long spelling: both shown
+    dashes = parse_args(["--nproc-per-node", "2", "--max-restarts", "1", "t.py"], {})
+    underscores = parse_args(["--nproc_per_node", "2", "--max_restarts", "1", "t.py"], {})
+    assert (dashes.nproc_per_node, dashes.max_restarts) == (underscores.nproc_per_node, underscores.max_restarts) == ("2", 1)
