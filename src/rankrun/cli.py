@@ -68,8 +68,12 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if "training_script" in message and "required" in message:
-            message = f"missing training script (usage: {self.prog} [options] SCRIPT [ARGS...])"
+            raise _NoScript(f"missing training script (usage: {self.prog} [options] SCRIPT [ARGS...])")
         raise ArgumentError(message)
+
+
+class _NoScript(ArgumentError):
+    """No training script on the command line."""
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -294,7 +298,34 @@ def build_parser(env: Mapping[str, str], *, legacy: bool = False) -> argparse.Ar
 def parse_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool = False) -> argparse.Namespace:
     parser = build_parser(env, legacy=legacy)
     args = _bare_store_relays(list(argv), parser)
-    return parser.parse_args(_use_env_values(args, parser) if legacy else args)
+    args = _use_env_values(args, parser) if legacy else args
+    try:
+        ns, unknown = parser.parse_known_args(args)
+    except _NoScript:
+        # rankrun --hlep: a mistyped option is the likelier mistake; parsed again with a stand-in script to find it
+        try:
+            unknown = parser.parse_known_args([*args, "SCRIPT"])[1]
+        except ArgumentError:
+            unknown = []
+        if not unknown:
+            raise
+    if unknown:  # only before the script: what follows it is the script's (argparse.REMAINDER), never rejected
+        raise ArgumentError(unknown_options(unknown, list(parser._option_string_actions)))
+    return ns
+
+
+def unknown_options(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """argparse's ``unrecognized arguments`` as one line that names each unknown option and, for a mistyped one,
+    the closest real spelling (``--nprocs-per-node``: ``--nproc-per-node``)."""
+    import difflib  # noqa: PLC0415 - only a mistyped command line pays for it
+
+    said = []
+    for arg in unknown:
+        name = arg.partition("=")[0] if arg.startswith("--") else arg
+        close = difflib.get_close_matches(name, known, n=1)
+        said.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    plain = "" if any("(" in s for s in said) else " (--help lists the options)"
+    return f"unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}{plain}"
 
 
 _RELAYS_VALUES = ("auto", "1", "0", "true", "false", "yes", "no", "on", "off")

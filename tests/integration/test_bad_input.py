@@ -71,6 +71,11 @@ CASES: list[tuple[list[str], str]] = [
      "--rdzv-conf password_file '/etc/hostname': needs user= too"),
     (["--nproc-per-node", "gpu", "ok.py"],
      "--nproc-per-node 'gpu': no NVIDIA GPU found (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia, nvidia-smi)"),
+    # a mistyped option: named, with the closest real one (the "2" after it was taken for the script)
+    (["--nprocs-per-node", "2", "ok.py"], "unknown option --nprocs-per-node (did you mean --nproc-per-node?)"),
+    (["--nprocs_per_node=2", "ok.py"], "unknown option --nprocs_per_node (did you mean --nproc_per_node?)"),
+    (["--hlep"], "unknown option --hlep (did you mean --help?)"),  # no script either: the typo is the news
+    (["--bogus", "ok.py"], "unknown option --bogus (--help lists the options)"),
 ]
 
 
@@ -105,7 +110,8 @@ LEGACY_CASES: list[tuple[list[str], str]] = [
                               "LOCAL_RANK in its environment, not --local-rank=N"),
     (["--use-env"], "missing training script (usage: python -m rankrun.launch [options] SCRIPT [ARGS...])"),
     (["--nproc-per-node"], "argument --nproc-per-node/--nproc_per_node: expected one argument"),
-    (["--bogus", "ok.py"], "unrecognized arguments: --bogus"),
+    (["--use-env", "--max-restart=1", "--rdzv-endpont", "h:1", "ok.py"],
+     "unknown option --rdzv-endpont (did you mean --rdzv-endpoint?)"),
     (["--stacks", "1", "ok.py"], "--stacks '1': comes alone, first: rankrun --stacks [PID]"),
 ]
 

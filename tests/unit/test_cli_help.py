@@ -1,5 +1,5 @@
-"""``rankrun --help``: grouped the way a reader looks for an option, every option under exactly one heading, one
-spelling shown of each (both parse)."""
+"""First contact: ``rankrun --help`` grouped the way a reader looks for an option (every option under exactly one
+heading, one spelling shown of each, both parse), and a mistyped option named with the closest real one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from rankrun.cli import build_parser, parse_args
+from rankrun.cli import build_parser, parse_args, unknown_options
+from rankrun.errors import ArgumentError
 
 HEADINGS = ["positional arguments", "options", "torchrun's options", "several nodes", "faults and restarts",
             "observing", "health", "stragglers", "large jobs"]
@@ -55,3 +56,35 @@ def test_help_shows_one_spelling_and_both_parse(monkeypatch):
     dashes = parse_args(["--nproc-per-node", "2", "--max-restarts", "1", "t.py"], {})
     underscores = parse_args(["--nproc_per_node", "2", "--max_restarts", "1", "t.py"], {})
     assert (dashes.nproc_per_node, dashes.max_restarts) == (underscores.nproc_per_node, underscores.max_restarts) == ("2", 1)
+
+
+KNOWN = ["-h", "--help", "-m", "--module", "--nproc-per-node", "--nproc_per_node", "--max-restarts", "--max_restarts"]
+
+
+@pytest.mark.parametrize(("unknown", "line"), [
+    (["--nprocs-per-node"], "unknown option --nprocs-per-node (did you mean --nproc-per-node?)"),
+    (["--nprocs_per_node=4"], "unknown option --nprocs_per_node (did you mean --nproc_per_node?)"),  # the value: not
+    (["--bogus"], "unknown option --bogus (--help lists the options)"),
+    (["-x"], "unknown option -x (--help lists the options)"),
+    (["--max-restart-count", "--zzz"], "unknown options --max-restart-count (did you mean --max-restarts?), --zzz"),
+])
+def test_an_unknown_option_is_named_with_the_closest_real_one(unknown, line):
+    assert unknown_options(unknown, KNOWN) == line
+
+
+def test_a_mistyped_option_before_the_script_is_refused_and_after_it_is_the_scripts():
+    with pytest.raises(ArgumentError, match=r"^unknown option --nprocs-per-node \(did you mean --nproc-per-node\?\)$"):
+        parse_args(["--nprocs-per-node", "2", "t.py"], {})
+    for legacy in (False, True):  # torchrun's way: everything after the script is the script's own
+        ns = parse_args(["--nproc-per-node", "2", "t.py", "--nprocs-per-node", "3", "--bogus"], {}, legacy=legacy)
+        assert (ns.nproc_per_node, ns.training_script, ns.training_script_args) == (
+            "2", "t.py", ["--nprocs-per-node", "3", "--bogus"])
+    assert parse_args(["--max-restart", "1", "t.py"], {}).max_restarts == 1  # a unique prefix is torchrun's too
+
+
+def test_no_script_and_no_typo_is_still_the_missing_script():
+    for argv in ([], ["-m"], ["--standalone", "--no-python"]):
+        with pytest.raises(ArgumentError, match=r"^missing training script"):
+            parse_args(argv, {})
+    with pytest.raises(ArgumentError, match=r"^unknown option --hlep \(did you mean --help\?\)$"):
+        parse_args(["--hlep"], {})
