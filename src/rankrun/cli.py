@@ -321,8 +321,8 @@ def unknown_options(unknown: Sequence[str], known: Sequence[str]) -> str:
 
     said = []
     for arg in unknown:
-        name = arg.partition("=")[0] if arg.startswith("--") else arg
-        close = difflib.get_close_matches(name, known, n=1)
+        name = arg.partition("=")[0]  # --nprocs-per-node=4: the option, not its value
+        close = difflib.get_close_matches(name, known)
         said.append(f"{name} (did you mean {close[0]}?)" if close else name)
     plain = "" if any("(" in s for s in said) else " (--help lists the options)"
     return f"unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}{plain}"

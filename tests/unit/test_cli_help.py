@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import rankrun.cli
 from rankrun.cli import build_parser, parse_args, unknown_options
 from rankrun.errors import ArgumentError
 
@@ -45,6 +46,17 @@ def test_every_option_is_under_exactly_one_heading_in_the_readers_order(monkeypa
     assert ("--use-env" in sections["torchrun's options"][-1]) == legacy
     assert sections["options"] == ["-h, --help", "--version"]
     assert sections["large jobs"] == ["--store-relays [auto|1|0]"]
+    assert all(a.help for a in options)  # every one says what it does
+    assert [g.description for g in groups if g.title == "stragglers"] == ["the rank the others keep waiting for"]
+
+
+def test_an_option_under_no_heading_fails_the_parser_at_once(monkeypatch):
+    groups = rankrun.cli.GROUPS
+    for left_out in (("--events",), ("--standalone",), ("--events", "--standalone")):  # an option, a flag, both
+        grouped = [(t, d, tuple(n for n in names if n not in left_out)) for t, d, names in groups]
+        monkeypatch.setattr("rankrun.cli.GROUPS", grouped)
+        with pytest.raises(AssertionError, match=rf"^options under no --help heading: {re.escape(str(list(left_out)))}$"):
+            build_parser({})
 
 
 def test_help_shows_one_spelling_and_both_parse(monkeypatch):

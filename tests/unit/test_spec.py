@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -154,7 +155,8 @@ def test_a_standalone_run_says_the_rdzv_id_it_does_not_use(tmp_path, capsys, arg
     if note is None:
         assert err == ""
         return
-    assert isinstance(spec.rendezvous, Standalone) and spec.rendezvous.run_id != "dcgmjob"
+    assert isinstance(spec.rendezvous, Standalone)
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", spec.rendezvous.run_id)
     assert err.startswith(f"rankrun: note: --rdzv-id dcgmjob is not used: {note}")
     assert f" name {spec.rendezvous.run_id}; to run as dcgmjob, " in err and err.count("\n") == 1
 
