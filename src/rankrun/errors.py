@@ -10,6 +10,7 @@ caller, as Python APIs do::
     ├── WorkerError                   1   rankrun.launch(fn): workers failed (``failures``: each failed rank's record)
     ├── UsageError                    2   bad flag or value; the message names both
     │   ├── ArgumentError             2   argparse's own message (unknown option, bad type)
+    │   │   └── _NoScript             2   no training script (``rankrun.cli``: the line is read again for a typo)
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
     ├── NodeExcluded                  4   this node is unhealthy (its check, or blamed too often): drain or reschedule it
     └── LauncherError                 3   the launcher's own machinery failed
