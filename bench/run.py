@@ -298,7 +298,29 @@ def run_all(plan: Plan, only: list[str], lines: int) -> Outcome:
 # --------------------------------------------------------------------------- report
 
 
-def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, total: float) -> str:
+# Where the generated report ends in --out: what follows this line there is kept as it is by the next run (the
+# separate runs' sections: experiments a run of this script cannot hold, each dated with its commit).
+KEPT_MARK = "<!-- bench/run.py keeps everything below this line: the separate runs, each dated with its commit -->"
+
+
+def kept_part(previous: str) -> str:
+    """The part of the previous report that a new run keeps: from ``KEPT_MARK`` on (``""`` when it has none)."""
+    at = previous.find(KEPT_MARK)
+    return previous[at:] if at >= 0 else ""
+
+
+def target_lines(rows: list[Row]) -> list[str]:
+    """Every target of the run once, met or missed: the misses first (a reader looks for them), each a line."""
+    with_target = [r for r in rows if r.target is not None]
+    missed = [r for r in with_target if not r.verdict().startswith("yes")]
+    met = [r for r in with_target if r.verdict().startswith("yes")]
+    return [*(f"- **missed**: {r.metric}: rankrun {r.rankrun:,.{r.decimals}f} {r.unit}, target {r.target.text}"
+              for r in missed if r.target),
+            *(f"- met: {r.metric}: rankrun {r.rankrun:,.{r.decimals}f} {r.unit}, target {r.target.text}"
+              for r in met if r.target)] or ["- none of this run's rows has a target"]
+
+
+def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, total: float, *, kept: str = "") -> str:
     missed = [r for r in outcome.rows if r.target is not None and not r.target.met(r)]
     parts = [
         "# rankrun vs torchrun benchmarks",
@@ -340,17 +362,20 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         "",
         *(["## Metrics that failed to run", "", *(f"- **{k}**: `{v.splitlines()[0]}`" for k, v in outcome.errors.items()), ""]
           if outcome.errors else []),
-        "## Targets missed",
+        "## Targets",
         "",
-        *([f"- {r.metric}: rankrun {r.rankrun:.{r.decimals}f} {r.unit} — target {r.target.text}" for r in missed if r.target]
-          or ["- none"]),
+        "Every target of this run, once: missed first, then met. The separate runs at the end state none of these "
+        "again; what they measure that this run does not is said there.",
+        "",
+        *target_lines(outcome.rows),
         "",
         *([LAUNCH_NOTE, ""] if any(r.metric.startswith("launch") for r in missed) else []),
         "## Method and raw samples",
         "",
         *outcome.details,
     ]
-    return "\n".join(parts).rstrip() + "\n"
+    generated = "\n".join(parts).rstrip() + "\n"
+    return f"{generated}\n{kept.rstrip()}\n" if kept else generated
 
 
 LAUNCH_NOTE = (
@@ -382,7 +407,8 @@ def main(argv: list[str]) -> int:
     print(text_table(outcome.rows))
     for name, error in outcome.errors.items():
         print(f"{name}: FAILED: {error}")
-    args.out.write_text(markdown(command, info, plan, outcome, total))
+    previous = args.out.read_text() if args.out.exists() else ""
+    args.out.write_text(markdown(command, info, plan, outcome, total, kept=kept_part(previous)))
     log(f"wrote {args.out} ({total:.0f} s)")
     return 1 if outcome.errors else 0
 
