@@ -4,6 +4,8 @@ The job: ``--nnodes 2:3 --nproc-per-node 2``. Round 0 forms with three nodes (12
 rank 1 (on 127.0.0.2) raises ``ValueError: bad lr``; the nodes restart; 127.0.0.4 never rejoins and is excluded; round 1
 forms with two nodes (world 4); in attempt 1 rank 3 stalls for a while, then the job succeeds. Only the two surviving
 nodes' files exist. Each node's monotonic clock has its own origin, and 127.0.0.3's wall clock runs 20 ms ahead.
+``excluded_events`` is a third node's file (127.0.0.5): its health check failed, so the job excluded it and it exited 4
+at once while the others ran on.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from pathlib import Path
 
 RUN = "job-7f3a"
 WALL0 = 1796218200.0  # 2026-12-02 13:30:00 UTC
-A, B, LOST = "127.0.0.2", "127.0.0.3", "127.0.0.4"
-MONO = {A: 1000.0, B: 52000.0}
-WALL_SKEW = {A: 0.0, B: 0.02}
+A, B, LOST, EXCLUDED = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"
+MONO = {A: 1000.0, B: 52000.0, EXCLUDED: 700.0}
+WALL_SKEW = {A: 0.0, B: 0.02, EXCLUDED: -0.01}
 EXCEPTION = "ValueError: bad lr"
 
 ROOT_CAUSE = {"attempt": 0, "rank": 1, "host": A, "exit_code": 1, "signal": None, "exception": EXCEPTION}
@@ -58,6 +60,15 @@ def node_events(node: str, exception: str = EXCEPTION) -> list[dict[str, object]
         event(node, 19.05 if first else 19.06, "job.end", exit_code=0, outcome="succeeded"),
     ]
     return out
+
+
+def excluded_events() -> list[dict[str, object]]:
+    """What 127.0.0.5 writes: it starts, its health check fails, it is excluded and exits 4 (an "error") 0.1 s in."""
+    return [
+        event(EXCLUDED, 0.02, "job.start", nproc_per_node=2, nnodes="2:3", max_restarts=3, rdzv_backend="c10d",
+              entry="train.py"),
+        event(EXCLUDED, 0.12, "job.end", exit_code=4, outcome="error"),
+    ]
 
 
 def write(path: Path, events: list[dict[str, object]]) -> Path:

@@ -66,6 +66,11 @@ def ending(code: int) -> str:
     return "interrupted" if code > EXIT_SIGNAL_BASE else "error"
 
 
+def excluded(code: int | None) -> bool:
+    """Whether a launcher that exited ``code`` was excluded from its job (pure): its own end, not the job's outcome."""
+    return code == EXIT_UNHEALTHY
+
+
 class RankrunError(Exception):
     """Base of every error rankrun raises deliberately."""
 

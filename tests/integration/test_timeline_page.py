@@ -192,3 +192,17 @@ def test_bad_input_is_one_line_and_exit_2_in_a_real_process(tmp_path):
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"rankrun.timeline: {bad}:2: not JSON (Expecting value)\n"
     assert not (tmp_path / "out.html").exists()
+
+
+def test_the_header_is_the_jobs_ending_whatever_the_order_of_the_files_in_a_real_process(tmp_path):
+    # the node the job excluded exited 4 at once; the job went on and succeeded on the other two
+    a, b = job.write_job(tmp_path)
+    excluded = job.write(tmp_path / "node-x.jsonl", job.excluded_events())
+    headers = []
+    for n, order in enumerate(([excluded, a, b], [a, b, excluded])):
+        out = tmp_path / f"job-{n}.html"
+        done = timeline(*order, "-o", out)
+        assert (done.returncode, done.stderr) == (0, "")
+        headers.append(re.search(r'<p id="summary"><b>(.*?)</b></p>', out.read_text()).group(1))
+    assert headers[0] == headers[1]
+    assert html.unescape(headers[0]).endswith(" · succeeded (exit 0) after 19.1 s; excluded, exit 4: 127.0.0.5")

@@ -9,7 +9,7 @@ import pytest
 
 import timeline_events as job
 from rankrun.timeline.__main__ import default_output, main
-from rankrun.timeline.layout import CHAR_PX, LABEL_PAD_PX, layout, nice_ticks, same_host, stack_labels
+from rankrun.timeline.layout import CHAR_PX, LABEL_PAD_PX, JobEnd, layout, nice_ticks, outcome_words, same_host, stack_labels
 from rankrun.timeline.read import BadInput, Event, check, one_run, parse_lines, read_file
 from rankrun.timeline.render import page
 
@@ -128,9 +128,52 @@ def test_one_root_cause_per_failed_attempt_however_many_nodes_report_it():
     d = layout(both())
     assert [e.integer("attempt") for e in d.root_causes] == [0]
     assert d.summary == (
-        "2 nodes · world size 4 · 2 attempts · 1 restart · 1 stall report · lost: 127.0.0.4 · succeeded (exit 0) after 19.0 s",
+        "2 nodes · world size 4 · 2 attempts · 1 restart · 1 stall report · lost: 127.0.0.4 · succeeded (exit 0) after 19.1 s",
         "attempt 0: rank 1 failed: ValueError: bad lr on 127.0.0.2 → restart as attempt 1 (worker failed)",
     )
+
+
+def test_the_header_tells_the_jobs_ending_not_the_last_files_whatever_their_order():
+    # an excluded node exits 4 at 0.1 s while the job goes on and succeeds: it is named apart, not the job's outcome
+    excluded = events_of(job.EXCLUDED, job.excluded_events())
+    first, last = layout(excluded + both()), layout(both() + excluded)
+    assert first.summary == last.summary
+    assert first.summary[0].endswith(" · lost: 127.0.0.4 · succeeded (exit 0) after 19.1 s; excluded, exit 4: 127.0.0.5")
+    assert [e.node for e in first.endings] == [e.node for e in last.endings] == [job.A, job.EXCLUDED]
+
+
+def test_the_jobs_span_runs_from_the_earliest_start_to_the_latest_end_of_any_node():
+    a = job.node_events(job.A)
+    b = [*job.node_events(job.B)[:-1], job.event(job.B, 25.0, "job.end", exit_code=0, outcome="succeeded")]
+    d = layout(events_of(job.A, a) + events_of(job.B, b))
+    assert d.summary[0].endswith(" · succeeded (exit 0) after 25.0 s")  # 0.0 on A to 25.0 (and B's 20 ms) on B
+
+
+def test_nodes_that_ended_differently_are_each_named_by_their_ending():
+    interrupted = [*job.node_events(job.B)[:-1], job.event(job.B, 19.06, "job.end", exit_code=130, outcome="interrupted")]
+    killed = job.node_events(job.A)[:-1]  # its launcher was killed: no job.end
+    d = layout(events_of(job.B, interrupted) + events_of(job.A))
+    assert d.summary[0].endswith(" · nodes ended differently after 19.1 s: succeeded (exit 0) on 127.0.0.2;"
+                                 " interrupted (exit 130) on 127.0.0.3")
+    assert layout(events_of(job.A, killed) + events_of(job.B)).summary[0].endswith(
+        " · succeeded (exit 0) after 19.1 s; no job.end recorded on 127.0.0.2")
+
+
+def job_end_of(node: str, code: int, outcome: str) -> Event:
+    return Event(f"{node}.jsonl", 9, {"v": 1, "ts": 0.0, "mono": 0.0, "run": job.RUN, "node": node, "event": "job.end",
+                                      "exit_code": code, "outcome": outcome})
+
+
+@pytest.mark.parametrize(("finals", "words"), [
+    ([("n1", 4, "error"), ("n2", 4, "error")], "error (exit 4) after 2.50 s"),  # all excluded: that is how the job ended
+    ([("n4", 1, "failed"), ("n3", 130, "interrupted"), ("n2", 1, "failed"), ("n8", 0, "succeeded"), ("n5", 4, "error"),
+      ("n6", None, ""), ("n0", 4, "error"), ("n7", None, "")],
+     "nodes ended differently after 2.50 s: succeeded (exit 0) on n8; failed (exit 1) on n2, n4;"
+     " interrupted (exit 130) on n3; excluded, exit 4: n0, n5; no job.end recorded on n6, n7"),
+])
+def test_the_outcome_groups_nodes_by_their_ending_in_order_of_exit_code_then_name(finals, words):
+    ends = sorted((node, None if code is None else job_end_of(node, code, outcome)) for node, code, outcome in finals)
+    assert outcome_words(JobEnd(tuple(ends), 2.5)) == words
 
 
 def test_an_attempt_without_an_end_runs_to_the_last_event_and_says_so():
@@ -345,6 +388,15 @@ def test_the_panel_opens_on_the_root_cause():
     assert json.loads(panel.replace("&quot;", '"')) == job.node_events(job.A)[4]
 
 
+def test_the_panel_of_a_job_without_failures_opens_on_its_ending_whatever_the_files_order():
+    ok = [r for r in job.node_events(job.A) if r["event"] not in ("failure", "restart")]
+    for events in (events_of(job.A, ok) + events_of(job.EXCLUDED, job.excluded_events()),
+                   events_of(job.EXCLUDED, job.excluded_events()) + events_of(job.A, ok)):
+        html = page(layout(events))
+        panel = html.split('<pre id="event">', 1)[1].split("</pre>", 1)[0]
+        assert [json.loads(p.replace("&quot;", '"')) for p in panel.split("\n\n")] == [ok[-1], job.excluded_events()[-1]]
+
+
 # -- the command
 
 
@@ -416,7 +468,7 @@ def test_a_straggler_named_and_recovered_is_a_job_wide_mark_and_counted_in_the_s
         ("straggler: rank 2 on 127.0.0.3", False)]
     assert next(m for m in a.marks if m.kind == "straggler").t == pytest.approx(13.0)
     assert d.summary[0] == ("2 nodes · world size 4 · 2 attempts · 1 restart · 1 stall report · straggler named 2 times:"
-                            " ranks 2, 3 · lost: 127.0.0.4 · succeeded (exit 0) after 19.0 s")
+                            " ranks 2, 3 · lost: 127.0.0.4 · succeeded (exit 0) after 19.1 s")
     one = layout(events_of(job.A, [r for r in with_stragglers(job.A) if r.get("rank") != 2 or r["event"] != "straggler"]))
     assert "· straggler named once: rank 3 ·" in one.summary[0]
     assert "straggler" not in layout(both()).summary[0]

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rankrun.errors import excluded
 from rankrun.timeline.read import Event
 
 # what a label costs on the page, to stack marks' labels in rows that do not overlap (the renderer draws 11 px text)
@@ -63,6 +64,7 @@ class Drawing:
     lanes: tuple[Lane, ...]
     summary: tuple[str, ...]  # what happened, in a few lines a person reads first
     root_causes: tuple[Event, ...]  # one failure event per failed attempt
+    endings: tuple[Event, ...]  # how the job ended: a node's job.end per distinct ending (JobEnd.events)
 
 
 def _clip(text: str) -> str:
@@ -285,7 +287,76 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
                       for e, t, label, on in zip(marked, times, labels, shown, strict=True))
         lanes.append(Lane(node, source, ranks, shift(rounds), shift(attempts), shift(phases), marks,
                           max((m.row + 1 for m in marks), default=0)))
-    return Drawing(events[0].run, origin, span, tuple(lanes), summarize(events), root_causes(events))
+    ending = job_end(groups, wall)
+    return Drawing(events[0].run, origin, span, tuple(lanes), summarize(events, ending), root_causes(events), ending.events)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How the job ended across its nodes: each node's last ``job.end`` (None: it has none), and the job's span from
+    the earliest event of any node to the latest ``job.end`` (on the lanes' aligned clock; None with no job.end)."""
+
+    finals: tuple[tuple[str, Event | None], ...]  # (node, its last job.end), in the order of the nodes' names
+    took: float | None
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """One job.end per distinct ending (the first node's by name), the job's own before an excluded node's."""
+        firsts: dict[str, Event] = {}
+        for _, e in self.finals:
+            if e is not None:
+                firsts.setdefault(ending_words(e), e)
+        return tuple(sorted(firsts.values(), key=lambda e: (_excluded(e), e.integer("exit_code") or 0)))
+
+
+def job_end(groups: dict[tuple[str, str], list[Event]], wall: dict[Event, float]) -> JobEnd:
+    """The job's end from every lane's events (``wall``: each event's time on the aligned clock): whatever the order of
+    the files, the same."""
+    finals = sorted(((node, _last_end(lane)) for (_, node), lane in groups.items()), key=lambda final: final[0])
+    ended = [wall[e] for _, e in finals if e is not None]
+    took = max(ended) - min(wall.values()) if ended else None
+    return JobEnd(tuple(finals), took)
+
+
+def _last_end(lane: Sequence[Event]) -> Event | None:
+    """The lane's last job.end (a node writes one per run; its file is in the order it wrote)."""
+    return next((e for e in reversed(lane) if e.name == "job.end"), None)
+
+
+def ending_words(e: Event) -> str:
+    """``succeeded (exit 0)``: a job.end's outcome and exit code."""
+    return f"{e.text('outcome')} (exit {e.integer('exit_code')})"
+
+
+def _excluded(e: Event) -> bool:
+    """Whether this job.end is a node's that the job excluded (exit 4): its own end, not the job's."""
+    return excluded(e.integer("exit_code"))
+
+
+def outcome_words(end: JobEnd) -> str:
+    """The job's outcome for the header. Every node ends with the job's outcome, except a node the job excluded (exit
+    4, its own end) and one whose launcher died (no job.end): those are named apart. Nodes that ended differently are
+    each named, grouped by their ending; nothing here depends on the order of the files."""
+    ended = [(node, e) for node, e in end.finals if e is not None]
+    if not ended:
+        return "no job.end recorded (still running, or its launcher was killed)"
+    apart = [(node, e) for node, e in ended if _excluded(e)]
+    job = [(node, e) for node, e in ended if not _excluded(e)]
+    if not job:  # every node was excluded (or the job's own error was exit 4 everywhere): that is the job's ending
+        job, apart = ended, []
+    groups: dict[str, list[str]] = {}
+    for node, e in sorted(job, key=lambda ne: (ne[1].integer("exit_code") or 0, ne[0])):
+        groups.setdefault(ending_words(e), []).append(node)
+    if len(groups) == 1:
+        text = f"{next(iter(groups))} after {_secs(end.took)}"
+    else:
+        text = (f"nodes ended differently after {_secs(end.took)}: "
+                + "; ".join(f"{words} on {', '.join(nodes)}" for words, nodes in groups.items()))
+    if apart:
+        text += f"; excluded, exit {apart[0][1].integer('exit_code')}: {', '.join(node for node, _ in apart)}"
+    if missing := [node for node, e in end.finals if e is None]:
+        text += f"; no job.end recorded on {', '.join(missing)}"
+    return text
 
 
 def root_causes(events: Sequence[Event]) -> tuple[Event, ...]:
@@ -297,7 +368,7 @@ def root_causes(events: Sequence[Event]) -> tuple[Event, ...]:
     return tuple(seen[k] for k in sorted(seen, key=lambda a: -1 if a is None else a))
 
 
-def summarize(events: Sequence[Event]) -> tuple[str, ...]:
+def summarize(events: Sequence[Event], end: JobEnd) -> tuple[str, ...]:
     """The job in a few lines: its shape and outcome, then each attempt's root cause and what followed."""
     nodes = sorted({e.node for e in events})
     attempts = sorted({a for e in events if e.name == "workers.start" and (a := e.integer("attempt")) is not None})
@@ -308,7 +379,6 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
     lost = sorted({n for e in events if e.name == "node.lost" for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
     excluded = sorted({n for e in events if e.name == "node.excluded"
                        for n in e.data.get("nodes") or [] if isinstance(n, str)})  # type: ignore[attr-defined]
-    ends = [e for e in events if e.name == "job.end"]
 
     shape = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"]
     if worlds:
@@ -326,12 +396,7 @@ def summarize(events: Sequence[Event]) -> tuple[str, ...]:
         shape.append("lost: " + ", ".join(lost))
     if excluded:
         shape.append("excluded: " + ", ".join(excluded))
-    if ends:
-        final = ends[-1]
-        took = final.mono - next(e for e in events if e.source == final.source and e.node == final.node).mono
-        shape.append(f"{final.text('outcome')} (exit {final.integer('exit_code')}) after {_secs(took)}")
-    else:
-        shape.append("no job.end recorded (still running, or its launcher was killed)")
+    shape.append(outcome_words(end))
     lines = [" · ".join(shape)]
     for cause in root_causes(events):
         attempt = cause.integer("attempt")

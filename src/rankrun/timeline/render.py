@@ -271,8 +271,7 @@ def page(drawing: Drawing) -> str:
     first, *causes = drawing.summary
     cause_lines = "".join(f'<p class="cause">{escape(line)}</p>' for line in causes)
     # the panel opens on the root causes, or else on how the job ended
-    ends = tuple(m.event for lane in drawing.lanes for m in lane.marks if m.kind == "job.end")[-1:]
-    shown = drawing.root_causes or ends
+    shown = drawing.root_causes or drawing.endings
     if drawing.root_causes:
         caption = "the root cause" + ("s" if len(shown) > 1 else "")
     else:
