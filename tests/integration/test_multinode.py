@@ -290,3 +290,20 @@ def test_static_workers_reach_the_master_addr_whatever_the_nodes_local_addr(laun
             for rank in (0, 1)]
     assert [r.finish() for r in runs] == [0, 0], [r.err for r in runs]
     assert _reached(runs[0]) | _reached(runs[1]) == {f"{master}:29500"}  # --master-addr, as under torchrun
+
+
+def test_after_a_membership_change_the_restart_line_gives_the_workers_restart_count_too(launch, tmp_path):
+    # attempt 0: the first node alone; attempt 1: both (a membership change, no restart spent), where rank 1 fails
+    addr = fresh_loopback()
+    env = _env(tmp_path, NODE_WAIT_FILE=str(tmp_path / "finish"), NODE_FAIL_RANK="1", NODE_FAIL_RESTART="0")
+    conf = ("--rdzv-conf", "last_call_timeout=0.2", "--max-restarts", "1")
+    first = launch(*_dynamic(addr, "1:2", *conf, nproc=1), env=dict(env))
+    first.wait_for(r"READY rank 0 world 1 restart 0")
+    late = launch(*_dynamic(addr, "1:2", *conf, nproc=1), env=dict(env))
+    failed = r"rank 1 on \S+ exited 7; restarting workers \(1/1 restarts used\)"
+    first.wait_for(rf"rankrun: attempt 1 \(TORCHELASTIC_RESTART_COUNT=0\) failed: {failed}")
+    late.wait_for(rf"rankrun: attempt 0 failed: {failed}")  # its first attempt: the two numbers agree, one is said
+    first.wait_for(r"READY rank 0 world 2 restart 1")
+    late.wait_for(r"READY rank 1 world 2 restart 1")
+    (tmp_path / "finish").touch()
+    assert [first.finish(), late.finish()] == [0, 0], (first.err, late.err)

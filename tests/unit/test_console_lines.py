@@ -14,6 +14,16 @@ def test_a_restart_says_the_failed_attempt_its_reason_and_the_restarts_used():
         "attempt 3 failed: the workers stalled (no output for 30 s); restarting workers (4/4 restarts used)"
 
 
+def test_a_restart_gives_the_workers_restart_count_too_where_it_is_not_the_attempts_number():
+    # a membership change began attempt 1 without spending a restart: its workers saw TORCHELASTIC_RESTART_COUNT=0
+    assert restart_line(Restart(2, "rank 1 on node exited 1: ValueError: rank 1 fails on attempt 0", 2), 3) == (
+        "attempt 1 (TORCHELASTIC_RESTART_COUNT=0) failed: rank 1 on node exited 1: ValueError: rank 1 fails on attempt 0;"
+        " restarting workers (1/3 restarts used)")
+    # a node that joined after two restarts: its attempt 0's workers saw 2
+    assert restart_line(Restart(1, "rank 3 on other exited 7", 0), 3) == (
+        "attempt 0 (TORCHELASTIC_RESTART_COUNT=2) failed: rank 3 on other exited 7; restarting workers (3/3 restarts used)")
+
+
 def test_the_stream_says_each_restart_once_and_nothing_else():
     said: list[str] = []
     stream = EventStream("run", "node", [ConsoleLines(said.append, 2)])

@@ -1,7 +1,8 @@
 """The console's lines that say a lifecycle fact: a consumer of the job's event stream, so a line and its event can
 never disagree, and a fact decided in one place is said in one place.
 
-A ``restart`` is said as ``attempt N failed: WHAT; restarting workers (U/M restarts used)``, where WHAT is the
+A ``restart`` is said as ``attempt N failed: WHAT; restarting workers (U/M restarts used)`` (``attempt N
+(TORCHELASTIC_RESTART_COUNT=R) failed`` where the workers' restart count is not N: ``restart_line``), where WHAT is the
 record's reason (the root cause's one line, or the stall). One node decides its restarts itself; with several, each
 node hears the restart in the coordinator's word for the next round, and says it then. A ``node.excluded`` is said as
 ``node NAME is excluded from the job: WHY``, on every node that hears it (the excluded node says its own line).
@@ -15,9 +16,17 @@ from rankrun.events.records import NodeExcluded, Record, Restart
 
 
 def restart_line(event: Restart, max_restarts: int) -> str:
-    """The line for a ``restart`` record (pure)."""
+    """The line for a ``restart`` record (pure).
+
+    Two counters meet here. The attempt is rankrun's: every group of workers this node starts (its ``attempt_<n>``
+    logs). ``TORCHELASTIC_RESTART_COUNT`` is torchrun's: the restarts spent before the workers started, so the workers
+    that failed saw the restarts used before this one. A membership change starts a new attempt without spending a
+    restart; from then on the two differ, and the line gives both, since the worker's own output names the second.
+    """
     used = max_restarts - event.restarts_left
-    return f"attempt {event.attempt - 1} failed: {event.reason}; restarting workers ({used}/{max_restarts} restarts used)"
+    attempt, seen = event.attempt - 1, used - 1
+    counted = f" (TORCHELASTIC_RESTART_COUNT={seen})" if seen != attempt else ""
+    return f"attempt {attempt}{counted} failed: {event.reason}; restarting workers ({used}/{max_restarts} restarts used)"
 
 
 class ConsoleLines:
