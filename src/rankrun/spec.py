@@ -365,9 +365,12 @@ def parse_ranks_filter(value: str) -> frozenset[int] | None:
     if not value.strip():
         return None
     try:
-        return frozenset(int(v) for v in value.split(","))
+        ranks = frozenset(int(v) for v in value.split(","))
     except ValueError:
         raise UsageError("--local-ranks-filter", value, "expected a comma-separated list of integers") from None
+    if min(ranks) < 0:  # no node has it: a filter that can never match is a mistake, not a quiet console
+        raise UsageError("--local-ranks-filter", value, "local ranks are 0 or more")
+    return ranks
 
 
 def _seconds(value: str) -> float:

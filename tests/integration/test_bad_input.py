@@ -44,6 +44,7 @@ CASES: list[tuple[list[str], str]] = [
     (["--master-port", "70000", "ok.py"], "--master-port 70000: must be from 0 to 65535"),
     (["--shutdown-timeout", "-3", "ok.py"], "--shutdown-timeout -3: must be 0 or more"),
     (["--local-ranks-filter", "a", "ok.py"], "--local-ranks-filter 'a': expected a comma-separated list of integers"),
+    (["--local-ranks-filter", "0,-1", "ok.py"], "--local-ranks-filter '0,-1': local ranks are 0 or more"),
     (["--signals-to-handle", "SIGFOO", "ok.py"], "--signals-to-handle 'SIGFOO': unknown signal 'SIGFOO'"),
     (["--start-method", "x", "ok.py"],
      "argument --start-method/--start_method: invalid choice: 'x' (choose from 'spawn', 'fork', 'forkserver')"),

@@ -53,6 +53,17 @@ def test_local_ranks_filter_limits_the_console(tmp_path):
     assert sorted(res.stdout.splitlines()) == ["[default0]:out 0", "[default2]:out 2"]
 
 
+def test_a_filter_naming_no_local_rank_of_this_node_says_so_once(tmp_path):
+    script = tmp_path / "hi.py"
+    script.write_text("import os\nprint('out', os.environ['RANK'])\n")
+    res = run_cli("--nproc-per-node", "2", "--local-ranks-filter", "7", str(script))
+    assert (res.returncode, res.stdout) == (0, "")
+    assert res.stderr.splitlines() == ["rankrun: warning: --local-ranks-filter 7 names no local rank of this node"
+                                       " (it runs local ranks 0-1): no worker's output reaches its console"]
+    res = run_cli("--nproc-per-node", "2", "--local-ranks-filter", "1,7", str(script))  # some of them: said nothing
+    assert (res.returncode, res.stdout, res.stderr) == (0, "out 1\n", "")
+
+
 def _tree(base: Path) -> list[str]:
     return sorted(str(p.relative_to(base)) for p in base.rglob("*"))
 

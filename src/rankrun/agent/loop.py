@@ -27,6 +27,7 @@ from rankrun.fdlimit import job_fits, listen_fits
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
+from rankrun.logs.routes import filter_note
 from rankrun.policy import Action, Failed, GroupEnded, Signalled, Succeeded, decide
 from rankrun.proc.early import EarlyCatcher
 from rankrun.proc.group import GroupOutcome
@@ -57,6 +58,8 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
                                                                                         f"{line}\n".encode()),
                              (watchdog.own_file, watchdog.disown_file) if watchdog is not None else None)
     observers.open()  # a bad --events path: the user's error, before anything starts
+    if (note := filter_note(spec.logs, spec.worker.nproc)) is not None:
+        deps.console.say(note)
     stops = attach(catcher, loop, spec.signals)
     try:
         final, kept = await _run(spec, deps, stops, observers)

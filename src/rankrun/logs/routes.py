@@ -15,6 +15,7 @@ or not), the prefix rule (raw with one rank on the console, as torchrun's defaul
 from __future__ import annotations
 
 from rankrun.proc.spawn import Stdio
+from rankrun.ranges import range_string
 from rankrun.record import record
 from rankrun.spec import DEFAULT_PREFIX_TEMPLATE, LogSpec, Stream
 
@@ -42,6 +43,19 @@ def plan_route(spec: LogSpec, local_rank: int, stdout: bool) -> RoutePlan:
     visible = spec.local_ranks_filter is None or local_rank in spec.local_ranks_filter
     to_console = visible and (teed or not redirected)
     return RoutePlan(to_console=to_console, to_file=to_file)
+
+
+def filter_note(spec: LogSpec, nproc: int) -> str | None:
+    """The warning for a ``--local-ranks-filter`` that names none of this node's ``nproc`` local ranks: no worker's
+    output would reach its console, without a word (torchrun says nothing). Not an error: a job's nodes may run
+    different ``--nproc-per-node`` from one command line, and a filter naming some local ranks this node lacks is
+    just as fine (negative ranks, which no node has, are refused as bad input: ``spec.parse_ranks_filter``)."""
+    chosen = spec.local_ranks_filter
+    if chosen is None or any(rank < nproc for rank in chosen):
+        return None
+    return (f"warning: --local-ranks-filter {','.join(map(str, sorted(chosen)))} names no local rank of this node"
+            f" (it runs local rank{'s' if nproc > 1 else ''} {range_string(range(nproc))}): no worker's output reaches"
+            " its console")
 
 
 def console_ranks(spec: LogSpec, nproc: int) -> list[int]:
