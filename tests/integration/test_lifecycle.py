@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANKRUN, alive, clean_environ, payload, run_cli, wait_empty, wait_gone
+from conftest import RANKRUN, alive, clean_environ, fresh_loopback, payload, run_cli, wait_empty, wait_gone
 from rankrun.timeline.layout import failure_words
 from rankrun.timeline.read import read_file
 
@@ -233,6 +233,19 @@ def test_single_node_c10d_holds_endpoint_and_uses_rdzv_id(tmp_path):
         res = run_cli("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "j", str(script))
     assert res.returncode == 3
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
+
+
+def test_one_node_c10d_workers_store_is_on_an_os_chosen_port_not_the_endpoints(tmp_path):
+    # docs/multinode.md: on one node the endpoint is only held; on several the host serves the store on its port
+    # (test_multinode.py::test_dynamic_two_nodes_with_heterogeneous_slots)
+    script = tmp_path / "p.py"
+    script.write_text("import os\nprint(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])\n")
+    addr = fresh_loopback()
+    res = run_cli("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addr}:29400", "--rdzv-id", "j", str(script))
+    assert res.returncode == 0, res.stderr
+    _, port = res.stdout.split()
+    assert 0 < int(port) < 65536
+    assert port != "29400"
 
 
 def test_static_mode_binds_master_port_once_and_workers_get_the_bound_port(tmp_path):
