@@ -9,6 +9,7 @@ from fakes import FakeTimers
 from rankrun.rendezvous.coordinator import Coordinator
 from rankrun.rendezvous.keys import Assignment, Keys, node_value, place_from
 from rankrun.rendezvous.round import NodeInfo, Settings
+from rankrun.store.api import Event, EventKind
 from rankrun.store.memory import MemoryStore
 
 KEYS = Keys.for_run("fake")
@@ -56,3 +57,48 @@ def test_a_node_joining_between_the_coordinators_first_reads_is_in_the_first_rou
 
     sizes = asyncio.run(asyncio.wait_for(main(), BOUND))
     assert sizes == {"n0": 3, "n1": 3, "n2": 3}
+
+
+class Watched(asyncio.Queue):  # type: ignore[type-arg]
+    """The coordinator's queue of watch events, saying when the coordinator waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+
+    async def get(self):  # type: ignore[no-untyped-def]
+        self.waiting.set()
+        return await super().get()
+
+
+def test_a_coordinator_cancelled_as_an_event_arrives_ends():
+    # the session cancels the coordinator as the nodes leave: an event may land in the same turn of the loop. Python
+    # 3.11's asyncio.wait_for then returned the event and dropped the cancellation: the coordinator waited on, for
+    # ever, and its launcher never exited (two nodes that both got SIGINT)
+    async def main() -> BaseException | None:
+        store = MemoryStore(FakeTimers())
+        lease = await store.grant(60)
+        for i in range(2):
+            await store.put(KEYS.node(f"n{i}"), node_value(NodeInfo(f"n{i}", 0, 1, "default", f"127.0.0.{i + 2}", f"h{i}",
+                                                                   is_host=i == 0)), lease=lease.id)
+
+        async def fresh_keyspace() -> None:
+            return None
+
+        # MIN 2 of MAX 3 with a long last call: it waits with a deadline (asyncio.wait_for with a timeout, before)
+        coordinator = Coordinator(store, KEYS, Settings(2, 3, 600.0, 0), master=lambda: ("127.0.0.1", 29500),
+                                  before_round=fresh_keyspace)
+        queue = coordinator._events = Watched()
+        running = asyncio.create_task(coordinator.run())
+        await queue.waiting.wait()
+        queue.put_nowait(Event(EventKind.PUT, KEYS.results + "7/n0", b"", 99))  # an old round's result: changes nothing
+        running.cancel()
+        done, _ = await asyncio.wait([running], timeout=5.0)
+        if not done:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            return None
+        return running.exception() if not running.cancelled() else asyncio.CancelledError()
+
+    ended = asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert isinstance(ended, asyncio.CancelledError), f"the coordinator did not end when cancelled: {ended!r}"

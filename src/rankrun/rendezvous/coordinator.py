@@ -256,7 +256,10 @@ class Coordinator:
             until = self._status_due if until is None else min(until, self._status_due)
         timeout = None if until is None else max(0.0, until - self._now())
         try:
-            first = await asyncio.wait_for(self._events.get(), timeout)
+            # not asyncio.wait_for: on Python 3.11 an event that lands as the session cancels this task is returned and
+            # the cancellation dropped, so the coordinator waited on for ever and its launcher never exited
+            async with asyncio.timeout(timeout):
+                first = await self._events.get()
         except TimeoutError:
             return
         self._apply(first)
