@@ -307,3 +307,19 @@ def test_after_a_membership_change_the_restart_line_gives_the_workers_restart_co
     late.wait_for(r"READY rank 1 world 2 restart 1")
     (tmp_path / "finish").touch()
     assert [first.finish(), late.finish()] == [0, 0], (first.err, late.err)
+
+
+def test_every_node_that_receives_sigint_says_so(launch, tmp_path):
+    # Ctrl-C of a terminal running both nodes, or a scheduler signalling every node: each says what it did
+    addr = fresh_loopback()
+    env = _env(tmp_path, NODE_WAIT_FILE=str(tmp_path / "never"))
+    conf = ("--rdzv-conf", "last_call_timeout=0.2")
+    nodes = [launch(*_dynamic(addr, "2", *conf, nproc=1), env=dict(env)) for _ in range(2)]
+    for node in nodes:
+        node.wait_for(r"READY rank \d world 2 restart 0")
+    for node in nodes:
+        node.proc.send_signal(signal.SIGINT)
+    assert [node.finish() for node in nodes] == [130, 130], [node.err for node in nodes]
+    for node in nodes:
+        said = [line for line in node.err if line.startswith("rankrun: received SIGINT")]
+        assert len(said) == 1, node.err

@@ -10,9 +10,11 @@ node hears the restart in the coordinator's word for the next round, and says it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Sequence
 
 from rankrun.events.records import NodeExcluded, Record, Restart
+from rankrun.report.failure import Ending, WorkerResult, signal_name
 
 
 def restart_line(event: Restart, max_restarts: int) -> str:
@@ -27,6 +29,20 @@ def restart_line(event: Restart, max_restarts: int) -> str:
     attempt, seen = event.attempt - 1, used - 1
     counted = f" (TORCHELASTIC_RESTART_COUNT={seen})" if seen != attempt else ""
     return f"attempt {attempt}{counted} failed: {event.reason}; restarting workers ({used}/{max_restarts} restarts used)"
+
+
+def interrupted_line(signum: int, second: int | None, results: Sequence[WorkerResult]) -> str:
+    """What a node says when a signal (``signum``, then ``second`` if one came) stopped its workers (pure): every node
+    that receives it says it, on one node or several."""
+    stopped = [r for r in results if r.ending is Ending.STOPPED]
+    killed = sum(1 for r in stopped if r.status == -signal.SIGKILL)
+    if second is not None:
+        return (f"received {signal_name(signum)}, then {signal_name(second)}: killed {killed} worker(s) without waiting "
+                f"({len(stopped) - killed} had already stopped)")
+    if killed:
+        return (f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s); {killed} did not stop "
+                "within --shutdown-timeout and were killed")
+    return f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s) and stopped them"
 
 
 class ConsoleLines:

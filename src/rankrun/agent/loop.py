@@ -11,13 +11,12 @@ root cause and the restart. The process-wide set-up around it is ``rankrun.main`
 from __future__ import annotations
 
 import asyncio
-import signal
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
 from rankrun.agent.gate import excluded, unhealthy
-from rankrun.agent.lines import ConsoleLines
+from rankrun.agent.lines import ConsoleLines, interrupted_line
 from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.watch import DONE, STARTING
@@ -34,7 +33,6 @@ from rankrun.proc.group import GroupOutcome
 from rankrun.proc.signals import Interrupted, StopStream, attach, detach
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import (
-    Ending,
     WorkerResult,
     one_line,
     render_report,
@@ -172,18 +170,8 @@ def _restart_reason(attempt: AttemptResult) -> str:
 
 
 def _say_interrupted(console: Console, attempt: AttemptResult) -> None:
-    signum = attempt.outcome.interrupted_by or 0
-    stopped = [r for r in attempt.results if r.ending is Ending.STOPPED]
-    killed = sum(1 for r in stopped if r.status == -signal.SIGKILL)
-    if attempt.outcome.second_signal is not None:
-        second = signal_name(attempt.outcome.second_signal)
-        console.say(f"received {signal_name(signum)}, then {second}: killed {killed} worker(s) without waiting "
-                    f"({len(stopped) - killed} had already stopped)")
-    elif killed:
-        console.say(f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s); {killed} did not stop "
-                    "within --shutdown-timeout and were killed")
-    else:
-        console.say(f"received {signal_name(signum)}: forwarded to {len(stopped)} worker(s) and stopped them")
+    outcome = attempt.outcome
+    console.say(interrupted_line(outcome.interrupted_by or 0, outcome.second_signal, attempt.results))
 
 
 def _report(spec: LaunchSpec, deps: AgentDeps, final: Outcome, *, error_files_kept: bool) -> None:

@@ -41,6 +41,7 @@ from rankrun.agent.events import first_error, first_of
 from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
 from rankrun.agent.gate import excluded as excluded_line
 from rankrun.agent.gate import unhealthy
+from rankrun.agent.lines import interrupted_line
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.relays import NodeRelay
 from rankrun.agent.stall import show
@@ -150,7 +151,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             continue  # what comes next, this node's exclusion or the round without it
         pending = stops.take_pending()  # a signal that came as the word did (or during the check): the job stops
         if pending is not None:
-            return Outcome.signalled(pending.signum, restarts)
+            return _stopped(deps, f"received {signal_name(pending.signum)} as round {word.round} formed; exiting",
+                            pending.signum, restarts)
         told = news(placed, word, restarts, member.word)
         _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
         _tell_excluded(deps, member.word, excluded)
@@ -163,14 +165,21 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         placed = word
         last = await _run_round(spec, deps, stops, logs, member, word, plan, judge=session.coordinator)
         outcome = last.outcome
-        if outcome.interrupted_by is not None:
-            return Outcome.signalled(outcome.interrupted_by, restarts)
+        if outcome.interrupted_by is not None:  # said on every node that received it, as one node says it
+            return _stopped(deps, interrupted_line(outcome.interrupted_by, outcome.second_signal, last.results),
+                            outcome.interrupted_by, restarts)
         if member.lease.lost.is_set():
             raise LauncherError(f"{rendezvous_name(spec.rendezvous.run_id)}: this node lost its place in the job: "
                                 f"{session.why_lost()}; workers stopped")
         await _round_over(spec, deps, member, api, word, last, attempt)
         previous = word.round
         joined = loop.time()  # the next round's time counts from here
+
+
+def _stopped(deps: AgentDeps, line: str, signum: int, restarts: int) -> Outcome:
+    """A signal this node received ends its part of the job: it says so (``line``), as every node that got it does."""
+    deps.console.say(line)
+    return Outcome.signalled(signum, restarts)
 
 
 def _say_fd_short(spec: LaunchSpec, deps: AgentDeps, word: Assignment) -> None:
