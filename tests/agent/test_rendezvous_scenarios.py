@@ -284,7 +284,7 @@ def test_a_master_name_that_does_not_resolve_yet_is_looked_up_again_less_and_les
             return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
 
         loop.getaddrinfo = getaddrinfo  # type: ignore[method-assign]
-        await _resolvable(spec, "master-0", 29500, said.append)
+        await _resolvable(spec, "master-0", 29500, said.append, loop.time() + spec.rendezvous.conf.join_timeout)
         return [b - a for a, b in itertools.pairwise(looked)]
 
     gaps = asyncio.run(asyncio.wait_for(body(), BOUND))

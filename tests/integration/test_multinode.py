@@ -323,3 +323,38 @@ def test_every_node_that_receives_sigint_says_so(launch, tmp_path):
     for node in nodes:
         said = [line for line in node.err if line.startswith("rankrun: received SIGINT")]
         assert len(said) == 1, node.err
+
+
+JOIN_TIMEOUT = 8.0
+HONOURED = JOIN_TIMEOUT + 2.5  # join_timeout, the interpreter's start and a loaded machine's slack; it was 5 s more
+
+
+def test_a_first_round_that_never_forms_ends_every_node_at_the_hosts_join_timeout(launch, tmp_path):
+    # the host gives up join_timeout after it began, and ends the job for the node that came 5 s later too (before,
+    # that node waited its own join_timeout, and the host waited for it to leave: 13 s for join_timeout=8)
+    addr = fresh_loopback()
+    conf = ("--rdzv-conf", f"join_timeout={JOIN_TIMEOUT:g}")
+    started = time.monotonic()
+    host = launch(*_dynamic(addr, "3", *conf, nproc=1), env=_env(tmp_path))
+    host.wait_for(r"rendezvous itest: 1/3 nodes joined")  # its progress line, 5 s in
+    late = launch(*_dynamic(addr, "3", *conf, nproc=1), env=_env(tmp_path))
+    assert (host.finish(), late.finish()) == (3, 3)
+    assert time.monotonic() - started < HONOURED
+    assert late.err[-1] == ("rankrun: error: rendezvous itest: the job ended: timed out after 8 s (join_timeout)"
+                            " waiting for the other nodes: 2 of 3 joined")
+
+
+def test_a_node_that_waited_for_the_host_to_listen_still_gives_up_at_its_join_timeout(launch, tmp_path):
+    # reaching the host is part of joining: the wait for the first round gets what is left of join_timeout (before,
+    # a whole join_timeout more: 19 s for join_timeout=12 and a host that came 6 s late)
+    addr = fresh_loopback()
+    started = time.monotonic()
+    early = launch(*_dynamic(addr, "3", "--rdzv-conf", "is_host=0,join_timeout=12", nproc=1), env=_env(tmp_path))
+    early.wait_for(r"Connection refused; retrying \(waited \d+ s of 12\)")  # its line, 5 s in
+    host = launch(*_dynamic(addr, "3", "--rdzv-conf", "join_timeout=60", nproc=1), env=_env(tmp_path))
+    assert early.finish() == 3
+    assert time.monotonic() - started < 12 + 2.5
+    assert early.err[-1] == ("rankrun: error: rendezvous itest: timed out after 12 s (join_timeout) waiting for the"
+                             " other nodes: 2 of 3 joined")
+    host.proc.send_signal(signal.SIGTERM)
+    assert host.finish() == 128 + signal.SIGTERM

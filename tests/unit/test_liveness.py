@@ -70,6 +70,22 @@ def test_before_the_first_round_too_few_nodes_wait_for_join_timeout_not_last_cal
     assert next_step(first, SETTINGS, 1e6) == Wait(None)
 
 
+def test_a_first_round_that_cannot_form_ends_the_job_at_join_timeout_after_the_coordinator_began():
+    timed = Settings(min_nodes=2, max_nodes=3, last_call_timeout=30.0, max_restarts=0, join_timeout=8.0)
+    first = View((_node(0, host=True),), Phase.FORMING, 0, (), 0, began=100.0)
+    assert next_step(first, timed, 107.9) == Wait(108.0)
+    end = next_step(first, timed, 108.0)
+    assert end == Finish(False, "timed out after 8 s (join_timeout) waiting for the other nodes: 1 of 2-3 joined",
+                         stranded=True)
+    static = Settings(min_nodes=3, max_nodes=3, last_call_timeout=30.0, max_restarts=0, static=True, join_timeout=8.0)
+    ranked = [NodeInfo(f"n{i}", i, 1, "default", f"10.0.0.{i}", "h", i, i == 0) for i in (0, 2)]  # node rank 1 never came
+    ranks = View(ranked, Phase.FORMING, 0, (), 0, began=100.0)
+    assert next_step(ranks, static, 108.5) == Finish(
+        False, "timed out after 8 s (join_timeout) waiting for the other nodes: 2 of 3 joined; node ranks never seen: 1",
+        stranded=True)
+    assert next_step(View((_node(0, host=True),), Phase.FORMING, 0, (), 0), timed, 1e6) == Wait(None)  # not begun
+
+
 def test_a_node_coming_back_in_time_lifts_the_deadline():
     back = View((_node(0, host=True), _node(3)), Phase.FORMING, 1, ("n0", "n1"), 0, min_since=120.0, alone_since=None)
     step = next_step(back, SETTINGS, 125.0)

@@ -84,6 +84,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                          "any host that can reach the endpoint can join this job")
     sick = await unhealthy(spec, deps, stops)  # --health-check before the first round, before joining
     said = f"health check: {sick}" if sick is not None else None  # in the join itself: never counted in a round
+    opened = asyncio.get_running_loop().time()  # join_timeout counts from here: reaching the host is part of joining
     try:
         async with open_session(spec, deps.worker_store, deps.console.say, backend=deps.rendezvous,
                                 unhealthy=said) as session:
@@ -96,7 +97,8 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                               address=session.member.info.addr or session.address)
             try:
                 async with _probe_endpoint(spec, session) as probe:
-                    return await _rounds(spec, deps, stops, logs, session, joined, sick=sick, probe=probe, relay=relay)
+                    return await _rounds(spec, deps, stops, logs, session, joined, sick=sick, probe=probe, relay=relay,
+                                         opened=opened)
             finally:
                 await relay.close()
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
@@ -109,10 +111,11 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
 async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float, *,
     sick: str | None = None, probe: tuple[str, int] | None = None, relay: NodeRelay | None = None,
+    opened: float | None = None,
 ) -> Outcome:
     """``sick``: why this node said it is unhealthy (its --health-check): it runs no workers, and waits to be told;
     a job that ends first (the others' workers were quick) ends it as excluded all the same. ``probe``: where this
-    node's probe endpoint listens (``--network-check``)."""
+    node's probe endpoint listens (``--network-check``). ``opened``: when it set out to join (join_timeout's start)."""
     member = session.member
     loop = asyncio.get_running_loop()
     extra = await _collective_env(spec, deps, session.address)
@@ -123,7 +126,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
     spare_said = False
     excluded: dict[str, str] = {}  # every exclusion this node has heard of: name → why (for its failure report)
     while True:
-        word = await _wait_for_word(spec, deps, stops, session, previous, sick=sick)
+        word = await _wait_for_word(spec, deps, stops, session, previous, sick=sick,
+                                    since=opened if previous == 0 else None)
         if isinstance(word, Interrupted):
             deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
             return Outcome.signalled(word.signum, restarts)
@@ -136,8 +140,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
             _tell_excluded(deps, word.word, excluded)
             # a spare was never given a place; a node whose place came as another node's failure ended the job (it
             # never got to start its workers) failed with the job
-            return await _ended(spec, deps, word, last, api, placed, spare=attempt < 0 and not word.placed,
-                                excluded=excluded)
+            return await _ended(spec, deps, word, last, api, placed, excluded=excluded,
+                                spare=attempt < 0 and not word.placed and word.word.round > 0)  # 0: none formed
         if isinstance(word, Spare) or sick is not None:  # sick (a later round's check): never run workers
             spare_said = spare_said or (isinstance(word, Spare) and _say_spare(spec, deps))
             previous = word.round
@@ -412,16 +416,23 @@ def _host(deps: AgentDeps, member: Member) -> str:
 
 async def _wait_for_word(
     spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, previous: int, *, sick: str | None = None,
+    since: float | None = None,
 ) -> Assignment | Spare | Ended | Interrupted:
     """The next word from the coordinator, or a signal; bounded by join_timeout, with a progress line every 5 s.
     ``sick``: this node's failed check; a node that no coordinator excluded by join_timeout (none was elected: it
-    does not stand itself) leaves as unhealthy all the same, exit 4, not as a rendezvous that timed out."""
+    does not stand itself) leaves as unhealthy all the same, exit 4, not as a rendezvous that timed out.
+    ``since``: the first round's wait counts from when this node set out to join (reaching the host is part of it),
+    except on the node that coordinates, whose coordinator ends the job for every node at join_timeout after it
+    began (``round._first_wait``): its own bound, from now, comes after that."""
     rdzv = spec.rendezvous
     member = session.member
+    bound = rdzv.conf.join_timeout
+    if since is not None and session.coordinator is None:
+        bound = max(0.0, bound - (asyncio.get_running_loop().time() - since))
     deps.on_demand.idle(rdzv.run_id, WAITING)  # what rankrun --stacks says meanwhile
     progress = asyncio.create_task(_progress(spec, deps, member))
     try:
-        async with asyncio.timeout(rdzv.conf.join_timeout):
+        async with asyncio.timeout(bound):
             while True:
                 index, value = await first_of(member.next_round(previous), stops.arrived(), member.lease.lost.wait())
                 if index == 0:

@@ -124,6 +124,7 @@ class Coordinator:
         self._arrived: list[str] = []  # nodes that joined since the last decision
         self._events: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
         self._status_dirty = True
+        self._began: float | None = None
         self._status_due = 0.0
         # The job's account of its nodes. The blame counts live here only: a coordinator taking over on etcd starts
         # them from zero (carrying them in the round key would make every node read them every round); the
@@ -140,6 +141,7 @@ class Coordinator:
     async def run(self) -> None:
         if await self._take_over():
             return
+        self._began = self._now()  # join_timeout's start, for a first round that cannot form
         blocked, _ = await self._store.range(self._keys.blocklist)
         self._blocked = {e.key[len(self._keys.blocklist) :]: Blocked.parse(e.value) for e in blocked}
         entries, revision = await self._store.range(self._keys.nodes)
@@ -229,7 +231,7 @@ class Coordinator:
     def _view(self) -> View:
         return View(self._eligible().values(), self._phase, self._round, self._members, self._restarts,
                     self._min_since, self._results, self._leader, self._gone, self._alone_since, self._blame,
-                    self._unhealthy)
+                    self._unhealthy, self._began)
 
     def _note_min(self) -> None:
         nodes = self._eligible()

@@ -60,6 +60,7 @@ class Settings:
     max_node_failures: int = 0  # a node blamed for this many failures is excluded from the job (0: never)
     network_check: bool = False  # --network-check: every round of 3 nodes or more is checked before its workers start
     health_timeout: float | None = None  # --health-check-timeout with a --health-check (members run it before the above)
+    join_timeout: float | None = None  # before the first round, the job ends this long after the coordinator began
 
 
 class Phase(enum.Enum):
@@ -99,6 +100,7 @@ class View:
     # Exclusion's inputs. ``nodes`` holds only the nodes still eligible: an excluded one is left out by the coordinator.
     blame: Mapping[str, int] | None = None  # node id → failures it was blamed for in the job's earlier rounds
     unhealthy: Mapping[str, str] | None = None  # node id → why it says it is unhealthy (``Member.report_unhealthy``)
+    began: float | None = None  # when the coordinator began (before the first round, join_timeout counts from it)
 
 
 @dataclass(frozen=True)
@@ -228,11 +230,37 @@ def _forming(view: View, settings: Settings, now: float) -> Step:
     return Start(placement) if now >= deadline else Wait(deadline)
 
 
+def _first_wait(view: View, settings: Settings, now: float) -> Step:
+    """Too few nodes for the first round: wait for more until ``join_timeout`` after the coordinator began, then end
+    the job for every node. (Each node's own join_timeout would end only that node: the others waited on, up to their
+    own, and the host for them, so a job asked to give up after 8 s took as much longer as its nodes' starts differ.)"""
+    if settings.join_timeout is None or view.began is None:
+        return Wait(None)
+    deadline = view.began + settings.join_timeout
+    if now < deadline:
+        return Wait(deadline)
+    return Finish(False, join_timed_out(view, settings), stranded=True)
+
+
+def join_timed_out(view: View, settings: Settings) -> str:
+    """``timed out after 8 s (join_timeout) waiting for the other nodes: 1 of 2 joined`` (static: and the node ranks
+    never seen), as a node that times out by itself says it."""
+    wanted = str(settings.min_nodes) if settings.min_nodes == settings.max_nodes else f"{settings.min_nodes}-{settings.max_nodes}"
+    text = (f"timed out after {settings.join_timeout or 0:.0f} s (join_timeout) waiting for the other nodes: "
+            f"{len(view.nodes)} of {wanted} joined")
+    if settings.static:
+        missing = sorted(set(range(settings.max_nodes)) - {n.static_rank for n in view.nodes})
+        text += f"; node ranks never seen: {', '.join(map(str, missing))}"
+    return text
+
+
 def _short(view: View, settings: Settings, now: float) -> Step:
     """Too few nodes to form a round. Before the first round: wait (join_timeout bounds the members). After a round
     whose loss left the coordinator alone — most likely its own network failed, not everyone else's — wait
     ``last_call_timeout`` for nodes to come back, then end the job rather than hold it for join_timeout."""
-    if view.round == 0 or view.alone_since is None:
+    if view.round == 0:
+        return _first_wait(view, settings, now)
+    if view.alone_since is None:
         return Wait(None)
     deadline = view.alone_since + settings.last_call_timeout
     if now < deadline:

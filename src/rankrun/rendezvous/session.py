@@ -80,7 +80,8 @@ def settings(spec: LaunchSpec) -> Settings:
     return Settings(rdzv.min_nodes, rdzv.max_nodes, rdzv.conf.last_call_timeout, spec.restart.max_restarts,
                     static=isinstance(rdzv, StaticRendezvous), max_node_failures=spec.restart.max_node_failures,
                     network_check=spec.health.network,
-                    health_timeout=spec.health.timeout if spec.health.check is not None else None)
+                    health_timeout=spec.health.timeout if spec.health.check is not None else None,
+                    join_timeout=rdzv.conf.join_timeout)
 
 
 def endpoint(spec: LaunchSpec) -> tuple[str, int]:
@@ -148,7 +149,8 @@ async def _open_embedded(
 ) -> Session:
     rdzv = spec.rendezvous
     host, port = endpoint(spec)
-    await _resolvable(spec, host, port, say)
+    deadline = asyncio.get_running_loop().time() + rdzv.conf.join_timeout  # resolving and reaching the host: one bound
+    await _resolvable(spec, host, port, say, deadline)
     keys = Keys.for_run(rdzv.run_id)
     lost_why = f"its lease expired or the connection to the host at {host}:{port} was lost"
     hosted = await _try_to_host(spec, worker_store, host, port, stack, say=say)
@@ -160,7 +162,7 @@ async def _open_embedded(
                                   before_round=worker_store.reset, why_gone=memory.why_deleted, say=say)
         member = await Member.join(memory, keys, node_info(spec, addr, is_host=True, unhealthy=unhealthy), ttl(spec))
         return Session(member, listener.address, memory, lost_why, coordinator)
-    client = await _connect(spec, host, port, say)
+    client = await _connect(spec, host, port, say, deadline)
     stack.push_async_callback(client.close)
     addr = spec.local_addr or client.local_address or host
     if client.via is not None:
@@ -264,14 +266,13 @@ def _routing(spec: LaunchSpec) -> tuple[Routing[Any] | None, str | None]:
     return Routing(wanted), line
 
 
-async def _resolvable(spec: LaunchSpec, host: str, port: int, say: Say) -> None:
+async def _resolvable(spec: LaunchSpec, host: str, port: int, say: Say, deadline: float) -> None:
     """Wait until the endpoint's name resolves, saying so at once and every few seconds; bounded by join_timeout.
 
     A scheduler often starts the nodes before the master's DNS record exists (a Kubernetes Service, a pod's
     hostname), for the master itself too: waiting is the cure, not exit 3. An address resolves at once."""
     conf = spec.rendezvous.conf
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + conf.join_timeout
     pause, said = CONNECT_RETRY[0], float("-inf")
     while True:
         try:
@@ -289,11 +290,11 @@ async def _resolvable(spec: LaunchSpec, host: str, port: int, say: Say) -> None:
         pause = min(pause * 2, CONNECT_RETRY[1])
 
 
-async def _connect(spec: LaunchSpec, host: str, port: int, say: Say) -> StoreClient:
-    """Reach the host, retrying (with backoff, saying why every few seconds) until join_timeout."""
+async def _connect(spec: LaunchSpec, host: str, port: int, say: Say, deadline: float) -> StoreClient:
+    """Reach the host, retrying (with backoff, saying why every few seconds) until ``deadline``: join_timeout after
+    this node set out to join (the time its name took to resolve is part of it)."""
     conf = spec.rendezvous.conf
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + conf.join_timeout
     pause, said = CONNECT_RETRY[0], loop.time()
     liveness = Liveness.of_lease(conf.keep_alive_interval, conf.keep_alive_max_attempt)
     while True:
