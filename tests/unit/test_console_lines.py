@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from rankrun.agent.lines import ConsoleLines, restart_line
+import signal
+
+from rankrun.agent.lines import ConsoleLines, interrupted_line, restart_line
 from rankrun.events.records import Failure, NodeExcluded, Restart, Stall
 from rankrun.events.stream import EventStream
+from rankrun.report.failure import Ending, WorkerResult
 
 
 def test_a_restart_says_the_failed_attempt_its_reason_and_the_restarts_used():
@@ -40,3 +43,17 @@ def test_an_exclusion_is_said_naming_the_node_and_why():
     stream.emit(NodeExcluded(("h-7-1a2b3c at 127.0.0.3",), "blamed for 2 failures of the job (--max-node-failures 2)"))
     assert said == ["node h-7-1a2b3c at 127.0.0.3 is excluded from the job: blamed for 2 failures of the job "
                     "(--max-node-failures 2)"]
+
+
+def worker(rank: int, status: int, ending: Ending = Ending.STOPPED) -> WorkerResult:
+    return WorkerResult(rank, rank, 100 + rank, status, ending, 0.0, "", None, "")
+
+
+def test_a_signal_that_stopped_the_workers_is_said_with_what_became_of_them():
+    stopped = [worker(0, -signal.SIGINT), worker(1, 0, Ending.SUCCEEDED), worker(2, -signal.SIGINT)]
+    assert interrupted_line(signal.SIGINT, None, stopped) == "received SIGINT: forwarded to 2 worker(s) and stopped them"
+    slow = [worker(0, -signal.SIGTERM), worker(1, -signal.SIGKILL)]
+    assert interrupted_line(signal.SIGTERM, None, slow) == (
+        "received SIGTERM: forwarded to 2 worker(s); 1 did not stop within --shutdown-timeout and were killed")
+    assert interrupted_line(signal.SIGTERM, signal.SIGINT, slow) == (
+        "received SIGTERM, then SIGINT: killed 1 worker(s) without waiting (1 had already stopped)")
