@@ -77,11 +77,11 @@ def test_a_first_round_that_cannot_form_ends_the_job_at_join_timeout_after_the_c
     end = next_step(first, timed, 108.0)
     assert end == Finish(False, "timed out after 8 s (join_timeout) waiting for the other nodes: 1 of 2-3 joined",
                          stranded=True)
-    static = Settings(min_nodes=3, max_nodes=3, last_call_timeout=30.0, max_restarts=0, static=True, join_timeout=8.0)
-    ranked = [NodeInfo(f"n{i}", i, 1, "default", f"10.0.0.{i}", "h", i, i == 0) for i in (0, 2)]  # node rank 1 never came
+    static = Settings(min_nodes=4, max_nodes=4, last_call_timeout=30.0, max_restarts=0, static=True, join_timeout=8.0)
+    ranked = [NodeInfo(f"n{i}", i, 1, "default", f"10.0.0.{i}", "h", i, i == 0) for i in (0, 2)]  # ranks 1, 3 never came
     ranks = View(ranked, Phase.FORMING, 0, (), 0, began=100.0)
     assert next_step(ranks, static, 108.5) == Finish(
-        False, "timed out after 8 s (join_timeout) waiting for the other nodes: 2 of 3 joined; node ranks never seen: 1",
+        False, "timed out after 8 s (join_timeout) waiting for the other nodes: 2 of 4 joined; node ranks never seen: 1, 3",
         stranded=True)
     assert next_step(View((_node(0, host=True),), Phase.FORMING, 0, (), 0), timed, 1e6) == Wait(None)  # not begun
 

@@ -234,19 +234,20 @@ def _first_wait(view: View, settings: Settings, now: float) -> Step:
     """Too few nodes for the first round: wait for more until ``join_timeout`` after the coordinator began, then end
     the job for every node. (Each node's own join_timeout would end only that node: the others waited on, up to their
     own, and the host for them, so a job asked to give up after 8 s took as much longer as its nodes' starts differ.)"""
-    if settings.join_timeout is None or view.began is None:
+    timeout = settings.join_timeout
+    if timeout is None or view.began is None:
         return Wait(None)
-    deadline = view.began + settings.join_timeout
+    deadline = view.began + timeout
     if now < deadline:
         return Wait(deadline)
-    return Finish(False, join_timed_out(view, settings), stranded=True)
+    return Finish(False, join_timed_out(view, settings, timeout), stranded=True)
 
 
-def join_timed_out(view: View, settings: Settings) -> str:
+def join_timed_out(view: View, settings: Settings, timeout: float) -> str:
     """``timed out after 8 s (join_timeout) waiting for the other nodes: 1 of 2 joined`` (static: and the node ranks
     never seen), as a node that times out by itself says it."""
     wanted = str(settings.min_nodes) if settings.min_nodes == settings.max_nodes else f"{settings.min_nodes}-{settings.max_nodes}"
-    text = (f"timed out after {settings.join_timeout or 0:.0f} s (join_timeout) waiting for the other nodes: "
+    text = (f"timed out after {timeout:.0f} s (join_timeout) waiting for the other nodes: "
             f"{len(view.nodes)} of {wanted} joined")
     if settings.static:
         missing = sorted(set(range(settings.max_nodes)) - {n.static_rank for n in view.nodes})
