@@ -147,6 +147,22 @@ def test_only_a_changed_verdict_is_said_and_a_rank_that_catches_up_is_said_once(
     assert verdict.streaks({3: 2}, [slow, other]) == {3: 3, 1: 1}
 
 
+def test_a_rank_that_stays_slow_is_blamed_every_third_window_and_a_window_without_it_starts_it_afresh():
+    """``--max-node-failures 3`` excludes a node blamed 3 times: after 9 slow windows in a row, not 5."""
+    slow = Straggler(3, "node-1/127.0.0.2", 0.8, 60, 60, 0.25)
+    counts: dict[int, int] = {}
+    blamed_in = []
+    for window in range(1, 10):
+        counts, due = verdict.blamed(counts, [slow], 3)
+        if due:
+            assert due == [slow]
+            blamed_in.append(window)
+    assert blamed_in == [3, 6, 9]
+    counts, due = verdict.blamed({3: 2}, [], 3)  # it kept up for a window: the next slow window is its first again
+    assert (counts, due) == ({}, [])
+    assert verdict.blamed(counts, [slow], 3) == ({3: 1}, [])
+
+
 # --- clock offsets
 
 

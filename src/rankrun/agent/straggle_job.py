@@ -53,13 +53,12 @@ class JobStragglers:
 
     async def _judged(self, found: list[Straggler], owners: Mapping[int, str]) -> None:
         """The host's verdict: a rank named ``STREAK`` windows in a row gets its node blamed (then counts again)."""
-        self._streaks = verdict.streaks(self._streaks, found)
+        self._streaks, due = verdict.blamed(self._streaks, found, STREAK)
         if self._blame is None:
             return
-        for s in found:
+        for s in due:
             node = owners.get(s.rank)
-            if self._streaks[s.rank] >= STREAK and node is not None:
-                self._streaks[s.rank] = 0
+            if node is not None:
                 await self._blame(node, f"rank {s.rank} on {s.where} held the others back for {STREAK} windows in a "
                                         f"row ({verdict.figures(s)})")
 

@@ -190,6 +190,17 @@ def streaks(before: Mapping[int, int], now: Sequence[Straggler]) -> dict[int, in
     return {s.rank: before.get(s.rank, 0) + 1 for s in now}
 
 
+def blamed(before: Mapping[int, int], now: Sequence[Straggler], streak: int) -> tuple[dict[int, int], list[Straggler]]:
+    """Each rank's streak after verdict ``now``, and the stragglers it blames (pure): those named ``streak`` windows in
+    a row. A blamed rank counts again from nothing, so one that stays slow is blamed every ``streak`` windows, not
+    every window after its first blame (``--max-node-failures`` counts the blames)."""
+    counts = streaks(before, now)
+    due = [s for s in now if counts[s.rank] >= streak]
+    for s in due:
+        counts[s.rank] = 0
+    return counts, due
+
+
 COLLECTIVE_FILE = "/torch/distributed/"  # where torch's collectives, barriers and waits on their work live
 NOT_COLLECTIVES = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
                              "destroy_process_group"})  # waiting to join or to leave is no straggler's doing
