@@ -1,6 +1,6 @@
 """The straggler watch of several nodes as each node's agent runs it (``rankrun.agent.straggle_job``), in-process on
 the in-memory store: two nodes whose wall clocks disagree by 50 ms send their windows to the host on the host's
-clock, the host judges the job, and the host blames a node that stays slow."""
+clock, the host judges the job, every node says what changed, and the host blames a node that stays slow."""
 
 from __future__ import annotations
 
@@ -111,3 +111,24 @@ def test_a_rank_slow_for_three_windows_in_a_row_gets_its_node_blamed_once():
     blames = asyncio.run(asyncio.wait_for(main(), BOUND))
     assert [node for node, _ in blames] == ["n0"]
     assert blames[0][1].startswith("rank 1 on node-0/127.0.0.2 held the others back for 3 windows in a row (late on")
+
+
+def test_a_straggler_that_keeps_up_again_is_said_on_every_node():
+    async def main() -> Job:
+        job = Job(0.020)
+        try:
+            reading = aiter(stragglers.verdicts(job.store, KEYS, 1))
+            for number, slow in ((1, 1), (2, None)):
+                await job.window(number, slow)
+                await anext(reading)
+            while len(job.lines) < 4:  # each node says the verdict once it read it: a turn or two later
+                await asyncio.sleep(0.01)
+            return job
+        finally:
+            await job.close()
+
+    job = asyncio.run(asyncio.wait_for(main(), BOUND))
+    again = "rankrun: straggler: rank 1 on node-0/127.0.0.2 keeps up again: the others no longer wait for it"
+    assert [line == again for line in job.lines].count(True) == 2 and len(job.lines) == 4
+    assert sorted((e.node, e.verdict) for e in job.events) == [  # type: ignore[attr-defined]
+        ("n0", "named"), ("n0", "recovered"), ("n1", "named"), ("n1", "recovered")]

@@ -102,6 +102,40 @@ def test_the_host_judges_once_every_node_sent_a_window_and_every_node_reads_the_
     assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [[3]]
 
 
+def test_a_straggler_that_keeps_up_again_is_a_verdict_of_nobody_written_and_told():
+    """A verdict naming nobody after one that named somebody is written, so every node says "keeps up again" and
+    emits its ``recovered`` event, and the host's ``tell`` hears it (its streaks start afresh); a balanced window after
+    that writes nothing more."""
+    async def main() -> tuple[list[list[int]], list[list[int]]]:
+        store = MemoryStore(FakeTimers())
+
+        async def put(key: str, value: bytes) -> None:
+            await store.put(key, value)
+
+        told: list[list[int]] = []
+
+        async def tell(found, owner) -> None:
+            del owner
+            told.append([s.rank for s in found])
+
+        host = asyncio.create_task(stragglers.judge_job(store, KEYS, 1, 2, put, 12.0, tell=tell))
+        reading = aiter(stragglers.verdicts(store, KEYS, 1))
+        read = []
+        await asyncio.sleep(0)  # the host watches the windows' keys (the in-memory store answers at once)
+        for number, slow in ((1, 3), (2, None), (3, None)):
+            await stragglers.publish(store, KEYS, 1, _window("n0", (0, 1), None, number))
+            await stragglers.publish(store, KEYS, 1, _window("n1", (2, 3), slow, number))
+            if number < 3:
+                read.append([s.rank for s in await asyncio.wait_for(anext(reading), 10)])
+        with pytest.raises(TimeoutError):  # nobody before, nobody now: nothing written
+            await asyncio.wait_for(anext(reading), 0.2)
+        host.cancel()
+        await asyncio.gather(host, return_exceptions=True)
+        return read, told
+
+    assert asyncio.run(asyncio.wait_for(main(), BOUND)) == ([[3], []], [[3], []])
+
+
 def test_a_node_that_sends_nothing_does_not_hold_the_verdict_back():
     async def main() -> list[int]:
         store = MemoryStore(FakeTimers())
