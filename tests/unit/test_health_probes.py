@@ -1,4 +1,5 @@
-"""The pure rules of ``python -m rankrun.health``: sizes, the open-files rule, and what nvidia-smi's text says.
+"""The pure rules of ``python -m rankrun.health``: sizes, the free space a user may write, the open-files rule, and what
+nvidia-smi's text says.
 
 The ``nvidia-smi -q`` excerpts are laid out as real drivers print them (a ``GPU <bus id>`` line opens each GPU's
 section; recent drivers print ``GPU Recovery Action`` and mark the older ``GPU Reset Status`` fields deprecated).
@@ -6,9 +7,19 @@ section; recent drivers print ``GPU Recovery Action`` and mark the older ``GPU R
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from rankrun.health.probes import format_size, listed_gpus, nofile_needed, parse_size, pending_recovery
+from rankrun.health.probes import (
+    format_size,
+    free_space_probe,
+    listed_gpus,
+    nofile_needed,
+    parse_size,
+    pending_recovery,
+    user_free,
+)
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -97,3 +108,26 @@ def test_every_gpu_pending_is_named():
     text = HEADER + _section("00000000:18:00.0", "Reboot") + _section("00000000:2A:00.0", "Reboot")
     assert pending_recovery(text) == ["GPU 00000000:18:00.0: recovery action Reboot (nvidia-smi -q)",
                                       "GPU 00000000:2A:00.0: recovery action Reboot (nvidia-smi -q)"]
+
+
+def _statvfs(bfree: int, bavail: int, frsize: int = 4096) -> os.statvfs_result:
+    # (f_bsize, f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_favail, f_flag, f_namemax)
+    return os.statvfs_result((frsize, frsize, 1 << 20, bfree, bavail, 1000, 500, 500, 0, 255))
+
+
+def test_free_space_is_what_the_jobs_user_may_write_not_roots_reserve():
+    """A disk full for the job's user still has root's reserved blocks free: --min-free must see it full."""
+    assert user_free(_statvfs(bfree=50_000, bavail=0)) == 0
+    assert user_free(_statvfs(bfree=50_000, bavail=20_000, frsize=1024)) == 20_000 * 1024
+
+
+def test_the_free_space_probe_reads_the_filesystem_of_the_path(tmp_path):
+    stats = os.statvfs(tmp_path)
+    free, reserved = user_free(stats), (stats.f_bfree - stats.f_bavail) * stats.f_frsize
+    assert free_space_probe(str(tmp_path), 1) == []
+    if reserved > 2**31:  # an ext4 with root's reserve (not a tmpfs): asking for half of it more than the user has fails
+        assert free_space_probe(str(tmp_path), free + reserved // 2) != []
+    [message] = free_space_probe(str(tmp_path), free + 2**40)
+    assert message.startswith(f"{tmp_path}: ") and message.endswith(f"free, {format_size(free + 2**40)} asked")
+    assert free_space_probe(str(tmp_path / "missing"), 1) == [f"{tmp_path / 'missing'}: does not exist"]
+    assert free_space_probe(str(tmp_path / "missing"), 1, optional=True) == []
