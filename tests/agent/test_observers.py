@@ -1,0 +1,112 @@
+"""The job's observers on a node (``rankrun.agent.observers``) in-process: ``--events`` written from ``job.start`` to
+``job.end``, whatever ended the job, and closed; ``--metrics-port`` served once the node's address is known, announced
+in one line, answering ``rankrun_up 1`` while the job runs and closed at its end; a port that is taken, or a log that
+cannot be written, is the user's error naming the flag."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from rankrun.agent.observers import JobObservers
+from rankrun.cli import spec_from_args
+from rankrun.errors import UsageError
+from rankrun.events.stream import EventStream
+from rankrun.spec import LaunchSpec
+
+BOUND = 30.0
+
+
+def _spec(tmp_path: Path, *flags: str) -> LaunchSpec:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    return spec_from_args([*flags, str(script)], {"PATH": "/usr/bin:/bin"})
+
+
+def _events(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_event_log_holds_the_jobs_start_and_end_once(tmp_path):
+    log = tmp_path / "events.jsonl"
+    lines: list[str] = []
+
+    async def main() -> None:
+        observers = JobObservers(_spec(tmp_path, "--events", str(log)), EventStream("run-1", ""), lines.append)
+        observers.open()
+        await observers.begin("127.0.0.2")
+        await observers.begin("127.0.0.2")
+        await observers.end(3)
+        await observers.end(3)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+    found = _events(log)
+    assert [(e["event"], e["node"]) for e in found] == [("job.start", "127.0.0.2"), ("job.end", "127.0.0.2")]
+    assert found[1]["exit_code"] == 3
+    assert lines == []
+
+
+def test_a_job_that_ends_before_its_address_is_known_still_starts_then_ends(tmp_path):
+    log = tmp_path / "events.jsonl"
+
+    async def main() -> None:
+        observers = JobObservers(_spec(tmp_path, "--events", str(log)), EventStream("run-1", ""), lambda _: None)
+        observers.open()
+        await observers.end(1, error=True, node="node-4")
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert [(e["event"], e["node"]) for e in _events(log)] == [("job.start", "node-4"), ("job.end", "node-4")]
+
+
+def test_an_event_log_that_cannot_be_written_names_the_flag(tmp_path):
+    observers = JobObservers(_spec(tmp_path, "--events", str(tmp_path / "missing" / "e.jsonl")),
+                             EventStream("run-1", ""), lambda _: None)
+    with pytest.raises(UsageError, match="--events"):
+        observers.open()
+
+
+async def _scrape(port: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    body = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    return body.decode()
+
+
+def test_the_metrics_are_served_while_the_job_runs_and_closed_at_its_end(tmp_path):
+    lines: list[str] = []
+
+    async def main() -> None:
+        observers = JobObservers(_spec(tmp_path, "--metrics-port", "0"), EventStream("run-1", ""), lines.append)
+        observers.open()
+        await observers.begin("127.0.0.1")
+        [line] = lines
+        assert line.startswith("rankrun: metrics at http://127.0.0.1:") and line.endswith("/metrics")
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+        assert '\nrankrun_up{run="run-1"} 1\n' in await _scrape(port)
+        await observers.end(0)
+        with pytest.raises(ConnectionRefusedError):
+            await _scrape(port)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+def test_a_metrics_port_that_is_taken_names_the_flag(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        async def main() -> None:
+            observers = JobObservers(_spec(tmp_path, "--metrics-port", str(port)), EventStream("run-1", ""),
+                                     lambda _: None)
+            observers.open()
+            with pytest.raises(UsageError, match=f"--metrics-port.*{port}.*cannot listen on 127.0.0.1"):
+                await observers.begin("127.0.0.1")
+
+        asyncio.run(asyncio.wait_for(main(), BOUND))
