@@ -44,8 +44,8 @@ def _arrivals(ranks: tuple[int, ...], slow: int | None, number: int, behind: flo
 class Job:
     """The host (n0, on the true clock) and n1 (``behind`` seconds behind it), each its agent's ``JobStragglers``."""
 
-    def __init__(self, behind: float) -> None:
-        self.store = MemoryStore(FakeTimers())
+    def __init__(self, behind: float, store: MemoryStore | None = None, leases: dict[str, int] | None = None) -> None:
+        self.store = store or MemoryStore(FakeTimers())
         self.behind = behind
         self.blames: list[tuple[str, str]] = []
         self.lines: list[str] = []
@@ -53,7 +53,8 @@ class Job:
         clocks = {"n0": time.time, "n1": lambda: time.time() - behind}
         self.nodes = {node: JobStragglers(self.store, KEYS, 1, node, 2, WINDOW,
                                           Said(self.lines.append, EventStream("run", node, [self])), where=_where(node),
-                                          host=node == "n0", now=clocks[node], blame=self._blame)
+                                          host=node == "n0", now=clocks[node], blame=self._blame,
+                                          lease=(leases or {}).get(node, 0))
                       for node in NODES}
         self.tasks = [asyncio.create_task(job.run()) for job in self.nodes.values()]
 
@@ -132,3 +133,27 @@ def test_a_straggler_that_keeps_up_again_is_said_on_every_node():
     assert [line == again for line in job.lines].count(True) == 2 and len(job.lines) == 4
     assert sorted((e.node, e.verdict) for e in job.events) == [  # type: ignore[attr-defined]
         ("n0", "named"), ("n0", "recovered"), ("n1", "named"), ("n1", "recovered")]
+
+
+def test_each_nodes_keys_go_with_its_lease():
+    """A node that is lost (its lease revoked) takes its questions and windows with it; the host's answers and verdict
+    go with the host's."""
+    async def main() -> None:
+        store = MemoryStore(FakeTimers())
+        leases = {node: await store.grant(60) for node in NODES}
+        job = Job(0.020, store, {node: lease.id for node, lease in leases.items()})
+        try:
+            reading = aiter(stragglers.verdicts(store, KEYS, 1))
+            await job.window(1, slow=1)
+            await anext(reading)
+            mine = [KEYS.straggler_ask(1, "n1"), KEYS.straggler_window(1, "n1")]
+            hosts = [KEYS.straggler_time(1, "n1"), KEYS.straggler_window(1, "n0"), KEYS.straggler_verdict(1)]
+            assert all(store.read(key) is not None for key in mine + hosts)
+            await leases["n1"].revoke()
+            assert [store.read(key) is None for key in mine + hosts] == [True, True, False, False, False]
+            await leases["n0"].revoke()
+            assert all(store.read(key) is None for key in hosts)
+        finally:
+            await job.close()
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
