@@ -1,7 +1,8 @@
 """The job's observers on a node (``rankrun.agent.observers``) in-process: ``--events`` written from ``job.start`` to
 ``job.end``, whatever ended the job, and closed; ``--metrics-port`` served once the node's address is known, announced
 in one line, answering ``rankrun_up 1`` while the job runs and closed at its end; a port that is taken, or a log that
-cannot be written, is the user's error naming the flag."""
+cannot be written, is the user's error naming the flag; torchelastic's lines and dcgm-exporter's files where asked
+for."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from rankrun.agent.facts import job_outcome
 from rankrun.agent.observers import JobObservers
 from rankrun.cli import spec_from_args
 from rankrun.errors import UsageError
+from rankrun.events.records import JobEnd, Record, WorkersStart
 from rankrun.events.stream import EventStream
 from rankrun.spec import LaunchSpec
 
@@ -110,3 +113,68 @@ def test_a_metrics_port_that_is_taken_names_the_flag(tmp_path):
                 await observers.begin("127.0.0.1")
 
         asyncio.run(asyncio.wait_for(main(), BOUND))
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.events: list[Record] = []
+
+    def on_event(self, event: Record) -> None:
+        self.events.append(event)
+
+
+def test_the_job_ends_once_with_its_outcome(tmp_path):
+    recorded = Recorded()
+
+    async def main() -> None:
+        observers = JobObservers(_spec(tmp_path), EventStream("run-1", "", [recorded]), lambda _: None)
+        observers.open()
+        await observers.begin("127.0.0.2")
+        await observers.end(1, error=True)
+        await observers.end(0)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert [type(e).__name__ for e in recorded.events] == ["JobStart", "JobEnd"]
+    end = recorded.events[1]
+    assert isinstance(end, JobEnd) and (end.exit_code, end.outcome) == (1, job_outcome(1, True))
+
+
+def test_torchelastics_lines_are_said_with_event_log_handler_console(tmp_path):
+    lines: list[str] = []
+
+    async def main() -> None:
+        observers = JobObservers(_spec(tmp_path, "--event-log-handler", "console"), EventStream("run-1", ""),
+                                 lines.append)
+        observers.open()
+        await observers.begin("127.0.0.2")
+        await observers.end(0)
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert [json.loads(line)["name"] for line in lines] == ["torchelastic.worker.status.SUCCEEDED"]
+
+
+def test_dcgms_files_are_written_as_the_workers_start_and_owned_by_the_watchdog(tmp_path):
+    mapping = tmp_path / "dcgm"
+    mapping.mkdir()
+    owned: list[tuple[str, ...]] = []
+    script = tmp_path / "train.py"
+    script.write_text("")
+    spec = spec_from_args(["--nproc-per-node", "2", str(script)],
+                          {"PATH": "/usr/bin:/bin", "DCGM_HPC_JOB_MAPPING_DIR": str(mapping),
+                           "CUDA_VISIBLE_DEVICES": "3,5"})
+
+    async def main() -> list[str]:
+        events = EventStream("run-1", "")
+        observers = JobObservers(spec, events, lambda _: None,
+                                 (lambda path, content: owned.append((path, content)), lambda path: owned.append((path,))))
+        observers.open()
+        await observers.begin("127.0.0.2")
+        events.emit(WorkersStart(0, "0-1", (101, 102)))
+        written = sorted(p.name for p in mapping.iterdir())
+        await observers.end(0)
+        return written
+
+    assert asyncio.run(asyncio.wait_for(main(), BOUND)) == ["3", "5"]
+    assert list(mapping.iterdir()) == []  # gone with job.end
+    assert owned == [(str(mapping / "3"), "run-1\n"), (str(mapping / "5"), "run-1\n"), (str(mapping / "3"),),
+                     (str(mapping / "5"),)]
