@@ -105,3 +105,43 @@ def test_a_relay_that_cannot_reach_the_store_is_said_and_the_workers_connect_dir
     assert master == (HOST, port)
     [line] = lines
     assert line.endswith("; this node's workers connect to the job's store directly")
+
+
+def test_on_etcd_the_workers_connect_directly_and_it_is_said_once(tmp_path, capsys):
+    lines: list[str] = []
+    spec = _spec(tmp_path, "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "127.0.0.1:2379", "--rdzv-id", "job",
+                 "--store-relays", "1")
+    capsys.readouterr()  # (the note on etcd-v2's API)
+
+    async def main() -> list[tuple[str, int]]:
+        relay = NodeRelay(spec, lines.append, hosting=False, address=HOST)
+        try:
+            return [await relay.master(_word(n, 29500)) for n in (1, 2)]
+        finally:
+            await relay.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [(HOST, 29500)] * 2
+    assert lines == ["--store-relays: not with the etcd rendezvous (the store is a node's own, reached on a port that "
+                     "speaks only torch's protocol); this node's workers connect to it directly"]
+
+
+def test_by_default_a_node_relays_only_past_what_the_host_can_hold(tmp_path):
+    """``--store-relays auto``: 4 ranks fit any host; 10 million do not (one connection per rank)."""
+    lines: list[str] = []
+
+    async def main() -> tuple[tuple[str, int], tuple[str, int], int]:
+        server, host, port = await _store()
+        relay = NodeRelay(_spec(tmp_path), lines.append, hosting=False, address=HOST)
+        try:
+            small = await relay.master(_word(1, port))
+            huge = await relay.master(Assignment(2, 1, 5000, NodeRanks(2, 10_000_000, 2, 10_000_000), HOST, port, 0))
+            return small, huge, port
+        finally:
+            await relay.close()
+            await host.close()
+            await server.close()
+
+    small, huge, port = asyncio.run(asyncio.wait_for(main(), BOUND))
+    assert small == (HOST, port) and huge[0] == HOST and huge[1] != port
+    [line] = lines
+    assert line.startswith("store relay: this node's workers reach the job's store at")
