@@ -1,5 +1,5 @@
 """What a window's end decides on a node (``rankrun.agent.straggle``): no stack-sampling signal to the workers unless
-their recorders cannot be read."""
+their recorders cannot be read; what a window gives the judge; a verdict's change as the job's event."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rankrun.agent.straggle import StragglerWatch
+from rankrun.agent.straggle import StragglerWatch, event
 from rankrun.stacks.sampler import Target
 from rankrun.straggler.frfile import STATUS
-from rankrun.straggler.verdict import Arrivals, RankWindow
+from rankrun.straggler.verdict import Arrivals, Change, RankWindow, Straggler
 
 BOUND = 30
 
@@ -78,3 +78,15 @@ def test_a_window_gives_each_rank_its_cpu_share_and_state_and_the_collectives_ev
         ("0", seq): {0: (1_796_000_000_000_000_000 + seq * 1000) / 1e9, 1: (1_796_000_000_000_000_001 + seq * 1000) / 1e9}
         for seq in (1, 2, 3)}
     assert not watch.stacks
+
+
+def test_a_change_of_the_verdict_as_the_jobs_straggler_event():
+    by_arrivals = Straggler(3, "node-1/127.0.0.3", 0.4, late=30, total=40, lag=0.25)
+    by_samples = Straggler(5, "node-2/127.0.0.4", 0.3, its_waiting=0.1, others_waiting=0.8)
+    named = event(Change(by_arrivals, True, "named line"))
+    assert (named.rank, named.where, named.verdict, named.lag, named.share, named.collectives, named.line) == (
+        3, "node-1/127.0.0.3", "named", 0.25, 0.75, 40, "named line")
+    sampled = event(Change(by_samples, False, "recovered line"))
+    assert (sampled.rank, sampled.verdict, sampled.lag, sampled.share, sampled.collectives, sampled.line) == (
+        5, "recovered", None, 0.8, 0, "recovered line")
+    assert event(Change(Straggler(1, "h", 0.1, late=0, total=0, lag=0.01), True, "")).share == 0.0
