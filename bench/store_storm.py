@@ -324,7 +324,8 @@ def rows(result: Scale) -> list[Row]:
 
 
 def details(result: Scale) -> list[str]:
-    lines = [f"**Workers' store at scale** (`bench/store_storm.py`: N raw-protocol clients doing init_process_group's "
+    lines = ["### The workers' store at scale", "",
+             f"**Workers' store at scale** (`bench/store_storm.py`: N raw-protocol clients doing init_process_group's "
              f"store traffic (the whole sequence; the connect storm: every client connected, handshaken and its first "
              f"ADD answered), in 2 processes, against rankrun's `TCPStoreServer` and torch's `TCPStore(is_master=True)` "
              f"(libuv), each server in a fresh process per run, alternating; {result.reps} run(s) per size and server; "

@@ -138,7 +138,8 @@ def rows(result: Result) -> list[Row]:
 
 def details(result: Result) -> list[str]:
     others, steal = result.load
-    lines = [f"**Straggler watch** ({RANKS} real gloo ranks on one node, `tests/payloads/gloo_steps.py`):",
+    lines = ["### Stragglers: the time to name a slow rank, the lag's error, the watch's cost", "",
+             f"**Straggler watch** ({RANKS} real gloo ranks on one node, `tests/payloads/gloo_steps.py`):",
              "",
              f"- detection, {result.detect_reps} runs: rank {SLOW_RANK} slow from {SLOW_AFTER:g} s on; named after "
              + ", ".join(f"{d:.1f} s" for d in result.delays) + "; lags named "
