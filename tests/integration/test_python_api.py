@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -220,6 +222,15 @@ with open(sys.argv[1], "wb") as fh:
 """
 
 
+def _sleeping(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "nanosleep" in Path(f"/proc/{pid}/wchan").read_text():
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_a_workers_ctrl_c_traceback_starts_at_the_users_function_and_it_ends_as_python_does(reaper, tmp_path):
     # one rank of rankrun.launch (python -m rankrun.api.worker) interrupted in the user's function: what it prints is
     # Python's KeyboardInterrupt traceback from that function on (no runpy, no rankrun frames), then it dies by SIGINT
@@ -230,6 +241,9 @@ def test_a_workers_ctrl_c_traceback_starts_at_the_users_function_and_it_ends_as_
     worker = Launcher([sys.executable, "-m", "rankrun.api.worker", str(job), str(results), "wait_for_ctrl_c"],
                       clean_environ() | {"RANK": "0"}, tmp_path, reaper)
     worker.wait_for(r"^READY$", timeout=60)
+    # READY comes before the sleep starts: a SIGINT sent in between is raised on the print's line, so wait until the
+    # kernel has the worker in its sleep
+    assert _sleeping(worker.proc.pid, timeout=60)
     worker.proc.send_signal(signal.SIGINT)
     assert worker.finish(timeout=60) == -signal.SIGINT
     assert worker.err == ["Traceback (most recent call last):", f'  File "{maker}", line 7, in wait_for_ctrl_c',
