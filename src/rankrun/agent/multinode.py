@@ -149,8 +149,8 @@ async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
         if attempt >= 0 and (sick := await _recheck(spec, deps, stops, member)) is not None:
             previous = word.round  # --health-check before every round after the first (all nodes at once); sick:
             continue  # not this round's, which the coordinator re-forms without it
-        if probe is not None and word.group_world_size >= netcheck.MIN_NODES \
-                and not await _network_check(spec, deps, stops, session, word, probe):
+        if (probe is not None and word.group_world_size >= netcheck.MIN_NODES
+                and not await _network_check(spec, deps, stops, session, word, probe)):
             previous = word.round  # the check found a node unhealthy (or the round moved on): the next word says
             continue  # what comes next, this node's exclusion or the round without it
         pending = stops.take_pending()  # a signal that came as the word did (or during the check): the job stops
