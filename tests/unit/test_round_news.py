@@ -1,8 +1,8 @@
-"""What a node tells of how its last round ended (``agent.multinode.news``), pure: also after a round it skipped."""
+"""What a node tells of how its last round ended (``agent.round.news``), pure: also after a round it skipped."""
 
 from __future__ import annotations
 
-from rankrun.agent.multinode import news
+from rankrun.agent.round import news
 from rankrun.rendezvous.keys import Assignment, RoundWord
 from rankrun.rendezvous.round import NodeRanks, Phase
 

@@ -1,4 +1,5 @@
-"""A node's health gate: the ``--health-check`` command, run before each round this node joins.
+"""A node's health gate: the ``--health-check`` command, run before each round this node joins (``HealthGate``, a
+round-level feature: ``agent.round``).
 
 The check is ``rankrun.health.check``'s: ``/bin/sh -c CMD`` in its own process group, with the launcher's
 environment plus ``LOCAL_WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID``, killed with its whole group at
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from rankrun.agent.deps import AgentDeps
+from rankrun.agent.round import Feature, Round
 from rankrun.proc.signals import StopStream
 from rankrun.proc.spawn import OsSpawner
 from rankrun.spec import LaunchSpec
@@ -24,6 +26,28 @@ def excluded(host: str, run_id: str, reason: str) -> str:
     """The line of a node whose own check failed (``NodeExcluded``'s message: exit 4)."""
     return (f"this node ({host}) is unhealthy: health check: {reason}; it runs no workers in job {run_id}: "
             "drain it or reschedule the job elsewhere")
+
+
+class HealthGate(Feature):
+    """``--health-check`` before a round: a round goes only while the checks pass; ``sick`` is why one failed (the
+    node then runs no workers again). ``first``: the first round is checked too (one node: before every attempt);
+    else the check before joining stands for it (several nodes: ``sick`` starts as its verdict). ``report``: who is
+    told of a failed check (several nodes: the coordinator, which excludes the node)."""
+
+    def __init__(self, check: Callable[[], Awaitable[str | None]], *, first: bool, sick: str | None = None,
+                 report: Callable[[str], Awaitable[None]] | None = None) -> None:
+        self._check, self._first, self._report = check, first, report
+        self.sick = sick
+
+    async def before(self, round_: Round) -> bool:
+        if self.sick is not None:
+            return False
+        if round_.attempt == 0 and not self._first:
+            return True
+        self.sick = await self._check()
+        if self.sick is not None and self._report is not None:
+            await self._report(f"health check: {self.sick}")
+        return self.sick is None
 
 
 async def unhealthy(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> str | None:

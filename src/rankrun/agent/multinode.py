@@ -31,42 +31,29 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from rankrun.agent import relays
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.events import first_error, first_of
-from rankrun.agent.facts import failure, failure_from, failure_line, failure_value
+from rankrun.agent.features import multi_node
 from rankrun.agent.gate import excluded as excluded_line
 from rankrun.agent.gate import unhealthy
 from rankrun.agent.lines import interrupted_line
 from rankrun.agent.plan import AttemptPlan, Membership
-from rankrun.agent.relays import NodeRelay
-from rankrun.agent.stall import show
+from rankrun.agent.round import Round, Rounds, ended_news, exclusions, formed, news
 from rankrun.agent.watch import WAITING
-from rankrun.errors import LauncherError, NodeExcluded, StoreError
-from rankrun.events.records import NodeExcluded as ExcludedFact
-from rankrun.events.records import NodeLost, RdzvRound, Restart
-from rankrun.fdlimit import job_fits, listen_fits, relay_budget
-from rankrun.health.outliers import Link
+from rankrun.errors import LauncherError, NodeExcluded
 from rankrun.logs.layout import RunLogs
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
-from rankrun.rendezvous import netcheck
 from rankrun.rendezvous.keys import Assignment, Excluded, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member, wall_time
 from rankrun.rendezvous.session import Session, open_session
-from rankrun.report.failure import describe_status, exception_text, root_cause, signal_name
-from rankrun.spec import DynamicRendezvous, EntryKind, LaunchSpec, StaticRendezvous, on_etcd, rendezvous_name
-from rankrun.stacks.exchange import Exchange
+from rankrun.report.failure import signal_name
+from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd, rendezvous_name
 from rankrun.store.api import StoreUnavailable
-
-if TYPE_CHECKING:
-    from rankrun.agent.straggle_job import JobStragglers
-    from rankrun.api.node import ApiNode
-    from rankrun.rendezvous.coordinator import Coordinator
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
@@ -93,91 +80,88 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
             if begin is not None:
                 await begin(session.member.info.addr or session.address)
-            relay = NodeRelay(spec, deps.console.say, hosting=session.coordinator is not None and not etcd,
-                              address=session.member.info.addr or session.address)
-            try:
-                async with _probe_endpoint(spec, session) as probe:
-                    return await _rounds(spec, deps, stops, logs, session, joined, sick=sick, probe=probe, relay=relay,
-                                         opened=opened)
-            finally:
-                await relay.close()
+            async with multi_node(spec, deps, stops, logs, session, sick=sick) as rounds:
+                return await _rounds(_Node(spec, deps, stops, logs, session), rounds, joined, opened)
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What the rounds of this node act through."""
+
+    spec: LaunchSpec
+    deps: AgentDeps
+    stops: StopStream
+    logs: RunLogs
+    session: Session
 
 
 # --------------------------------------------------------------------------- the rounds
 
 
-async def _rounds(  # noqa: PLR0917 - private; what run_multinode holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, joined: float, *,
-    sick: str | None = None, probe: tuple[str, int] | None = None, relay: NodeRelay | None = None,
-    opened: float | None = None,
-) -> Outcome:
-    """``sick``: why this node said it is unhealthy (its --health-check): it runs no workers, and waits to be told;
-    a job that ends first (the others' workers were quick) ends it as excluded all the same. ``probe``: where this
-    node's probe endpoint listens (``--network-check``). ``opened``: when it set out to join (join_timeout's start)."""
-    member = session.member
-    loop = asyncio.get_running_loop()
-    extra = await _collective_env(spec, deps, session.address)
-    previous, attempt, restarts = 0, -1, 0
+async def _rounds(node: _Node, rounds: Rounds, joined: float, opened: float) -> Outcome:
+    """Round after round until the job ends for this node. ``joined``: when this node set out for its first round;
+    ``opened``: when it set out to reach the host (join_timeout's start)."""
+    spec, deps, member, loop = node.spec, node.deps, node.session.member, asyncio.get_running_loop()
+    extra = await _collective_env(spec, deps, node.session.address)
+    previous, attempt, restarts, spare_said = 0, -1, 0, False
     last: AttemptResult | None = None
     placed: Assignment | None = None  # this node's place in the last round it ran
-    api = _api_node(spec, deps, logs, member)
-    spare_said = False
-    excluded: dict[str, str] = {}  # every exclusion this node has heard of: name → why (for its failure report)
     while True:
-        word = await _wait_for_word(spec, deps, stops, session, previous, sick=sick,
-                                    since=opened if previous == 0 else None)
-        if isinstance(word, Interrupted):
-            deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
-            return Outcome.signalled(word.signum, restarts)
-        if isinstance(word, Excluded | Ended):
-            out = _left_out(word, session, sick)
-            if out is not None:
-                return await _excluded(spec, deps, stops, session, out, restarts, excluded)
-            if placed is not None and word.word.round == placed.round:  # what ended this node's round, if not told
-                _tell(deps, word.word, attempt)
-            _tell_excluded(deps, word.word, excluded)
-            # a spare was never given a place; a node whose place came as another node's failure ended the job (it
-            # never got to start its workers) failed with the job
-            return await _ended(spec, deps, word, last, api, placed, excluded=excluded,
-                                spare=attempt < 0 and not word.placed and word.word.round > 0)  # 0: none formed
-        if isinstance(word, Spare) or sick is not None:  # sick (a later round's check): never run workers
-            spare_said = spare_said or (isinstance(word, Spare) and _say_spare(spec, deps))
-            previous = word.round
+        word = await _wait_for_word(node, previous, sick=rounds.sick, since=opened if previous == 0 else None)
+        if not isinstance(word, Assignment | Spare):
+            return await _unplaced(node, rounds, word, (placed, last), attempt, restarts)
+        previous = word.round
+        if isinstance(word, Spare):
+            spare_said = spare_said or _say_spare(spec, deps)
             continue
-        if attempt >= 0 and (sick := await _recheck(spec, deps, stops, member)) is not None:
-            previous = word.round  # --health-check before every round after the first (all nodes at once); sick:
-            continue  # not this round's, which the coordinator re-forms without it
-        if (probe is not None and word.group_world_size >= netcheck.MIN_NODES
-                and not await _network_check(spec, deps, stops, session, word, probe)):
-            previous = word.round  # the check found a node unhealthy (or the round moved on): the next word says
+        watch = rounds.round(Round(attempt + 1, restarts, word, (word.master_addr, word.master_port)))
+        if not await watch.before():  # unhealthy, or the network check found a node that is: the next word says
             continue  # what comes next, this node's exclusion or the round without it
-        pending = stops.take_pending()  # a signal that came as the word did (or during the check): the job stops
-        if pending is not None:
+        if (pending := node.stops.take_pending()) is not None:  # a signal that came as the word did: the job stops
             return _stopped(deps, f"received {signal_name(pending.signum)} as round {word.round} formed; exiting",
                             pending.signum, restarts)
-        told = news(placed, word, restarts, member.word)
-        _tell(deps, told, attempt, spec.restart.max_restarts - word.restarts if word.restarts > restarts else None)
-        _tell_excluded(deps, member.word, excluded)
+        left = spec.restart.max_restarts - word.restarts if word.restarts > restarts else None
         took = round(loop.time() - joined, 6)
-        deps.events.emit(RdzvRound(word.round, word.group_world_size, word.ranks.world_size, word.group_rank, took))
-        attempt += 1
-        restarts = word.restarts
-        master = await relay.master(word) if relay is not None else (word.master_addr, word.master_port)
-        plan = AttemptPlan(attempt, word.restarts, _membership(spec, word, master), extra, rendezvous=took)
-        placed = word
-        last = await _run_round(spec, deps, stops, logs, member, word, plan, judge=session.coordinator)
-        outcome = last.outcome
-        if outcome.interrupted_by is not None:  # said on every node that received it, as one node says it
-            return _stopped(deps, interrupted_line(outcome.interrupted_by, outcome.second_signal, last.results),
-                            outcome.interrupted_by, restarts)
+        watch.told(ended_news(news(placed, word, restarts, member.word), attempt, left) + exclusions(member.word)
+                   + (formed(word.round, word, took),))
+        attempt, restarts, placed = attempt + 1, word.restarts, word
+        async with watch.serving() as served:
+            assert served.master is not None
+            plan = AttemptPlan(attempt, word.restarts, _membership(spec, word, served.master), extra, rendezvous=took)
+            last = await run_attempt(spec, plan, node.logs.attempt_dir(attempt, spec.worker.nproc), deps, node.stops,
+                                     _the_round_moved_on(member, word.round))
+        if (signum := last.outcome.interrupted_by) is not None:  # said on every node that received it, as one node says it
+            return _stopped(deps, interrupted_line(signum, last.outcome.second_signal, last.results), signum, restarts)
         if member.lease.lost.is_set():
             raise LauncherError(f"{rendezvous_name(spec.rendezvous.run_id)}: this node lost its place in the job: "
-                                f"{session.why_lost()}; workers stopped")
-        await _round_over(spec, deps, member, api, word, last, attempt)
-        previous = word.round
+                                f"{node.session.why_lost()}; workers stopped")
+        await watch.after(last)
         joined = loop.time()  # the next round's time counts from here
+
+
+async def _unplaced(  # noqa: PLR0917 - private; what _rounds holds
+    node: _Node, rounds: Rounds, word: Interrupted | Excluded | Ended, ran: tuple[Assignment | None, AttemptResult | None],
+    attempt: int, restarts: int,
+) -> Outcome:
+    """The word that ends the job for this node: a signal, its exclusion, or the job's end (``ran``: this node's place
+    in the last round it ran, and how its workers ended there)."""
+    if isinstance(word, Interrupted):
+        node.deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
+        return Outcome.signalled(word.signum, restarts)
+    out = _left_out(word, node.session, rounds.sick)
+    if out is not None:
+        return await _excluded(node, rounds, out, restarts)
+    assert isinstance(word, Ended)  # an Excluded is always this node's exclusion
+    placed, last = ran
+    ran_it = placed is not None and word.word.round == placed.round  # what ended this node's round, if not told
+    rounds.told(ended_news(word.word if ran_it else None, attempt) + exclusions(word.word))
+    await rounds.ended(word.word)
+    # a spare was never given a place; a node whose place came as another node's failure ended the job (it never got
+    # to start its workers) failed with the job
+    return _ended(node.spec, node.deps, word.word, last, excluded=rounds.heard,
+                  spare=attempt < 0 and not word.placed and word.word.round > 0)  # 0: none formed
 
 
 def _stopped(deps: AgentDeps, line: str, signum: int, restarts: int) -> Outcome:
@@ -186,140 +170,10 @@ def _stopped(deps: AgentDeps, line: str, signum: int, restarts: int) -> Outcome:
     return Outcome.signalled(signum, restarts)
 
 
-def _say_fd_short(spec: LaunchSpec, deps: AgentDeps, word: Assignment) -> None:
-    """The host of this round's workers' store (and, embedded, of the rendezvous) says if it cannot hold them."""
-    nodes = 0 if on_etcd(spec.rendezvous) else word.group_world_size  # etcd holds the nodes' connections, not this process
-    if relays.wanted(spec, word):  # the other nodes relay: this host holds one connection per node, and its own workers'
-        for line in relay_budget(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc,
-                                 asked=spec.store.relays is True):
-            deps.console.say(line)
-        return
-    for short in (job_fits(world_size=word.ranks.world_size, nodes=nodes, local_workers=spec.worker.nproc),
-                  listen_fits(world_size=word.ranks.world_size)):
-        if short is not None:
-            deps.console.say(short)
-
-
-async def _round_over(  # noqa: PLR0917 - private; what _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, member: Member, api: ApiNode | None, word: Assignment,
-    last: AttemptResult, attempt: int,
-) -> None:
-    """This node's workers of ``word``'s round are gone: say how they ended."""
-    outcome = last.outcome
-    if outcome.regrouped is not None:
-        deps.console.say(f"{rendezvous_name(spec.rendezvous.run_id)}: round {word.round} stopped: {outcome.regrouped}")
-    else:  # the workers ended by themselves: say how
-        if api is not None:  # rankrun.launch: this node's values, or failures, for the others
-            await api.report(word, outcome.failed, last.results)
-        await member.report(word.round, not outcome.failed, _summary(last, deps.host) if outcome.failed else "",
-                            _root(last, attempt, deps.events.node) if outcome.failed else None,
-                            stall=outcome.stalled, blame=outcome.stall_blame)
-
-
-def news(placed: Assignment | None, word: Assignment, restarts: int, latest: RoundWord | None) -> RoundWord | None:
-    """What to tell of how this node's last round ended (pure): ``latest``, the word that came with ``word``, whose
-    news is what ended the round before it, when that round was the one this node ran (``placed``), or when a
-    restart was counted since ``restarts``: a node still stopping its workers may skip a round that failed at once,
-    and its restart (and that failure) must not go untold. None when this node ran no round yet, or only regroups
-    came between."""
-    if placed is None:
-        return None
-    return latest if word.round == placed.round + 1 or word.restarts > restarts else None
-
-
-async def _recheck(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, member: Member) -> str | None:
-    """``--health-check`` before a round after the first; an unhealthy node says so, to be excluded (its reason)."""
-    sick = await unhealthy(spec, deps, stops)
-    if sick is not None:
-        await member.report_unhealthy(f"health check: {sick}")
-    return sick
-
-
-@contextlib.asynccontextmanager
-async def _probe_endpoint(spec: LaunchSpec, session: Session) -> AsyncIterator[tuple[str, int] | None]:
-    """``--network-check``: this node's probe endpoint (``health.probe``), on the address it advertises, answering
-    only this job's agents (its secret), for the session's life; None without the check."""
-    if not spec.health.network:
-        yield None
-        return
-    from rankrun.health.probe import ProbeServer  # noqa: PLC0415 - a job with --network-check only
-
-    addr = session.member.info.addr or session.address
-    server = ProbeServer(addr, spec.secret)
-    try:
-        port = await server.start()
-    except StoreError as exc:
-        raise LauncherError(f"--network-check: {exc}") from None
-    try:
-        yield addr, port
-    finally:
-        await server.close()
-
-
-async def _network_check(  # noqa: PLR0917 - private; what _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, word: Assignment, probe: tuple[str, int]
-) -> bool:
-    """This node's part of its round's network check (``rendezvous.netcheck``): whether it starts its workers. False
-    when the check found a node unhealthy (this one or another: the coordinator re-forms the round without it) or the
-    round moved on meanwhile; True when nobody was, when no verdict came within ``verdict_wait`` (said), or when a
-    stop came (the caller's pending stop then ends the job)."""
-    from rankrun.health.probe import ProbeError, measure  # noqa: PLC0415 - a job with --network-check only
-
-    member, run_id = session.member, spec.rendezvous.run_id
-
-    async def one(addr: str, port: int) -> Link | None:
-        try:
-            return await measure(addr, port, spec.secret, size=netcheck.SIZE, pings=netcheck.PINGS,
-                                 timeout=netcheck.MEASURE_TIMEOUT)
-        except ProbeError as exc:
-            deps.console.say(f"{rendezvous_name(run_id)}: network check: {exc}")
-            return None
-
-    reach = netcheck.reach(spec.health.timeout if spec.health.check is not None else None)
-    bound = netcheck.verdict_wait(reach)
-    part = netcheck.take_part(member.store, member.keys, word.round, word.group_rank, word.group_world_size,
-                              endpoint=probe, measure=one, lease=member.lease.id, endpoint_wait=reach)
-    try:
-        async with asyncio.timeout(bound):
-            index, verdict = await first_of(part, member.round_changed(word.round), stops.arrived())
-    except TimeoutError:
-        deps.console.say(f"{rendezvous_name(run_id)}: round {word.round}'s network check gave no verdict within "
-                         f"{bound:g} s; starting the workers")
-        return True
-    except StoreUnavailable as exc:
-        raise LauncherError(f"{rendezvous_name(run_id)}: {exc}") from exc
-    if index != 0:
-        return index == 2
-    return not verdict
-
-
 def _say_spare(spec: LaunchSpec, deps: AgentDeps) -> bool:
     deps.console.say(f"{rendezvous_name(spec.rendezvous.run_id)}: the job is full ({spec.rendezvous.max_nodes} nodes); "
                      "this node waits as a spare")
     return True
-
-
-def _tell(deps: AgentDeps, word: RoundWord | None, attempt: int, restarts_left: int | None = None) -> None:
-    """What ended this node's round ``attempt``, as the coordinator says it to every node (``word``; None: nothing
-    this node ran): the nodes lost, the job's first failure (its root cause), and the restart (``restarts_left``:
-    when one was counted)."""
-    if word is None:
-        return
-    if word.lost:
-        deps.events.emit(NodeLost(word.lost, word.reason))
-    fact = failure_from(word.failure, attempt) if word.failure is not None else None
-    if fact is not None:
-        deps.events.emit(fact)
-    if restarts_left is not None:  # the root cause says more than the coordinator's "node N reported a failure"
-        deps.events.emit(Restart(attempt + 1, failure_line(fact) if fact is not None else word.reason, restarts_left))
-
-
-def _tell_excluded(deps: AgentDeps, word: RoundWord | None, heard: dict[str, str]) -> None:
-    """A ``node.excluded`` for each exclusion in ``word`` this node has not heard of yet (added to ``heard``)."""
-    for name, why in word.excluded if word is not None else ():
-        if name not in heard:
-            heard[name] = why
-            deps.events.emit(ExcludedFact((name,), why))
 
 
 def _left_out(word: Excluded | Ended, session: Session, sick: str | None) -> Excluded | None:
@@ -335,21 +189,12 @@ def _left_out(word: Excluded | Ended, session: Session, sick: str | None) -> Exc
     return Excluded(why, time.time()) if why is not None and session.coordinator is None else None
 
 
-def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] | None:
-    """This node's root cause, for the coordinator to tell every node (None for a stall: no rank failed; the stall's
-    cause and blame travel in the result's own keys, ``Member.report``)."""
-    root = root_cause(result.results)
-    return failure_value(failure(root, attempt, node)) if root is not None else None
-
-
-async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, word: Excluded, restarts: int,
-    heard: dict[str, str],
-) -> Outcome:
+async def _excluded(node: _Node, rounds: Rounds, word: Excluded, restarts: int) -> Outcome:
     """This node is out of the job for good: it leaves with exit code 4, or, when the job's store (the embedded host) or
     its coordination (etcd) is here, serves the job without workers until it ends, and leaves with its exit code;
-    meanwhile each later exclusion is a ``node.excluded`` here too (``heard``: those already told)."""
-    member, run_id = session.member, spec.rendezvous.run_id
+    meanwhile each later exclusion is a ``node.excluded`` here too."""
+    deps, session = node.deps, node.session
+    member, run_id = session.member, node.spec.rendezvous.run_id
     me = f"this node ({deps.host}, {member.info.addr})"
     if session.coordinator is None:
         raise NodeExcluded(f"{me} is excluded from job {run_id}: {word.reason}; drain it or reschedule elsewhere")
@@ -357,10 +202,10 @@ async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
                      "the rendezvous and the workers' store, without workers, until the job ends")
     deps.on_demand.idle(run_id, WAITING)
     while True:
-        index, value = await first_of(member.wait_for_end(lambda w: _tell_excluded(deps, w, heard)), stops.arrived(),
+        index, value = await first_of(member.wait_for_end(lambda w: rounds.told(exclusions(w))), node.stops.arrived(),
                                       member.lease.lost.wait())
         if index == 1:
-            stop = stops.take_pending()
+            stop = node.stops.take_pending()
             if stop is None:
                 continue  # another consumer took it first
             deps.console.say(f"received {signal_name(stop.signum)} while serving the job without workers; exiting")
@@ -368,7 +213,7 @@ async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
         if index == 2:
             raise LauncherError(f"{rendezvous_name(run_id)}: lost its place while serving the job: {session.why_lost()}")
         end: RoundWord = value
-        _tell_excluded(deps, end, heard)
+        rounds.told(exclusions(end))
         break
     deps.console.say(f"{rendezvous_name(run_id)}: the job ended ({'succeeded' if end.ok else 'failed'}); this node served it "
                      f"without workers: excluded: {word.reason}")
@@ -379,13 +224,8 @@ async def _excluded(  # noqa: PLR0917 - private; what _rounds holds
     return Outcome.failed(end.restarts, None, end.cause or end.reason, excluded=dict(end.excluded))
 
 
-async def _ended(  # noqa: PLR0917 - private; what _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, word: Ended, last: AttemptResult | None, api: ApiNode | None,
-    placed: Assignment | None, *, spare: bool, excluded: dict[str, str],
-) -> Outcome:
-    if api is not None:  # rankrun.launch: the other nodes' values, or failures, before leaving
-        await api.job_ended(word.word, placed, deps.console.say)
-    end = word.word
+def _ended(spec: LaunchSpec, deps: AgentDeps, end: RoundWord, last: AttemptResult | None, *, spare: bool,
+           excluded: dict[str, str]) -> Outcome:
     if spare:
         deps.console.say(f"{rendezvous_name(spec.rendezvous.run_id)}: the job ended "
                          f"({'succeeded' if end.ok else 'failed'}) while this node waited as a spare")
@@ -397,26 +237,8 @@ async def _ended(  # noqa: PLR0917 - private; what _rounds holds
     return Outcome.failed(end.restarts, last, end.cause or end.reason, excluded=excluded)
 
 
-def _api_node(spec: LaunchSpec, deps: AgentDeps, logs: RunLogs, member: Member) -> ApiNode | None:
-    """A ``rankrun.launch`` job's exchange of values and failures between nodes; None for any other job."""
-    results = spec.worker.entry.api_results
-    if results is None:
-        return None
-    from rankrun.api.node import ApiNode  # noqa: PLC0415 - the API's jobs only
-
-    spill_dir = logs.base / "values" if logs.base is not None and not logs.temporary else None
-    return ApiNode(member, results, nproc=spec.worker.nproc, host=deps.host, address=_host(deps, member),
-                   spill_dir=spill_dir, run_id=spec.rendezvous.run_id, close_timeout=spec.rendezvous.conf.close_timeout)
-
-
-def _host(deps: AgentDeps, member: Member) -> str:
-    """This node as reports name it: two nodes may share a host name, so with its address."""
-    return f"{deps.host}/{member.info.addr}" if member.info.addr else deps.host
-
-
 async def _wait_for_word(
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, session: Session, previous: int, *, sick: str | None = None,
-    since: float | None = None,
+    node: _Node, previous: int, *, sick: str | None = None, since: float | None = None,
 ) -> Assignment | Spare | Ended | Interrupted:
     """The next word from the coordinator, or a signal; bounded by join_timeout, with a progress line every 5 s.
     ``sick``: this node's failed check; a node that no coordinator excluded by join_timeout (none was elected: it
@@ -424,6 +246,7 @@ async def _wait_for_word(
     ``since``: the first round's wait counts from when this node set out to join (reaching the host is part of it),
     except on the node that coordinates, whose coordinator ends the job for every node at join_timeout after it
     began (``round._first_wait``): its own bound, from now, comes after that."""
+    spec, deps, stops, session = node.spec, node.deps, node.stops, node.session
     rdzv = spec.rendezvous
     member = session.member
     bound = rdzv.conf.join_timeout
@@ -504,52 +327,6 @@ async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tu
     return tuple(sorted(extra.items()))
 
 
-async def _run_round(  # noqa: PLR0917 - private; the pieces _rounds holds
-    spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, member: Member, word: Assignment, plan: AttemptPlan,
-    *, judge: Coordinator | None = None,
-) -> AttemptResult:
-    """One round's attempt on this node, with the round's stacks exchange and straggler watch; ``judge``: this node's
-    coordinator, if it coordinates: it judges the job's stragglers too."""
-    if judge is not None and plan.attempt == 0:  # the host, before its first workers start (said once, not per restart)
-        _say_fd_short(spec, deps, word)
-    moved_on = _the_round_moved_on(member, word.round)
-    exchange = Exchange(member.store, member.keys, member.info.id, word, host=_host(deps, member), run_id=spec.rendezvous.run_id,
-                        sample=deps.on_demand.sample, show=lambda lines: show(deps.console, lines),
-                        lease=member.lease.id, job_lease=member.job.id if member.job is not None else 0)
-    serving = [asyncio.create_task(_serve(exchange))]
-    stragglers = _stragglers(spec, deps, member, word, judge=judge)
-    if stragglers is not None:
-        serving.append(asyncio.create_task(stragglers.run()))
-    try:
-        with deps.on_demand.round(exchange, stragglers):  # a stall or a --stacks request gets the whole job's stacks
-            return await run_attempt(spec, plan, logs.attempt_dir(plan.attempt, spec.worker.nproc), deps, stops, moved_on)
-    finally:
-        for task in serving:
-            task.cancel()
-        await asyncio.gather(*serving, return_exceptions=True)
-
-
-def _stragglers(spec: LaunchSpec, deps: AgentDeps, member: Member, word: Assignment, *,
-                judge: Coordinator | None) -> JobStragglers | None:
-    """``--straggler-window`` on Python workers: the round's watch of the whole job (``agent.straggle_job``)."""
-    if spec.straggler.window <= 0 or spec.worker.entry.kind is EntryKind.BINARY:
-        return None
-    from rankrun.agent.straggle import Said  # noqa: PLC0415 - with the watch on
-    from rankrun.agent.straggle_job import JobStragglers  # noqa: PLC0415
-
-    said = Said(lambda line: show(deps.console, [line]), deps.events)
-    return JobStragglers(member.store, member.keys, word.round, member.info.id, word.group_world_size,
-                         spec.straggler.window, said, where=_host(deps, member), host=judge is not None,
-                         lease=member.lease.id,
-                         blame=judge.straggler if judge is not None and spec.straggler.action == "exclude" else None)
-
-
-async def _serve(exchange: Exchange) -> None:
-    """The round's stacks exchange; a store that fails here is the round's business (its watches say so), not this."""
-    with contextlib.suppress(StoreUnavailable):
-        await exchange.serve()
-
-
 async def _the_round_moved_on(member: Member, round_: int) -> str:
     """Ends, with why, once the round is over (re-forming, the job ended) or this node lost its lease."""
     try:
@@ -557,16 +334,3 @@ async def _the_round_moved_on(member: Member, round_: int) -> str:
     except StoreUnavailable as exc:
         return str(exc)
     return (value.reason or value.phase.value) if index == 0 else "this node's lease was lost"
-
-
-def _summary(result: AttemptResult, host: str) -> str:
-    """This node's first failure in a few lines, for the other nodes' reports."""
-    if result.outcome.stalled is not None:
-        return f"the workers on {host} stalled: {result.outcome.stalled}"
-    root = root_cause(result.results)
-    if root is None:
-        return f"a worker on {host} failed"
-    _, text = exception_text(root)
-    lines = text.split("\n")
-    head = f"rank {root.rank} (local_rank {root.local_rank}) on {host}, pid {root.pid}: {describe_status(root.status)}"
-    return "\n".join([head, *lines[-12:]])

@@ -8,8 +8,10 @@ be started is said, and the node's workers connect to the host directly (what th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
+from rankrun.agent.round import Feature, Round
 from rankrun.errors import StoreError
 from rankrun.fdlimit import nofile, relays_wanted
 from rankrun.rendezvous.keys import Assignment
@@ -26,8 +28,9 @@ def wanted(spec: LaunchSpec, word: Assignment) -> bool:
                          local_workers=spec.worker.nproc, soft=soft, hard=hard)
 
 
-class NodeRelay:
-    """``master(word)``: where this node's workers reach the store in ``word``'s round; ``close()`` at the end."""
+class NodeRelay(Feature):
+    """``master(word)``: where this node's workers reach the store in ``word``'s round (as a round-level feature: the
+    round's ``master``, while it is served); ``close()`` at the end."""
 
     def __init__(self, spec: LaunchSpec, say: Callable[[str], None], *, hosting: bool, address: str) -> None:
         self._spec = spec
@@ -36,6 +39,12 @@ class NodeRelay:
         self._address = address
         self._relay: StoreRelay | None = None
         self._said_etcd = False
+
+    @contextlib.asynccontextmanager
+    async def serving(self, round_: Round) -> AsyncIterator[None]:
+        if round_.word is not None:
+            round_.master = await self.master(round_.word)
+        yield
 
     async def master(self, word: Assignment) -> tuple[str, int]:
         upstream = (word.master_addr, word.master_port)
