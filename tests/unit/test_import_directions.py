@@ -62,7 +62,7 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
              "rendezvous.session", "rendezvous.coordinator", "rendezvous.election", "rendezvous.listener"), ()),
     ("api", ("cli", "proc", "spec"), ("api/launch.py",)),
     ("agent", ("cli", "main"), ()),
-    ("agent", ("api",), ("agent/multinode.py",)),  # a rankrun.launch job's exchange (api/node.py), loaded lazily
+    ("agent", ("api",), ("agent/features.py",)),  # a rankrun.launch job's exchange (api/node.py), loaded lazily
     # --numa-binding's layout and decision: read by cli.py before anything starts, from the leaves only
     ("numa", tuple(p for p in PACKAGES if p != "numa") + ENTRY_POINTS, ()),
     # the job's lifecycle events: the records, their stream and consumers (the --events file, the metrics), below the agent (which emits into

@@ -15,14 +15,14 @@ import asyncio
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
-from rankrun.agent.gate import excluded, unhealthy
+from rankrun.agent.gate import HealthGate, excluded, unhealthy
 from rankrun.agent.lines import ConsoleLines, interrupted_line
 from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
+from rankrun.agent.round import NewsEvents, OpenFiles, Round, Rounds, formed
 from rankrun.agent.watch import DONE, STARTING
 from rankrun.errors import LauncherError, NodeExcluded, RankrunError, exit_code
-from rankrun.events.records import RdzvRound, Restart
-from rankrun.fdlimit import job_fits, listen_fits
+from rankrun.events.records import Record, Restart
 from rankrun.listen import hold
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -98,10 +98,6 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, observers: 
         else:
             await observers.begin(spec.local_addr or LOCAL_ADDRESS)
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
-            for short in (job_fits(world_size=spec.worker.nproc, nodes=0, local_workers=spec.worker.nproc),
-                          listen_fits(world_size=spec.worker.nproc)):
-                if short is not None:
-                    deps.console.say(short)  # before any worker starts: a job that cannot fit would hang in its init
             final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
     finally:
         deps.on_demand.idle(spec.rendezvous.run_id, DONE)
@@ -123,34 +119,45 @@ def group_ended(outcome: GroupOutcome) -> GroupEnded:
     return Failed() if outcome.failed else Succeeded()
 
 
+def _features(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> Rounds:
+    """One node's round-level features, listed once (``agent.round``): its rounds have no store; the open-files line
+    comes first, before the first check."""
+    news = NewsEvents(deps.events)
+    gate = HealthGate(lambda: unhealthy(spec, deps, stops), first=True)
+    return Rounds([OpenFiles(deps.console.say, spec, nodes=0), gate, news], news, gate)
+
+
 async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, membership: Membership) -> Outcome:
+    rounds = _features(spec, deps, stops)
     restarts, attempt = 0, -1
     while True:
         attempt += 1
-        sick = await unhealthy(spec, deps, stops)  # before every attempt, the first included (--health-check)
+        watch = rounds.round(Round(attempt, restarts, master=(membership.master_addr, membership.master_port)))
+        go = await watch.before()  # --health-check before every attempt, the first included
         early = stops.take_pending()  # a stop during the check ended it: the stop wins
         if isinstance(early, Interrupted):
             when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
             deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
             return Outcome.signalled(early.signum, restarts)
-        if sick is not None:
-            raise NodeExcluded(excluded(deps.host, spec.rendezvous.run_id, sick))
-        formed = asyncio.get_running_loop().time()
+        if not go:
+            raise NodeExcluded(excluded(deps.host, spec.rendezvous.run_id, rounds.sick or ""))
+        formed_at = asyncio.get_running_loop().time()
         await deps.worker_store.reset()  # fresh keyspace per attempt: restarts after init_process_group work
         # one node's rendezvous is the fresh keyspace: a round per attempt, as torchrun has one per restart
-        took = round(asyncio.get_running_loop().time() - formed, 6)
-        deps.events.emit(RdzvRound(attempt + 1, membership.group_world_size, membership.ranks.world_size,
-                                   membership.group_rank, took))
+        took = round(asyncio.get_running_loop().time() - formed_at, 6)
+        watch.told((formed(attempt + 1, membership, took),))
         plan = AttemptPlan(attempt, restarts, membership, rendezvous=took)
-        attempt_dir = logs.attempt_dir(attempt, spec.worker.nproc)
-        result = await run_attempt(spec, plan, attempt_dir, deps, stops)
+        async with watch.serving():
+            result = await run_attempt(spec, plan, logs.attempt_dir(attempt, spec.worker.nproc), deps, stops)
+        await watch.after(result)
         event = group_ended(result.outcome)
         action = decide(event, restarts, spec.restart.max_restarts)
         root = root_cause(result.results)
-        if root is not None:  # the job's root cause: this node is the job
-            deps.events.emit(failure(root, attempt, deps.events.node))
+        told: tuple[Record, ...] = (failure(root, attempt, deps.events.node),) if root is not None else ()  # this node is the job
         if action is Action.RESTART:
-            deps.events.emit(Restart(attempt + 1, _restart_reason(result), spec.restart.max_restarts - restarts - 1))
+            told += (Restart(attempt + 1, _restart_reason(result), spec.restart.max_restarts - restarts - 1),)
+        watch.told(told)
+        if action is Action.RESTART:
             restarts += 1
             continue
         if isinstance(event, Signalled):
