@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from rankrun.agent.facts import (
-    exception_of,
     failure,
     failure_from,
     failure_line,
@@ -19,7 +18,7 @@ from rankrun.proc.group import Exit, GroupOutcome
 from rankrun.rendezvous.keys import RoundWord, result_from, result_value
 from rankrun.rendezvous.round import Phase
 from rankrun.report.errorfile import WorkerError
-from rankrun.report.failure import Ending, WorkerResult
+from rankrun.report.failure import Ending, WorkerResult, failure_words
 
 RAISED = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
           "ValueError: bad batch 17\n")
@@ -41,15 +40,15 @@ def test_how_a_group_ended_in_the_schemas_words(outcome, word):
 
 
 def test_the_exception_is_the_error_files_first_line_else_the_tracebacks_last():
-    assert exception_of(result(1, RAISED + "some exit noise\n")) == "ValueError: bad batch 17"
+    assert failure_words(result(1, RAISED + "some exit noise\n")).exception == "ValueError: bad batch 17"
     recorded = WorkerError("KeyError: 'lr'\nmore of it", "Traceback ...", 0)
-    assert exception_of(result(1, RAISED, recorded)) == "KeyError: 'lr'"
-    assert exception_of(result(3, "exit 3 with no traceback\n")) is None
+    assert failure_words(result(1, RAISED, recorded)).exception == "KeyError: 'lr'"
+    assert failure_words(result(3, "exit 3 with no traceback\n")).exception is None
     # raised, then killed in its teardown (torch's SIGABRT): the traceback is why
-    assert exception_of(result(-6, RAISED + "terminate called without an active exception\n")) == "ValueError: bad batch 17"
+    assert failure_words(result(-6, RAISED + "terminate called without an active exception\n")).exception == "ValueError: bad batch 17"
     # a traceback it went on from is not why it was killed, nor why it exited
-    assert exception_of(result(-9, RAISED + "".join(f"step {i}\n" for i in range(6)))) is None
-    assert exception_of(result(1, RAISED + "".join(f"step {i}\n" for i in range(6)))) is None
+    assert failure_words(result(-9, RAISED + "".join(f"step {i}\n" for i in range(6)))).exception is None
+    assert failure_words(result(1, RAISED + "".join(f"step {i}\n" for i in range(6)))).exception is None
 
 
 def test_a_failure_by_signal_names_it_and_has_no_exit_code():

@@ -17,8 +17,7 @@ from rankrun.report.errorfile import WorkerError, parse_error_json
 from rankrun.report.failure import (
     Ending,
     WorkerResult,
-    exception_text,
-    one_line,
+    failure_words,
     render_report,
     root_cause,
     root_cause_json,
@@ -130,7 +129,8 @@ def test_the_exception_that_ended_a_process_is_its_last_tracebacks_if_little_fol
     (1, None, "", ("stderr", "<the worker wrote nothing to stderr>")),
 ])
 def test_the_reports_exception_names_its_source(status, error, tail, expected):
-    assert exception_text(_result(1, Ending.FAILED, status, 0.0, error, tail)) == expected
+    words = failure_words(_result(1, Ending.FAILED, status, 0.0, error, tail))
+    assert (words.source, words.text) == expected
 
 
 def test_report_golden_atexit_and_handled(utc):
@@ -220,7 +220,7 @@ def utc(monkeypatch):
     (1, None, TB_HANDLED + "\n" + "step\n" * 6 + "fatal: giving up\n", "rank 1 (pid 101) exited 1: fatal: giving up"),
 ])
 def test_one_line_names_the_root_cause_with_its_exception(status, error, tail, expected):
-    assert one_line(_result(1, Ending.FAILED, status, 0.0, error, tail)) == expected
+    assert failure_words(_result(1, Ending.FAILED, status, 0.0, error, tail)).line == expected
 
 
 def test_report_golden(utc):

@@ -11,7 +11,7 @@ from rankrun import told
 from rankrun.errors import ending
 from rankrun.events.records import Failure, JobOutcome, JobStart, WorkersOutcome
 from rankrun.proc.group import GroupOutcome
-from rankrun.report.failure import WorkerResult, failure_cause, signal_name
+from rankrun.report.failure import WorkerResult, failure_words, signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous
 
 
@@ -35,18 +35,13 @@ def workers_outcome(outcome: GroupOutcome) -> WorkersOutcome:
     return "failed" if outcome.failed else "succeeded"
 
 
-def exception_of(result: WorkerResult) -> str | None:
-    """``Type: message`` of the exception that ended a worker, whatever ended it (a death by signal after a traceback
-    names both): its error file's first line, else the exception line of the traceback that ended its output; None
-    when neither says (``rankrun.report.failure.failure_cause``)."""
-    return failure_cause(result)
-
-
 def failure(result: WorkerResult, attempt: int, host: str) -> Failure:
-    """The root cause of a failed attempt, as the ``failure`` event states it."""
+    """The root cause of a failed attempt, as the ``failure`` event states it: its exception is ``failure_words``'
+    (the error file's first line, else the exception line of the traceback that ended its output; None when neither
+    says)."""
     status = result.status
     return Failure(attempt, result.rank, host, status if status >= 0 else None,
-                   signal_name(-status) if status < 0 else None, exception_of(result))
+                   signal_name(-status) if status < 0 else None, failure_words(result).exception)
 
 
 def failure_value(fact: Failure) -> dict[str, object]:

@@ -20,7 +20,7 @@ from rankrun.agent.stall import show
 from rankrun.errors import LauncherError, StoreError
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous import netcheck
-from rankrun.report.failure import describe_status, exception_text, root_cause
+from rankrun.report.failure import node_summary, root_cause
 from rankrun.spec import EntryKind, LaunchSpec, on_etcd, rendezvous_name
 from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
@@ -219,8 +219,8 @@ class MemberReport(Feature):
         if outcome.regrouped is not None:
             self._deps.console.say(f"{rendezvous_name(self._run_id)}: round {word.round} stopped: {outcome.regrouped}")
             return
-        failed, node = outcome.failed, self._deps.events.node
-        await self._member.report(word.round, not failed, summary(result, self._deps.host) if failed else "",
+        failed, node, host = outcome.failed, self._deps.events.node, self._deps.host
+        await self._member.report(word.round, not failed, node_summary(result.results, host, outcome.stalled) if failed else "",
                                   _root(result, round_.attempt, node) if failed else None,
                                   stall=outcome.stalled, blame=outcome.stall_blame)
 
@@ -230,19 +230,6 @@ def _root(result: AttemptResult, attempt: int, node: str) -> dict[str, object] |
     cause and blame travel in the result's own keys, ``Member.report``)."""
     root = root_cause(result.results)
     return failure_value(failure(root, attempt, node)) if root is not None else None
-
-
-def summary(result: AttemptResult, host: str) -> str:
-    """This node's first failure in a few lines, for the other nodes' reports."""
-    if result.outcome.stalled is not None:
-        return f"the workers on {host} stalled: {result.outcome.stalled}"
-    root = root_cause(result.results)
-    if root is None:
-        return f"a worker on {host} failed"
-    _, text = exception_text(root)
-    lines = text.split("\n")
-    head = f"rank {root.rank} (local_rank {root.local_rank}) on {host}, pid {root.pid}: {describe_status(root.status)}"
-    return "\n".join([head, *lines[-12:]])
 
 
 def host_name(deps: AgentDeps, member: Member) -> str:

@@ -3,9 +3,10 @@ never disagree, and a fact decided in one place is said in one place.
 
 A ``restart`` is said as ``attempt N failed: WHAT; restarting workers (U/M restarts used)`` (``attempt N
 (TORCHELASTIC_RESTART_COUNT=R) failed`` where the workers' restart count is not N: ``restart_line``), where WHAT is the
-record's reason (the root cause's one line, or the stall). One node decides its restarts itself; with several, each
-node hears the restart in the coordinator's word for the next round, and says it then. A ``node.excluded`` is said as
-``node NAME is excluded from the job: WHY``, on every node that hears it (the excluded node says its own line).
+record's reason (``rankrun.report.failure.restart_reason``: the root cause's one line, or the stall). One node decides
+its restarts itself; with several, each node hears the restart in the coordinator's word for the next round, and says
+it then. A ``node.excluded`` is said as ``node NAME is excluded from the job: WHY``, on every node that hears it (the
+excluded node says its own line).
 """
 
 from __future__ import annotations

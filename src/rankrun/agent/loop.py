@@ -34,8 +34,8 @@ from rankrun.proc.signals import Interrupted, StopStream, attach, detach
 from rankrun.report.errorfile import write_error_file
 from rankrun.report.failure import (
     WorkerResult,
-    one_line,
     render_report,
+    restart_reason,
     root_cause,
     root_cause_json,
     signal_name,
@@ -170,10 +170,7 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
 
 def _restart_reason(attempt: AttemptResult) -> str:
     """What failed, the ``restart`` event's reason (its console line is ``agent.lines``')."""
-    if attempt.outcome.stalled is not None:
-        return f"the workers stalled ({attempt.outcome.stalled})"
-    root = root_cause(attempt.results)
-    return one_line(root) if root else "workers failed"
+    return restart_reason(attempt.results, attempt.outcome.stalled)
 
 
 def _say_interrupted(console: Console, attempt: AttemptResult) -> None:

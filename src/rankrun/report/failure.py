@@ -9,7 +9,9 @@ ended because rankrun stopped them are listed as stopped, never as failures. The
 exception shown comes from the worker's error file when it used ``@record``, otherwise from
 its last output (``rankrun.report.cause``: the traceback that ended it, never one Python
 marked as ignored, whatever ended the process: an exit code, or a signal in its teardown), so
-no change to user code is needed.
+no change to user code is needed. One rule gives those words (``failure_words``) to every place that says a failure:
+the report, the restart line (``restart_reason``), the ``failure`` event (``rankrun.agent.facts``) and this node's
+first failure in the other nodes' reports (``node_summary``).
 """
 
 from __future__ import annotations
@@ -59,48 +61,80 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def root_cause(results: list[WorkerResult]) -> WorkerResult | None:
+def root_cause(results: Sequence[WorkerResult]) -> WorkerResult | None:
     failures = [r for r in results if r.ending is Ending.FAILED]
     return min(failures, key=lambda r: (r.ended_at, r.rank)) if failures else None
 
 
-def exception_text(result: WorkerResult) -> tuple[str, str]:
-    """(where it came from, the text) for the root cause's exception."""
-    if result.error is not None and (result.error.traceback or result.error.message):
-        return ("error file", result.error.traceback.rstrip("\n") or result.error.message)
-    quoted = explain(result.stderr_tail)
-    if result.status < 0:
-        line = f"Signal {-result.status} ({signal_name(-result.status)}) received by PID {result.pid}"
-        if (raised := ending_exception(result.stderr_tail)) is not None:  # it raised, then died in its teardown
-            line += f" after {raised}"
-        return ("signal", f"{line}; its last {result.tail_label} lines:\n{quoted}" if quoted else line)
-    return (result.tail_label, quoted or f"<the worker wrote nothing to {result.tail_label}>")
+@record
+class FailureWords:
+    """A failed worker's failure in words (``failure_words``), one view for each place that says it."""
+
+    source: str  # where the words come from: "error file", "signal", or the tail's label ("stderr", "output")
+    text: str  # what the report quotes (several lines; the other nodes' reports quote its last ones)
+    exception: str | None  # ``Type: message``, the ``failure`` event's (so the other nodes' restart line's); None: none
+    line: str  # one line, this node's restart line: ``rank 1 (pid 4242) exited 1: ValueError: bad lr``
 
 
-def failure_cause(result: WorkerResult) -> str | None:
-    """``Type: message`` of the exception that ended a worker, whatever ended it (an exit code or a signal): its error
-    file's first line, else the exception line of the traceback that ended its output (``ending_exception``)."""
-    if result.error is not None and result.error.message.strip():
-        return result.error.message.strip().split("\n")[0]  # "ValueError: ..." starts it; more lines may follow
-    return ending_exception(result.stderr_tail)
+def failure_words(result: WorkerResult) -> FailureWords:
+    """A failed worker's failure in words, by one rule (pure): the text of its error file (``@record``), else the
+    traceback that ended its output (``rankrun.report.cause``: the last one, followed by at most ``AFTER`` non-blank
+    lines, whatever ended the process: an exit code, or a signal in its teardown), else its exit code or signal.
 
-
-def one_line(result: WorkerResult) -> str:
-    """How a failed worker ended, in one line: ``rank 1 (pid 4242) exited 1: ValueError: bad lr`` (pure).
-
-    The exception is ``failure_cause``'s; an exit without one names the last line of what the worker's tail explains
-    (``rankrun.report.cause``: e.g. ``sys.exit("message")``'s). A death by signal names the signal, and the exception
-    when a traceback ended its output: ``rank 1 (pid 4242) was killed by signal 6 (SIGABRT): ValueError: bad lr``.
+    The exception is the error file's first line (or its traceback's exception line), else that traceback's
+    exception line; None when neither says. The one line names it: ``rank 1 (pid 4242) was killed by signal 6
+    (SIGABRT): ValueError: bad lr``; an exit without one names the last line of what the tail explains (e.g.
+    ``sys.exit("message")``'s).
     """
-    who = f"rank {result.rank} (pid {result.pid})"
-    cause = failure_cause(result)
-    if result.status < 0:
-        how = f"{who} was killed by {describe_status(result.status)}"
-        return f"{how}: {cause}" if cause else how
-    if cause is None:
-        quoted = explain(result.stderr_tail)
-        cause = next((line.strip() for line in reversed(quoted.split("\n")) if line.strip()), "")
-    return f"{who} exited {result.status}: {cause}" if cause else f"{who} exited {result.status}"
+    error = result.error
+    if error is not None and (error.message.strip() or error.traceback.strip()):
+        text = error.traceback.rstrip("\n") or error.message
+        said = error.message.strip().split("\n")[0] or _last_said(text)  # "ValueError: ..." starts the message
+        return FailureWords("error file", text, said, _one_line(result, said))
+    return _tail_words(result)
+
+
+def _tail_words(result: WorkerResult) -> FailureWords:
+    """``failure_words`` of a worker whose error file says nothing: its output's tail, else its status."""
+    raised, quoted, label = ending_exception(result.stderr_tail), explain(result.stderr_tail), result.tail_label
+    said = raised if raised is not None or result.status < 0 else _last_said(quoted)
+    line = _one_line(result, said or "")
+    if result.status >= 0:
+        return FailureWords(label, quoted or f"<the worker wrote nothing to {label}>", raised, line)
+    head = f"Signal {-result.status} ({signal_name(-result.status)}) received by PID {result.pid}"
+    if raised is not None:  # it raised, then died in its teardown
+        head += f" after {raised}"
+    return FailureWords("signal", f"{head}; its last {label} lines:\n{quoted}" if quoted else head, raised, line)
+
+
+def _last_said(text: str) -> str:
+    return next((line.strip() for line in reversed(text.split("\n")) if line.strip()), "")
+
+
+def _one_line(result: WorkerResult, said: str) -> str:
+    how = f"was killed by {describe_status(result.status)}" if result.status < 0 else f"exited {result.status}"
+    return f"rank {result.rank} (pid {result.pid}) {how}" + (f": {said}" if said else "")
+
+
+def restart_reason(results: Sequence[WorkerResult], stalled: str | None) -> str:
+    """Why a node restarts its workers, the ``restart`` event's reason: the stall that stopped them, else the root
+    cause's one line (``failure_words``)."""
+    if stalled is not None:
+        return f"the workers stalled ({stalled})"
+    root = root_cause(results)
+    return failure_words(root).line if root else "workers failed"
+
+
+def node_summary(results: Sequence[WorkerResult], host: str, stalled: str | None) -> str:
+    """This node's first failure in a few lines, for the other nodes' reports (the job's first failure): the stall
+    that stopped its workers, else the root cause's status and the last 12 lines of its text (``failure_words``)."""
+    if stalled is not None:
+        return f"the workers on {host} stalled: {stalled}"
+    root = root_cause(results)
+    if root is None:
+        return f"a worker on {host} failed"
+    head = f"rank {root.rank} (local_rank {root.local_rank}) on {host}, pid {root.pid}: {describe_status(root.status)}"
+    return "\n".join([head, *failure_words(root).text.split("\n")[-12:]])
 
 
 def _error_file_line(root: WorkerResult, kept: bool) -> str:
@@ -140,7 +174,8 @@ def render_report(
         out += [f"Root cause: the workers on {host} stalled (--hang-action fail; the stack report is above):",
                 f"  {stalled}"]
     if root is not None:
-        source, text = exception_text(root)
+        words = failure_words(root)
+        source, text = words.source, words.text
         out += [
             f"Root cause (first failure, at {_stamp(root.ended_at)}):",
             f"  rank       : {root.rank} (local_rank: {root.local_rank})",
@@ -181,7 +216,7 @@ def hint(text: str) -> list[str]:
 def root_cause_json(result: WorkerResult, slurm: Mapping[str, str] | None = None) -> str:
     """What the launcher writes to its own ``TORCHELASTIC_ERROR_FILE`` (torch's format plus ``errorCode``, and the
     Slurm job in ``extraInfo`` as ``slurm_job``, ``slurm_step``, ``slurm_restart`` when there is one)."""
-    _, text = exception_text(result)
+    text = failure_words(result).text
     message = result.error.message if result.error is not None else text.rstrip("\n").split("\n")[-1]
     timestamp = result.error.timestamp if result.error is not None and result.error.timestamp else int(result.ended_at)
     return error_json(message, text, timestamp, error_code=result.status,
