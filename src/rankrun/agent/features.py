@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from rankrun.agent.relays import NodeRelay
 from rankrun.agent.round import Feature, NewsEvents, OpenFiles, Round, Rounds
 from rankrun.agent.stall import show
 from rankrun.errors import LauncherError, StoreError
+from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous import netcheck
 from rankrun.report.failure import node_summary, root_cause
@@ -54,11 +56,40 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
             if host:
                 features.append(OpenFiles(deps.console.say, spec, nodes=0 if etcd else None,
                                           relaying=lambda word: relays.wanted(spec, word)))
-            features += [news, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
+            env = WorkerEnv(await _collective_env(spec, deps, session.address))
+            features += [news, env, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
                          MemberReport(spec, deps, member)]
             yield Rounds(features, news, gate)
     finally:
         await relay.close()
+
+
+class WorkerEnv(Feature):
+    """What this node adds to every worker's environment in each round it runs (``env``: set for the session)."""
+
+    def __init__(self, env: tuple[tuple[str, str], ...]) -> None:
+        self._env = env
+
+    @contextlib.asynccontextmanager
+    async def serving(self, round_: Round) -> AsyncIterator[None]:
+        round_.env = self._env
+        yield
+
+
+async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tuple[tuple[str, str], ...]:
+    """GLOO/NCCL_SOCKET_IFNAME when this host's name resolves to loopback but the rendezvous runs over a real address."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(socket.gethostname(), None, family=socket.AF_INET)
+        hostname_address = str(infos[0][4][0])
+    except (OSError, IndexError):
+        return ()
+    interface = await loop.run_in_executor(None, interface_of, address) if not is_loopback(address) else None
+    extra = collective_interface(spec.base_env, address, hostname_address, interface)
+    if extra:
+        deps.console.say(f"this host's name resolves to {hostname_address}: the workers get "
+                         f"GLOO_SOCKET_IFNAME=NCCL_SOCKET_IFNAME={interface}, the interface of {address}")
+    return tuple(sorted(extra.items()))
 
 
 @contextlib.asynccontextmanager

@@ -32,6 +32,11 @@ def restart_line(event: Restart, max_restarts: int) -> str:
     return f"attempt {attempt}{counted} failed: {event.reason}; restarting workers ({used}/{max_restarts} restarts used)"
 
 
+def received(signum: int, when: str) -> str:
+    """The line of a node that a signal stops outside an attempt (``when``: what it was doing)."""
+    return f"received {signal_name(signum)} {when}; exiting"
+
+
 def interrupted_line(signum: int, second: int | None, results: Sequence[WorkerResult]) -> str:
     """What a node says when a signal (``signum``, then ``second`` if one came) stopped its workers (pure): every node
     that receives it says it, on one node or several."""

@@ -16,7 +16,7 @@ from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
 from rankrun.agent.gate import HealthGate, excluded, unhealthy
-from rankrun.agent.lines import ConsoleLines, interrupted_line
+from rankrun.agent.lines import ConsoleLines, interrupted_line, received
 from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
 from rankrun.agent.round import NewsEvents, OpenFiles, Round, Rounds, formed
@@ -137,7 +137,7 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         early = stops.take_pending()  # a stop during the check ended it: the stop wins
         if isinstance(early, Interrupted):
             when = "before the workers started" if attempt == 0 else f"before restart {restarts}"
-            deps.console.say(f"received {signal_name(early.signum)} {when}; exiting")
+            deps.console.say(received(early.signum, when))
             return Outcome.signalled(early.signum, restarts)
         if not go:
             raise NodeExcluded(excluded(deps.host, spec.rendezvous.run_id, rounds.sick or ""))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,20 +39,16 @@ from rankrun.agent.events import first_error, first_of
 from rankrun.agent.features import multi_node
 from rankrun.agent.gate import excluded as excluded_line
 from rankrun.agent.gate import unhealthy
-from rankrun.agent.lines import interrupted_line
+from rankrun.agent.lines import interrupted_line, received
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.round import Round, Rounds, ended_news, exclusions, formed, news
-from rankrun.agent.watch import WAITING
-from rankrun.errors import LauncherError, NodeExcluded
+from rankrun.errors import LauncherError, NodeExcluded, StoreUnavailable
 from rankrun.logs.layout import RunLogs
-from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import Interrupted, StopStream
 from rankrun.rendezvous.keys import Assignment, Excluded, RoundWord, Spare
 from rankrun.rendezvous.member import Ended, Member, wall_time
 from rankrun.rendezvous.session import Session, open_session
-from rankrun.report.failure import signal_name
 from rankrun.spec import DynamicRendezvous, LaunchSpec, StaticRendezvous, on_etcd, rendezvous_name
-from rankrun.store.api import StoreUnavailable
 
 PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
@@ -104,7 +99,6 @@ async def _rounds(node: _Node, rounds: Rounds, joined: float, opened: float) -> 
     """Round after round until the job ends for this node. ``joined``: when this node set out for its first round;
     ``opened``: when it set out to reach the host (join_timeout's start)."""
     spec, deps, member, loop = node.spec, node.deps, node.session.member, asyncio.get_running_loop()
-    extra = await _collective_env(spec, deps, node.session.address)
     previous, attempt, restarts, spare_said = 0, -1, 0, False
     last: AttemptResult | None = None
     placed: Assignment | None = None  # this node's place in the last round it ran
@@ -120,8 +114,7 @@ async def _rounds(node: _Node, rounds: Rounds, joined: float, opened: float) -> 
         if not await watch.before():  # unhealthy, or the network check found a node that is: the next word says
             continue  # what comes next, this node's exclusion or the round without it
         if (pending := node.stops.take_pending()) is not None:  # a signal that came as the word did: the job stops
-            return _stopped(deps, f"received {signal_name(pending.signum)} as round {word.round} formed; exiting",
-                            pending.signum, restarts)
+            return _stopped(deps, received(pending.signum, f"as round {word.round} formed"), pending.signum, restarts)
         left = spec.restart.max_restarts - word.restarts if word.restarts > restarts else None
         took = round(loop.time() - joined, 6)
         watch.told(ended_news(news(placed, word, restarts, member.word), attempt, left) + exclusions(member.word)
@@ -129,7 +122,8 @@ async def _rounds(node: _Node, rounds: Rounds, joined: float, opened: float) -> 
         attempt, restarts, placed = attempt + 1, word.restarts, word
         async with watch.serving() as served:
             assert served.master is not None
-            plan = AttemptPlan(attempt, word.restarts, _membership(spec, word, served.master), extra, rendezvous=took)
+            plan = AttemptPlan(attempt, word.restarts, _membership(spec, word, served.master), served.env,
+                               rendezvous=took)
             last = await run_attempt(spec, plan, node.logs.attempt_dir(attempt, spec.worker.nproc), deps, node.stops,
                                      _the_round_moved_on(member, word.round))
         if (signum := last.outcome.interrupted_by) is not None:  # said on every node that received it, as one node says it
@@ -148,7 +142,7 @@ async def _unplaced(  # noqa: PLR0917 - private; what _rounds holds
     """The word that ends the job for this node: a signal, its exclusion, or the job's end (``ran``: this node's place
     in the last round it ran, and how its workers ended there)."""
     if isinstance(word, Interrupted):
-        node.deps.console.say(f"received {signal_name(word.signum)} while waiting for the rendezvous; exiting")
+        node.deps.console.say(received(word.signum, "while waiting for the rendezvous"))
         return Outcome.signalled(word.signum, restarts)
     out = _left_out(word, node.session, rounds.sick)
     if out is not None:
@@ -200,7 +194,7 @@ async def _excluded(node: _Node, rounds: Rounds, word: Excluded, restarts: int) 
         raise NodeExcluded(f"{me} is excluded from job {run_id}: {word.reason}; drain it or reschedule elsewhere")
     deps.console.say(f"{me} is excluded from job {run_id} since {wall_time(word.at)}: {word.reason}; it keeps serving "
                      "the rendezvous and the workers' store, without workers, until the job ends")
-    deps.on_demand.idle(run_id, WAITING)
+    deps.on_demand.waiting(run_id)
     while True:
         index, value = await first_of(member.wait_for_end(lambda w: rounds.told(exclusions(w))), node.stops.arrived(),
                                       member.lease.lost.wait())
@@ -208,7 +202,7 @@ async def _excluded(node: _Node, rounds: Rounds, word: Excluded, restarts: int) 
             stop = node.stops.take_pending()
             if stop is None:
                 continue  # another consumer took it first
-            deps.console.say(f"received {signal_name(stop.signum)} while serving the job without workers; exiting")
+            deps.console.say(received(stop.signum, "while serving the job without workers"))
             return Outcome.signalled(stop.signum, restarts)
         if index == 2:
             raise LauncherError(f"{rendezvous_name(run_id)}: lost its place while serving the job: {session.why_lost()}")
@@ -252,7 +246,7 @@ async def _wait_for_word(
     bound = rdzv.conf.join_timeout
     if since is not None and session.coordinator is None:
         bound = max(0.0, bound - (asyncio.get_running_loop().time() - since))
-    deps.on_demand.idle(rdzv.run_id, WAITING)  # what rankrun --stacks says meanwhile
+    deps.on_demand.waiting(rdzv.run_id)  # what rankrun --stacks says meanwhile
     progress = asyncio.create_task(_progress(spec, deps, member))
     try:
         async with asyncio.timeout(bound):
@@ -309,22 +303,6 @@ async def _timeout_message(spec: LaunchSpec, member: Member) -> str:
 def _membership(spec: LaunchSpec, word: Assignment, master: tuple[str, int]) -> Membership:
     """``master``: where this node's workers reach the store (the host's, or this node's relay)."""
     return Membership(word.round, word.group_rank, word.group_world_size, spec.worker.nproc, word.ranks, *master)
-
-
-async def _collective_env(spec: LaunchSpec, deps: AgentDeps, address: str) -> tuple[tuple[str, str], ...]:
-    """GLOO/NCCL_SOCKET_IFNAME when this host's name resolves to loopback but the rendezvous runs over a real address."""
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await loop.getaddrinfo(socket.gethostname(), None, family=socket.AF_INET)
-        hostname_address = str(infos[0][4][0])
-    except (OSError, IndexError):
-        return ()
-    interface = await loop.run_in_executor(None, interface_of, address) if not is_loopback(address) else None
-    extra = collective_interface(spec.base_env, address, hostname_address, interface)
-    if extra:
-        deps.console.say(f"this host's name resolves to {hostname_address}: the workers get "
-                         f"GLOO_SOCKET_IFNAME=NCCL_SOCKET_IFNAME={interface}, the interface of {address}")
-    return tuple(sorted(extra.items()))
 
 
 async def _the_round_moved_on(member: Member, round_: int) -> str:

@@ -46,6 +46,7 @@ class Round:
     restarts: int  # the job's restarts counted when it formed
     word: Assignment | None = None  # several nodes: the coordinator's word that placed this node (None: one node)
     master: tuple[str, int] | None = None  # where the workers reach the store: the word's, or the store relay's
+    env: tuple[tuple[str, str], ...] = ()  # what this node adds to every worker's environment
 
 
 class Feature:

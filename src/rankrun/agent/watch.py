@@ -216,6 +216,10 @@ class OnDemand:
         if not targets:
             self.state = BETWEEN
 
+    def waiting(self, run_id: str) -> None:
+        """No workers run: the launcher waits for the rendezvous (``WAITING``)."""
+        self.idle(run_id, WAITING)
+
     def idle(self, run_id: str, state: str) -> None:
         """No workers run: the launcher is ``state`` (``STARTING``, ``WAITING``, ``DONE``)."""
         self.run_id, self.targets, self.recorder, self.state = run_id, [], None, state
