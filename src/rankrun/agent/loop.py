@@ -5,7 +5,9 @@ console, stores, clock) so scenarios can run on fakes; every decision (``plan``,
 ``group_ended``) is a pure function, and the exit code is chosen by ``rankrun.errors.exit_code``
 (a handled signal always wins). The facts it decides go to the job's event stream (``deps.events``): the job's
 start and end (``agent.observers``, whose consumers ``--events`` and ``--metrics-port`` ask for), a failed attempt's
-root cause and the restart. The process-wide set-up around it is ``rankrun.main``.
+root cause and the restart. Each attempt is a round without a store: its open-files line, ``--health-check`` and
+events go through the round's seam (``agent.round``: ``_features`` lists them), as several nodes' rounds do. The
+process-wide set-up around it is ``rankrun.main``.
 """
 
 from __future__ import annotations

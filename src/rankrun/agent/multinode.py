@@ -1,14 +1,16 @@
 """Several nodes: round after round until the job ends, in a session (``rendezvous.session``) that hosts or joins.
 
 The session owns the backend (hosting the embedded store, joining it, or etcd) and this node's
-``Member``; this module only runs the rounds. The loop::
+``Member``; this module only sequences the rounds, through the round's seam (``agent.round``: one ``RoundWatch`` a
+round; the features, listed once, are ``agent.features.multi_node``'s). The loop::
 
-    join → wait for my assignment (bounded by join_timeout, a progress line every 5 s)
-         → --health-check (rounds after the first), --network-check (``rendezvous.netcheck``: this node measures its
-           ring neighbour, and waits for the coordinator's verdict; a node found unhealthy: wait for the next word)
-         → attempt, stopped early when the round key moves on (a node joined or left, another
+    join → wait for the coordinator's word (bounded by join_timeout, a progress line every 5 s)
+         → before: go or skip (--health-check on rounds after the first, --network-check's verdict, the open-files
+           line); a node found unhealthy: wait for the next word
+         → told: what ended the round before, the exclusions, the new round (events)
+         → serving: the attempt, stopped early when the round key moves on (a node joined or left, another
            node's workers failed) or this node's lease is lost
-         → report how my workers ended → wait for the next word: a new round, or the end
+         → after: report how my workers ended → wait for the next word: a new round, or the end
 
 Restarts are decided by the coordinator for the whole job (one budget); every node ends with the
 same outcome and the job's first failure in its report. The coordinator's word that starts a round (or ends the
