@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
-from rankrun.agent.events import first_error, first_of
 from rankrun.agent.plan import AttemptPlan, attempt_context
+from rankrun.agent.race import first_error, first_of
 from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_WORKERS_FAILED
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs

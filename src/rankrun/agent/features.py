@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from rankrun.agent import relays
 from rankrun.agent.deps import AgentDeps
-from rankrun.agent.events import first_of
 from rankrun.agent.facts import failure, failure_value
 from rankrun.agent.gate import HealthGate, unhealthy
+from rankrun.agent.race import first_of
 from rankrun.agent.relays import NodeRelay
 from rankrun.agent.round import Feature, NewsEvents, OpenFiles, Round, Rounds
 from rankrun.agent.stall import show

@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
 from rankrun.agent.deps import AgentDeps
-from rankrun.agent.events import first_error, first_of
 from rankrun.agent.features import multi_node
 from rankrun.agent.gate import excluded as excluded_line
 from rankrun.agent.gate import unhealthy
 from rankrun.agent.lines import interrupted_line, received
 from rankrun.agent.plan import AttemptPlan, Membership
+from rankrun.agent.race import first_error, first_of
 from rankrun.agent.round import Round, Rounds, ended_news, exclusions, formed, news
 from rankrun.errors import LauncherError, NodeExcluded, StoreUnavailable
 from rankrun.logs.layout import RunLogs
