@@ -196,7 +196,7 @@ def test_the_shortest_round_trip_is_trusted_and_a_backwards_one_is_left_out():
 
 
 def _recorded(name: str) -> tuple[dict[tuple[str, int], dict[int, float]], float]:
-    from rankrun.agent.straggle import LocalArrivals  # noqa: PLC0415 - the agent's reader of the same files
+    from rankrun.agent.stragglers.watch import LocalArrivals  # noqa: PLC0415 - the agent's reader of the same files
 
     folder = Path(__file__).resolve().parents[1] / "golden" / name
     arrivals = LocalArrivals({r: folder / f"rank_{r}.fr" for r in range(4)}).complete()

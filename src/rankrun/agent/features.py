@@ -29,7 +29,7 @@ from rankrun.store.api import StoreUnavailable
 
 if TYPE_CHECKING:
     from rankrun.agent.attempt import AttemptResult
-    from rankrun.agent.straggle_job import JobStragglers
+    from rankrun.agent.stragglers.job import JobStragglers
     from rankrun.api.node import ApiNode
     from rankrun.health.outliers import Link
     from rankrun.logs.layout import RunLogs
@@ -158,7 +158,7 @@ class NetworkCheck(Feature):
 
 class JobView(Feature):
     """While a round runs: its stacks exchange (a stall or a ``--stacks`` request gets the whole job's stacks) and,
-    with ``--straggler-window`` on Python workers, its watch of the whole job (``agent.straggle_job``), which this
+    with ``--straggler-window`` on Python workers, its watch of the whole job (``agent.stragglers.job``), which this
     node's coordinator, if it coordinates, judges."""
 
     def __init__(self, spec: LaunchSpec, deps: AgentDeps, session: Session) -> None:
@@ -188,8 +188,8 @@ class JobView(Feature):
         spec, deps, member, judge = self._spec, self._deps, self._member, self._judge
         if spec.straggler.window <= 0 or spec.worker.entry.kind is EntryKind.BINARY:
             return None
-        from rankrun.agent.straggle import Said  # noqa: PLC0415 - with the watch on
-        from rankrun.agent.straggle_job import JobStragglers  # noqa: PLC0415
+        from rankrun.agent.stragglers.job import JobStragglers  # noqa: PLC0415
+        from rankrun.agent.stragglers.watch import Said  # noqa: PLC0415 - with the watch on
 
         said = Said(lambda line: show(deps.console, [line]), deps.events)
         return JobStragglers(member.store, member.keys, word.round, member.info.id, word.group_world_size,

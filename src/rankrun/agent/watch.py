@@ -47,8 +47,8 @@ from rankrun.stacks.sampler import Sampler, Target
 
 if TYPE_CHECKING:  # one node never imports the exchange
     from rankrun.agent.plan import AttemptPlan
-    from rankrun.agent.straggle import StragglerWatch
-    from rankrun.agent.straggle_job import JobStragglers
+    from rankrun.agent.stragglers.job import JobStragglers
+    from rankrun.agent.stragglers.watch import StragglerWatch
     from rankrun.proc.group import GroupOutcome, Stalled
     from rankrun.proc.spawn import WorkerHandle
     from rankrun.stacks.exchange import Exchange
@@ -118,7 +118,7 @@ class AttemptWatch:
     def _straggler_watch(self, workers: Sequence[StartedWorker], targets: Sequence[Target]) -> StragglerWatch:
         """``--straggler-window``: one node judges its windows itself; several send them to the host (the round's
         ``JobStragglers``), which judges the job and tells every node."""
-        from rankrun.agent.straggle import Said, StragglerWatch, local_judge  # noqa: PLC0415 - with the watch on
+        from rankrun.agent.stragglers.watch import Said, StragglerWatch, local_judge  # noqa: PLC0415 - with the watch on
 
         files = {w.who.rank: path for w in workers if (path := RunLogs.arrivals_file(self._attempt_dir, w.who.rank))}
         job = self._on_demand.stragglers

@@ -1,6 +1,6 @@
 """One node's window as the host judges the whole job from it (pure): a few hundred bytes through the store.
 
-Several nodes: each agent watches its own workers (``agent.straggle``) and, every window, writes what it saw: per
+Several nodes: each agent watches its own workers (``agent.stragglers.watch``) and, every window, writes what it saw: per
 local rank its stack-sample counts and /proc figures (``verdict.RankWindow``), and the arrivals of a sample of the
 collectives its ranks completed, already on the host's clock (``clock``). The host merges every node's summaries
 (``Merge``), judges the job (``verdict.judge``) and publishes the verdict, which every node prints once.

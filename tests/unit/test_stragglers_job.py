@@ -1,4 +1,4 @@
-"""The straggler watch of several nodes as each node's agent runs it (``rankrun.agent.straggle_job``), in-process on
+"""The straggler watch of several nodes as each node's agent runs it (``rankrun.agent.stragglers.job``), in-process on
 the in-memory store: two nodes whose wall clocks disagree by 50 ms send their windows to the host on the host's
 clock, the host judges the job, every node says what changed, and the host blames a node that stays slow."""
 
@@ -11,8 +11,8 @@ import time
 import pytest
 
 from fakes import FakeTimers
-from rankrun.agent.straggle import Said
-from rankrun.agent.straggle_job import STREAK, JobStragglers
+from rankrun.agent.stragglers.job import STREAK, JobStragglers
+from rankrun.agent.stragglers.watch import Said
 from rankrun.events.records import Record
 from rankrun.events.stream import EventStream
 from rankrun.rendezvous import stragglers

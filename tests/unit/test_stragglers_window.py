@@ -1,4 +1,4 @@
-"""What a window's end decides on a node (``rankrun.agent.straggle``): no stack-sampling signal to the workers unless
+"""What a window's end decides on a node (``rankrun.agent.stragglers.watch``): no stack-sampling signal to the workers unless
 their recorders cannot be read; what a window gives the judge; a verdict's change as the job's event."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rankrun.agent.straggle import StragglerWatch, event
+from rankrun.agent.stragglers.watch import StragglerWatch, event
 from rankrun.stacks.sampler import Target
 from rankrun.straggler.frfile import STATUS
 from rankrun.straggler.verdict import Arrivals, Change, RankWindow, Straggler

@@ -15,7 +15,7 @@ script:
   connect is interrupted during ``init_process_group``). A job without torch.distributed has no collectives to judge.
 - **/proc**: each worker's CPU time over the window, and its state letter at every look.
 
-Where the window goes: one node judges it at once (``local_judge``). Several nodes: ``agent.straggle_job`` sends it
+Where the window goes: one node judges it at once (``local_judge``). Several nodes: ``agent.stragglers.job`` sends it
 to the host, which judges the whole job, and every node (the host too) says the verdicts (``Said``). A window that
 tells nothing leaves the verdict as it was. Loaded once the workers run, and only with the watch on.
 """

@@ -1,6 +1,6 @@
 """The straggler watch of several nodes, one round on this node (``--straggler-window``): this node's windows go to
 the host on the host's clock (``rendezvous.stragglers``); the host (the coordinator's node) also answers the clock
-questions and judges the whole job; every node reads the verdicts and says what changed (``agent.straggle.Said``).
+questions and judges the whole job; every node reads the verdicts and says what changed (``agent.stragglers.watch.Said``).
 Loaded only by a job of several nodes with the watch on (its records are JSON)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from rankrun.agent.straggle import Said
+from rankrun.agent.stragglers.watch import Said
 from rankrun.rendezvous import stragglers
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.api import Store, StoreUnavailable
