@@ -271,6 +271,19 @@ def test_the_embedded_client_sends_requests_made_together_in_one_write(run):
     run(body)
 
 
+def test_only_the_in_memory_store_answers_in_process(run):
+    """``Store.in_process``: a store in this process answers a request in the turn it is made (the coordinator writes a
+    round one key after another on it); every networked store waits on the network (it writes a round concurrently)."""
+    async def body(h: Harness) -> None:
+        assert h.store.in_process is isinstance(h.store, MemoryStore)
+        if h.store.in_process:
+            put = h.store.put("/p/a", b"1")
+            with pytest.raises(StopIteration):  # done without suspending once: nothing in it waits
+                put.send(None)
+
+    run(body)
+
+
 def test_watch_from_a_revision_misses_nothing_and_repeats_nothing(run):
     async def body(h: Harness) -> None:
         s = h.store

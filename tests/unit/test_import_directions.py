@@ -44,6 +44,9 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     ("workerstore", ("store", "rendezvous", "agent", "proc", "logs", "report"), ()),
     ("rendezvous", ("agent", "proc", "logs", "report"), ()),
     ("rendezvous", ("workerstore",), ("rendezvous/listener.py", "rendezvous/session.py")),  # the two that know both stores
+    # the rounds see the store's seam only, and ask it what they need to know of the backend (``Store.in_process``,
+    # ``Store.pipelines``); the session opens the backends, the listener serves the embedded one
+    ("rendezvous", ("store.embedded", "store.etcd", "store.memory"), ("rendezvous/listener.py", "rendezvous/session.py")),
     ("proc", ("rendezvous", "store", "workerstore", "agent", "logs", "report"), ()),  # logs/ reads proc's stream types
     ("logs", ("agent", "rendezvous", "store", "workerstore", "report"), ()),
     ("agent", ("store.etcd",), ()),  # an embedded-store job never loads the etcd client: only the session does, lazily

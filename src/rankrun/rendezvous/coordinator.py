@@ -63,7 +63,6 @@ from rankrun.rendezvous.round import (
     next_step,
 )
 from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, watching
-from rankrun.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,9 @@ class Coordinator:
         self._lease = lease  # what the keys it writes are bound to (0: none; a shared store: the job lease)
         # an elected coordinator writes only while it still holds the election (False: it does not)
         self._fence = fence
-        # the hosting agent's own in-memory store: a write never suspends, so a round's writes need no concurrency
-        self._in_memory = isinstance(store, MemoryStore) and fence is None
+        # a store in this process (the hosting agent's in-memory one), unfenced: a write never suspends, so a round's
+        # writes need no concurrency
+        self._in_memory = store.in_process and fence is None
         self._master = master  # the worker store's address and port (hosted by group rank 0)
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())

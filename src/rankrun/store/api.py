@@ -142,6 +142,20 @@ class LeaseHandle:
 
 
 class Store(Protocol):
+    """The store, and what each implementation states of itself (its callers choose how to make requests by these,
+    never by its class)."""
+
+    @property
+    def pipelines(self) -> bool:
+        """Requests made together go out in one write and are answered in one (the embedded client): see ``together``."""
+        ...
+
+    @property
+    def in_process(self) -> bool:
+        """A request is answered in this process, in the turn it is made (the in-memory store): a write never
+        suspends on the network, so making many at once gains nothing."""
+        ...
+
     async def get(self, key: str) -> Entry | None: ...
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
@@ -180,12 +194,12 @@ C = TypeVar("C")
 
 
 def pipelines(store: Store) -> bool:
-    """Whether ``store`` answers requests made together in one round trip: the embedded client (its ``pipelines``)
+    """Whether ``store`` answers requests made together in one round trip (``Store.pipelines``): the embedded client
     writes one turn's frames at once and its server answers them in order, one read and one write each way for all of
     them, where the host's CPU per node goes mostly to its reads and writes. Elsewhere they go one after another: on
     etcd each is an exchange of its own (nothing saved), and made together there Member's reads and watches once left
     a re-forming round waiting (tests/e2e/test_etcd.py's killed-agent test, 2 runs in about 7; the cause not found)."""
-    return getattr(store, "pipelines", False) is True
+    return store.pipelines
 
 
 @overload

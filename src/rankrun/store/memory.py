@@ -174,6 +174,9 @@ class SortedKeys:
 
 
 class MemoryStore:
+    pipelines = False  # nothing to put on one wire: each request is answered as it is made
+    in_process = True  # a request never suspends: the hosting agent's writes all happen in the turn they are made
+
     def __init__(self, timers: Timers | None = None) -> None:
         self._timers = timers or LoopTimers()
         self._data: dict[str, Entry] = {}

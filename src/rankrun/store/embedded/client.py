@@ -129,6 +129,7 @@ class StoreClient:
     # requests made together go out in one write and come back in one (``store.api.pipelines``): frames of one turn
     # are flushed together, and the server answers them in order
     pipelines = True
+    in_process = False  # every request is a frame to the host and back
 
     def __init__(self, endpoint: str, liveness: Liveness | None = None) -> None:
         self.endpoint = endpoint

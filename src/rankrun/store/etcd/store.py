@@ -294,6 +294,11 @@ class EtcdWatch:
 class EtcdStore:
     """``Store`` on an etcd v3 cluster, through ``gateway`` (which owns the endpoints and their failover)."""
 
+    # each request is an HTTP exchange of its own (``store.api.pipelines``: made together, nothing is saved), and one
+    # that etcd commits: concurrent writes are committed together, one after another each waits for its own commit
+    pipelines = False
+    in_process = False
+
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.leases: dict[int, EtcdLease] = {}
