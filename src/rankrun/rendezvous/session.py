@@ -1,9 +1,11 @@
 """One node's place in a multi-node job, from joining to leaving: ``open_session(spec, worker_store, say)``.
 
 How the backend is opened and closed lives here; the agent's rounds (``agent.multinode``) get a ``Session``: this
-node's ``Member`` and its address. They still know two facts of the backend: whether it is etcd (which security notice
-to print) and, on etcd, the job lease (``Member.job``) that the job's keys are bound to. Opening picks the backend
-and this node's part in it:
+node's ``Member``, its address, and what the backend that opened it states of itself for them: whether this process
+hosts the job's store (``Session.hosting``: it holds the other nodes' connections and serves the workers' store the
+store relays forward to) and whether the workers' store may be relayed at all (``Session.relayable``). Beyond those
+they know whether it is etcd (which security notice to print, before a session is open) and, on etcd, the job lease
+(``Member.job``) that the job's keys are bound to. Opening picks the backend and this node's part in it:
 
 - the embedded store, hosting: the first agent able to bind the endpoint (dynamic, unless
   ``is_host`` says otherwise) or ``--node-rank 0`` (static) serves the in-memory store and the
@@ -69,6 +71,24 @@ class Session:
     store: Store
     lost_why: str  # why a lease could be lost, when the lease itself cannot tell
     coordinator: Coordinator | None = None
+    # The backend's word: the job's store is one of its agents' (the embedded store, which serves the workers' store
+    # on its own port, and the store relays' host beside it); False on a store no agent hosts (etcd).
+    agent_hosted: bool = True
+
+    @property
+    def hosting(self) -> bool:
+        """This process hosts the job's store: it holds the other nodes' rendezvous connections (a shared store such as
+        etcd holds them, never an agent), and the workers' store it serves on the same port is the one the other
+        nodes' store relays forward to (its own workers reach it directly). The embedded store's host, which
+        coordinates."""
+        return self.agent_hosted and self.coordinator is not None
+
+    @property
+    def relayable(self) -> bool:
+        """The workers' store may be relayed (``--store-relays``): it is served beside the relays' host
+        (``workerstore.relayhost``) on the embedded store's port. On etcd it is the coordinator's own TCPStore, on a
+        port that speaks only torch's protocol: never."""
+        return self.agent_hosted
 
     def why_lost(self) -> str:
         """Why this node lost its place, in words for the user."""
@@ -357,7 +377,7 @@ async def _open_etcd(
         raise LauncherError(f"{rendezvous_name(rdzv.run_id)}: cannot use etcd ({tried}): {exc}") from None
     lost_why = (f"its etcd lease expired (no keep-alive reached etcd for {lease_ttl:g} s: keep_alive_interval x "
                 "keep_alive_max_attempt; was this agent stopped or starved?)")
-    session = Session(member, addr, store, lost_why)
+    session = Session(member, addr, store, lost_why, agent_hosted=False)
 
     async def lead(session: Session) -> None:
         """Campaign, and once elected (now or when the coordinator is lost), coordinate."""
