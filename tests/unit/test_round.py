@@ -16,6 +16,7 @@ from rankrun.rendezvous.round import (
     Start,
     View,
     Wait,
+    first_failure,
     next_step,
     place,
 )
@@ -137,3 +138,14 @@ def test_static_loss_is_a_failure():
     static = Settings(2, 2, 0.0, 0, static=True)
     nodes = [_node(0, rank=0), _node(1, rank=1)]
     assert next_step(_view(nodes[:1], members=("n0", "n1")), static, 0.0) == Finish(False, "node n1 was lost")
+
+
+def test_the_first_failure_is_the_failed_result_the_store_got_first():
+    """Whatever order the results are read in: the lowest revision among the failed ones; an earlier success is none."""
+    ok = Result(True, 3)
+    late = Result(False, 9, "late", {"rank": 1})
+    first = Result(False, 5, "first", {"rank": 0})
+    assert first_failure([ok, late, first]) is first
+    assert first_failure([late, ok]) is late
+    assert first_failure([ok]) is None
+    assert first_failure([]) is None

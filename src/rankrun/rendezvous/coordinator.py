@@ -60,6 +60,7 @@ from rankrun.rendezvous.round import (
     View,
     Wait,
     assign_node_ranks,
+    first_failure,
     next_step,
 )
 from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, watching
@@ -382,18 +383,13 @@ class Coordinator:
             self._restarts += 1
             self._blamed(step.blamed)
         await self._exclude(step.excluded)
-        self._news = (step.reason, self._first_failure(), step.lost)
+        self._news = (step.reason, _root(first_failure(self._results.values())), step.lost)
         await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason,
                                                     failure=self._news[1], lost=step.lost,
                                                     excluded=tuple(self._exclusions)).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
-
-    def _first_failure(self) -> dict[str, object] | None:
-        """The root cause of the round's first failure (by the store's revision), where its node said it."""
-        first = min((r for r in self._results.values() if not r.ok), key=lambda r: r.revision, default=None)
-        return dict(first.root) if first is not None and first.root is not None else None
 
     def _blamed(self, node: str | None) -> None:
         if node is not None:
@@ -425,9 +421,9 @@ class Coordinator:
         await self._stop_check()
         self._blamed(step.blamed)
         await self._exclude(step.excluded)
-        failures = sorted((r.revision, r.summary) for r in self._results.values() if not r.ok)
-        cause = failures[0][1] if failures else ""
-        failure, lost = self._first_failure(), step.lost
+        first = first_failure(self._results.values())  # picked once: the cause's words and its root are one failure's
+        cause = first.summary if first is not None else ""
+        failure, lost = _root(first), step.lost
         if self._phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
             failure, lost = failure or self._news[1], lost or self._news[2]
         word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded,
@@ -459,3 +455,7 @@ class Coordinator:
         status = Status(len(nodes), tuple(n.addr or n.host for n in first), tuple(static))
         await self._put(self._keys.status, status.value())
 
+
+def _root(first: Result | None) -> dict[str, object] | None:
+    """The root cause of a round's first failure, where its node said it (the round key's ``failure``)."""
+    return dict(first.root) if first is not None and first.root is not None else None

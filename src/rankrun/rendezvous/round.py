@@ -341,6 +341,12 @@ def _reported(node: str, result: Result) -> str:
         f"node {node} reported a worker failure"
 
 
+def first_failure(results: Collection[Result]) -> Result | None:
+    """The round's first failure: the failed result the store got first (its revision), never by anyone's clock. Its
+    ``summary`` is the job's cause in the end's word, its ``root`` the failure every node's restart line names."""
+    return min((r for r in results if not r.ok), key=lambda r: r.revision, default=None)
+
+
 def blamed(results: Mapping[str, Result], members: Sequence[str] | None = None) -> str | None:
     """The node held to account for a round (pure), once; ``members``: the round's (a stall's blame outside them,
     a damaged or stale name, is no one's).
