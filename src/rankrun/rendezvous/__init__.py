@@ -1,7 +1,8 @@
 """The rendezvous algorithm over any ``store.api.Store``.
 
-``round`` (the pure decisions), ``keys`` (where each fact lives and how it is spelled),
-``coordinator`` (decides every round), ``member`` (one node's side), ``election`` (the coordinator
-on a shared store), ``listener`` (the one port the embedded store shares with the workers' TCPStore),
-``session`` (one node's part from joining to leaving: the backend, hosting or joining, the election, closing).
+``round`` (the pure decisions), ``account`` (the job's account of its nodes: blame, exclusions, the blocklist; pure),
+``keys`` (where each fact lives and how it is spelled), ``coordinator`` (decides every round), ``member`` (one node's
+side), ``election`` (the coordinator on a shared store), ``listener`` (the one port the embedded store shares with the
+workers' TCPStore), ``session`` (one node's part from joining to leaving: the backend, hosting or joining, the
+election, closing).
 """

@@ -6,11 +6,12 @@ expiring deletes the node key) and results through watches, asks the pure
 ``rendezvous.round.next_step`` what to do, and writes each member its assignment (``rendezvous.keys``).
 Waiting is always on a watch or a deadline, never a polling loop.
 
-It also keeps the job's account of its nodes: how many failures each was blamed for (``round.blamed``), which are
-excluded and why. An excluded node is left out of every later decision (``View.nodes`` holds only the eligible ones),
-told on its ``assign/`` key (``Excluded``), and put on the job's blocklist (``blocklist/<host>@<addr>``), which a
-launcher of that node reads when it comes back (``Member.join``) and which this coordinator also checks as node keys
-appear (one that raced past the check is told the same way, and never counted).
+It also holds the job's account of its nodes (``rendezvous.account``, pure): how many failures each was blamed for
+(``round.blamed``), which are excluded and why, and writes what the account decides. An excluded node is left out of
+every later decision (``View.nodes`` holds only the eligible ones), told on its ``assign/`` key (``Excluded``), and put
+on the job's blocklist (``blocklist/<host>@<addr>``), which a launcher of that node reads when it comes back
+(``Member.join``) and which the account also checks as node keys appear (one that raced past the check is told the
+same way, and never counted).
 
 With ``--network-check`` (``Settings.network_check``) it also judges each round of 3 nodes or more before the workers
 start (``rendezvous.netcheck``, in a task of the round's, cancelled when the round ends): a node whose links are
@@ -24,11 +25,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from rankrun.errors import NotCoordinator
 from rankrun.health.outliers import network_line
 from rankrun.rendezvous import netcheck
+from rankrun.rendezvous.account import Account, Reported, Warned
 from rankrun.rendezvous.keys import (
     Assignment,
     Blocked,
@@ -127,16 +129,7 @@ class Coordinator:
         self._status_dirty = True
         self._began: float | None = None
         self._status_due = 0.0
-        # The job's account of its nodes. The blame counts live here only: a coordinator taking over on etcd starts
-        # them from zero (carrying them in the round key would make every node read them every round); the
-        # exclusions it rebuilds from the blocklist, which lives in the store as long as the job's keys.
-        self._blame: dict[str, int] = {}
-        self._excluded: dict[str, str] = {}  # node id → why
-        self._blocked: dict[str, Blocked] = {}  # "host@addr" → its blocklist record
-        self._unhealthy: dict[str, str] = {}  # node id → why it says it is unhealthy (not excluded yet)
-        # every exclusion of the job, (name, why), in every round word: a node that skipped a round (a round that
-        # failed at once, while it still stopped its workers) hears of them all the same; a handful, not a list of nodes
-        self._exclusions: list[tuple[str, str]] = []
+        self._account = Account(keys.run_id, settings)  # blame, exclusions, the blocklist, the unhealthy nodes
         self._pending: list[tuple[str, bytes]] = []  # writes decided while applying events (a blocklisted arrival)
 
     async def run(self) -> None:
@@ -144,7 +137,7 @@ class Coordinator:
             return
         self._began = self._now()  # join_timeout's start, for a first round that cannot form
         blocked, _ = await self._store.range(self._keys.blocklist)
-        self._blocked = {e.key[len(self._keys.blocklist) :]: Blocked.parse(e.value) for e in blocked}
+        self._account.blocklisted((e.key[len(self._keys.blocklist) :], Blocked.parse(e.value)) for e in blocked)
         entries, revision = await self._store.range(self._keys.nodes)
         for entry in entries:
             self._node_joined(entry.key[len(self._keys.nodes) :], entry.value, entry.create_revision)
@@ -153,7 +146,7 @@ class Coordinator:
         # it forever); what the second read saw comes again as events, which are idempotent
         sick, _ = await self._store.range(self._keys.unhealthy)
         for entry in sick:
-            self._said_unhealthy(entry.key[len(self._keys.unhealthy) :], unhealthy_from(entry.value))
+            self._account.said_unhealthy(entry.key[len(self._keys.unhealthy) :], unhealthy_from(entry.value))
         try:
             async with watching(self._store, (self._keys.nodes, self._keys.results, self._keys.unhealthy), revision,
                                 self._events):
@@ -223,16 +216,13 @@ class Coordinator:
             await self._publish_status()
             await self._next_events(step)
 
-    def _eligible(self) -> dict[str, NodeInfo]:
-        """The live nodes that are not excluded (the nodes themselves while nobody is: O(1) then)."""
-        if not self._excluded:
-            return self._nodes
-        return {i: n for i, n in self._nodes.items() if i not in self._excluded}
+    def _eligible(self) -> Mapping[str, NodeInfo]:
+        return self._account.eligible(self._nodes)
 
     def _view(self) -> View:
         return View(self._eligible().values(), self._phase, self._round, self._members, self._restarts,
-                    self._min_since, self._results, self._leader, self._gone, self._alone_since, self._blame,
-                    self._unhealthy, self._began)
+                    self._min_since, self._results, self._leader, self._gone, self._alone_since, self._account.blame,
+                    self._account.unhealthy, self._began)
 
     def _note_min(self) -> None:
         nodes = self._eligible()
@@ -274,7 +264,7 @@ class Coordinator:
             raise event
         if event.key.startswith(self._keys.unhealthy):
             if event.kind is EventKind.PUT:
-                self._said_unhealthy(event.key[len(self._keys.unhealthy) :], unhealthy_from(event.value))
+                self._account.said_unhealthy(event.key[len(self._keys.unhealthy) :], unhealthy_from(event.value))
             return
         if event.key.startswith(self._keys.nodes):
             node_id = event.key[len(self._keys.nodes) :]
@@ -291,17 +281,10 @@ class Coordinator:
 
     def _node_joined(self, node_id: str, value: bytes, revision: int) -> None:
         info = self._nodes[node_id] = node_from(value, revision, node_id)
-        blocked = self._blocked.get(f"{info.host}@{info.addr}")
-        if blocked is not None and node_id not in self._excluded:  # it raced past Member.join's check: told, not counted
-            self._excluded[node_id] = blocked.reason
+        blocked = self._account.joined(info)
+        if blocked is not None:  # it raced past Member.join's check: told, not counted
             self._pending.append((self._keys.assign(node_id), Excluded(blocked.reason, blocked.at).value()))
             logger.info("rendezvous: %s at %s is on the job's blocklist: refused", node_id, info.addr)
-        if info.unhealthy is not None:  # its check failed before it joined: excluded before any decision counts it
-            self._said_unhealthy(node_id, info.unhealthy)
-
-    def _said_unhealthy(self, node_id: str, reason: str) -> None:
-        if node_id not in self._excluded:
-            self._unhealthy[node_id] = reason
 
     async def _exclude(self, excluded: tuple[Exclusion, ...]) -> None:
         """Leave these nodes out for good: each is told on its assign key and put on the blocklist (before the round
@@ -309,19 +292,12 @@ class Coordinator:
         at = time.time()
         writes: list[tuple[str, bytes]] = []
         for exclusion in excluded:
-            node_id, reason = exclusion.node, exclusion.reason
-            self._excluded[node_id] = reason
-            self._unhealthy.pop(node_id, None)
-            writes.append((self._keys.assign(node_id), Excluded(reason, at).value()))
-            info = self._nodes.get(node_id)
-            if info is None:
-                self._exclusions.append((node_id, reason))
-                continue
-            self._exclusions.append((info.name, reason))
-            record = Blocked(self._keys.run_id, reason, at)
-            self._blocked[f"{info.host}@{info.addr}"] = record
-            writes.append((self._keys.blocked(info.host, info.addr), record.value()))
-            logger.info("rendezvous: excluded %s at %s: %s", node_id, info.addr, reason)
+            info = self._nodes.get(exclusion.node)
+            record = self._account.exclude(exclusion, info, at)
+            writes.append((self._keys.assign(exclusion.node), Excluded(exclusion.reason, at).value()))
+            if info is not None and record is not None:
+                writes.append((self._keys.blocked(info.host, info.addr), record.value()))
+                logger.info("rendezvous: excluded %s at %s: %s", exclusion.node, info.addr, exclusion.reason)
         await self._put_all(writes)
         self._status_dirty = True
 
@@ -344,7 +320,7 @@ class Coordinator:
         await self._put_all(writes)
         reason, failure, lost = self._news
         await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts, reason, failure=failure,
-                                                    lost=lost, excluded=tuple(self._exclusions)).value())
+                                                    lost=lost, excluded=tuple(self._account.exclusions)).value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
         await self._stop_check()
         if self._settings.network_check and len(infos) >= netcheck.MIN_NODES:
@@ -381,45 +357,35 @@ class Coordinator:
         await self._stop_check()
         if isinstance(step, Restart):
             self._restarts += 1
-            self._blamed(step.blamed)
+            self._account.blamed(step.blamed)
         await self._exclude(step.excluded)
         self._news = (step.reason, _root(first_failure(self._results.values())), step.lost)
         await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason,
                                                     failure=self._news[1], lost=step.lost,
-                                                    excluded=tuple(self._exclusions)).value())
+                                                    excluded=tuple(self._account.exclusions)).value())
         self._phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
 
-    def _blamed(self, node: str | None) -> None:
-        if node is not None:
-            self._blame[node] = self._blame.get(node, 0) + 1
-
     async def straggler(self, node_id: str, why: str) -> None:
-        """``--straggler-action exclude``: ``node_id`` held a rank the others waited for, window after window; that
-        counts as one blame. At its ``--max-node-failures``-th, the node is reported unhealthy (its ``unhealthy/``
-        key, as the network check does), so the round re-forms without it, but only when the job can go on without
-        it (enough nodes stay, or a spare waits): a slow node is better than no job."""
-        if node_id not in self._member_set or node_id in self._excluded:
+        """``--straggler-action exclude``: ``node_id`` held a rank the others waited for, window after window; the
+        account blames it (``Account.straggler``, for a member of the running round): this node's console says so, or
+        at its ``--max-node-failures``-th, where the job can go on without it, its ``unhealthy/`` key is written (as
+        the network check does), so the round re-forms without it."""
+        if node_id not in self._member_set:
             return
-        self._blamed(node_id)
-        count, limit = self._blame[node_id], self._settings.max_node_failures
         info = self._nodes.get(node_id)
-        name = info.name if info is not None else node_id
-        if limit <= 0 or count < limit:
-            self._say(f"rendezvous: node {name} blamed for a straggler ({count} of --max-node-failures {limit}): {why}")
-            return
-        if len(self._members) - 1 < self._settings.min_nodes and not self._spares:
-            self._say(f"rendezvous: node {name} is a straggler again ({why}), but the job cannot go on without it "
-                      f"({len(self._members)} nodes, at least {self._settings.min_nodes}, no spare): it stays")
-            return
-        reason = f"blamed for {count} stragglers (--max-node-failures {limit}); the last: {why}"
-        with contextlib.suppress(StoreUnavailable, NotCoordinator):
-            await self._put(self._keys.unhealthy_node(node_id), unhealthy_value(reason))
+        verdict = self._account.straggler(node_id, info.name if info is not None else node_id, why,
+                                          members=len(self._members), spares=bool(self._spares))
+        if isinstance(verdict, Warned):
+            self._say(verdict.line)
+        elif isinstance(verdict, Reported):
+            with contextlib.suppress(StoreUnavailable, NotCoordinator):
+                await self._put(self._keys.unhealthy_node(node_id), unhealthy_value(verdict.reason))
 
     async def _finish(self, step: Finish) -> None:
         await self._stop_check()
-        self._blamed(step.blamed)
+        self._account.blamed(step.blamed)
         await self._exclude(step.excluded)
         first = first_failure(self._results.values())  # picked once: the cause's words and its root are one failure's
         cause = first.summary if first is not None else ""
@@ -427,7 +393,7 @@ class Coordinator:
         if self._phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
             failure, lost = failure or self._news[1], lost or self._news[2]
         word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded,
-                         failure, lost, tuple(self._exclusions))
+                         failure, lost, tuple(self._account.exclusions))
         await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, word.value())
         self._phase = Phase.ENDED
@@ -439,7 +405,7 @@ class Coordinator:
             return
         for node_id in arrived:
             if node_id in self._nodes and node_id not in self._member_set and node_id not in self._spares \
-                    and node_id not in self._excluded:
+                    and node_id not in self._account.excluded:
                 self._spares.add(node_id)
                 await self._put(self._keys.assign(node_id), Spare(self._round).value())
 
