@@ -87,7 +87,6 @@ class Coordinator:
         before_round: Callable[[], Awaitable[None]],
         now: Callable[[], float] | None = None,
         leader: str | None = None,
-        lease: int = 0,
         fence: Callable[[str, bytes], Awaitable[bool]] | None = None,
         why_gone: Callable[[str], str] | None = None,
         say: Callable[[str], None] | None = None,
@@ -96,8 +95,8 @@ class Coordinator:
         self._keys = keys
         self._settings = settings
         self._leader = leader  # this coordinator's own node: group rank 0, with the worker store
-        self._lease = lease  # what the keys it writes are bound to (0: none; a shared store: the job lease)
-        # an elected coordinator writes only while it still holds the election (False: it does not)
+        # an elected coordinator (a shared store) writes only while it still holds the election (False: it does not),
+        # each key bound to the job lease; without one, a key is written as it is, bound to no lease
         self._fence = fence
         # a store in this process (the hosting agent's in-memory one), unfenced: a write never suspends, so a round's
         # writes need no concurrency
@@ -177,7 +176,7 @@ class Coordinator:
 
     async def _put(self, key: str, value: bytes) -> None:
         if self._fence is None:
-            await self._store.put(key, value, lease=self._lease)
+            await self._store.put(key, value)
         elif not await self._fence(key, value):
             raise NotCoordinator("this node no longer holds the coordinator key (its lease ended): another node coordinates")
 

@@ -392,7 +392,7 @@ async def _open_etcd(
 
         gone = f"its etcd lease ended (no keep-alive for {lease_ttl:g} s, or it left)"
         session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: (addr, port),
-                                          before_round=worker_store.reset, leader=member.info.id, lease=job_id, fence=fence,
+                                          before_round=worker_store.reset, leader=member.info.id, fence=fence,
                                           why_gone=lambda _key: gone, say=say)
         try:
             await session.coordinator.run()
