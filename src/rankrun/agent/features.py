@@ -23,7 +23,7 @@ from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import StopStream
 from rankrun.rendezvous import netcheck
 from rankrun.report.failure import node_summary, root_cause
-from rankrun.spec import EntryKind, LaunchSpec, on_etcd, rendezvous_name
+from rankrun.spec import EntryKind, LaunchSpec, rendezvous_name
 from rankrun.stacks.exchange import Exchange
 from rankrun.store.api import StoreUnavailable
 
@@ -42,11 +42,11 @@ if TYPE_CHECKING:
 async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, *,
                      sick: str | None) -> AsyncIterator[Rounds]:
     """Several nodes, for the session's life: ``sick``, why this node's check before joining failed."""
-    member, etcd = session.member, on_etcd(spec.rendezvous)
+    member = session.member
     address = member.info.addr or session.address
     news = NewsEvents(deps.events)
     gate = HealthGate(lambda: unhealthy(spec, deps, stops), first=False, sick=sick, report=member.report_unhealthy)
-    relay = NodeRelay(spec, deps.console.say, hosting=session.coordinator is not None and not etcd, address=address)
+    relay = NodeRelay(spec, deps.console.say, hosting=session.hosting, relayable=session.relayable, address=address)
     host = session.coordinator is not None  # the host of the workers' store says if it cannot hold them
     features: list[Feature] = [gate]
     try:
@@ -54,8 +54,8 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
             if probe is not None:
                 features.append(NetworkCheck(spec, deps, stops, session, probe))
             if host:
-                features.append(OpenFiles(deps.console.say, spec, nodes=0 if etcd else None,
-                                          relaying=lambda word: relays.wanted(spec, word)))
+                features.append(OpenFiles(deps.console.say, spec, nodes=None if session.hosting else 0,
+                                          relaying=lambda word: relays.wanted(spec, word, relayable=session.relayable)))
             env = WorkerEnv(await _collective_env(spec, deps, session.address))
             features += [news, env, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
                          MemberReport(spec, deps, member)]

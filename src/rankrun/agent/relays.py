@@ -1,8 +1,9 @@
 """This node's store relay (``--store-relays``, ``workerstore.relay``): started for the first round that wants it, on
 this node's own address, kept for the session, and named to the workers as MASTER_ADDR/MASTER_PORT.
 
-The node hosting the workers' store never relays (its workers connect to the store directly), nor does a node on etcd
-(the store is then a coordinator's own, on a port of its own that only speaks torch's protocol). A relay that cannot
+The node hosting the workers' store never relays (its workers connect to the store directly), nor does a node whose
+session says its backend does not let them (``Session.relayable``: on etcd the store is a coordinator's own, on a port
+of its own that only speaks torch's protocol). A relay that cannot
 be started is said, and the node's workers connect to the host directly (what they would do without relays).
 """
 
@@ -15,13 +16,14 @@ from rankrun.agent.round import Feature, Round
 from rankrun.errors import StoreError
 from rankrun.fdlimit import nofile, relays_wanted
 from rankrun.rendezvous.keys import Assignment
-from rankrun.spec import LaunchSpec, on_etcd
+from rankrun.spec import LaunchSpec
 from rankrun.workerstore.relay import StoreRelay
 
 
-def wanted(spec: LaunchSpec, word: Assignment) -> bool:
-    """Whether this job's nodes relay in ``word``'s round (``fdlimit.relays_wanted`` on this node's limits)."""
-    if on_etcd(spec.rendezvous):
+def wanted(spec: LaunchSpec, word: Assignment, *, relayable: bool) -> bool:
+    """Whether this job's nodes relay in ``word``'s round (``fdlimit.relays_wanted`` on this node's limits);
+    ``relayable``: whether the session's backend lets them (``Session.relayable``: not on etcd)."""
+    if not relayable:
         return False
     soft, hard = nofile()
     return relays_wanted(spec.store.relays, world_size=word.ranks.world_size, nodes=word.group_world_size,
@@ -32,10 +34,11 @@ class NodeRelay(Feature):
     """``master(word)``: where this node's workers reach the store in ``word``'s round (as a round-level feature: the
     round's ``master``, while it is served); ``close()`` at the end."""
 
-    def __init__(self, spec: LaunchSpec, say: Callable[[str], None], *, hosting: bool, address: str) -> None:
+    def __init__(self, spec: LaunchSpec, say: Callable[[str], None], *, hosting: bool, relayable: bool,
+                 address: str) -> None:
         self._spec = spec
         self._say = say
-        self._hosting = hosting
+        self._hosting, self._relayable = hosting, relayable
         self._address = address
         self._relay: StoreRelay | None = None
         self._said_etcd = False
@@ -48,11 +51,11 @@ class NodeRelay(Feature):
 
     async def master(self, word: Assignment) -> tuple[str, int]:
         upstream = (word.master_addr, word.master_port)
-        if on_etcd(self._spec.rendezvous) and self._spec.store.relays and not self._said_etcd:
+        if not self._relayable and self._spec.store.relays and not self._said_etcd:
             self._said_etcd = True
             self._say("--store-relays: not with the etcd rendezvous (the store is a node's own, reached on a port that "
                       "speaks only torch's protocol); this node's workers connect to it directly")
-        if self._hosting or not wanted(self._spec, word):
+        if self._hosting or not wanted(self._spec, word, relayable=self._relayable):
             return upstream
         relay = self._relay
         if relay is not None and relay.upstream == upstream:
