@@ -170,3 +170,30 @@ def test_the_open_files_line_is_said_once_before_the_first_round(monkeypatch):
 
 def _spec(nproc: int) -> LaunchSpec:
     return spec_from_args(["--nproc-per-node", str(nproc), "--no-python", "true"], {"PATH": "/usr/bin"})
+
+
+def test_one_nodes_open_files_line_counts_its_own_workers_and_no_nodes(monkeypatch):
+    calls: list[tuple[int, int, int]] = []
+
+    def job_fits(*, world_size: int, nodes: int, local_workers: int) -> str | None:
+        calls.append((world_size, nodes, local_workers))
+        return None
+
+    monkeypatch.setattr(round_module, "job_fits", job_fits)
+    monkeypatch.setattr(round_module, "listen_fits", lambda *, world_size: f"listen queue short of {world_size}")
+    feature = OpenFiles(print, _spec(3), nodes=0)
+    assert feature.lines(None) == ["listen queue short of 3"]
+    assert calls == [(3, 0, 3)]
+
+
+def test_a_host_whose_nodes_relay_says_the_relays_budget_instead(monkeypatch):
+    budgets: list[dict[str, object]] = []
+
+    def relay_budget(**kw: object) -> list[str]:
+        budgets.append(kw)
+        return ["one connection per node"]
+
+    monkeypatch.setattr(round_module, "relay_budget", relay_budget)
+    feature = OpenFiles(print, _spec(4), nodes=None, relaying=lambda word: word.round == 3)
+    assert feature.lines(_place(3)) == ["one connection per node"]
+    assert budgets == [{"world_size": 8, "nodes": 2, "local_workers": 4, "asked": False}]
