@@ -1,3 +1,11 @@
 """The agent. One node: its restart loop (``loop``: plan → env → worker group → decide → report). Several nodes: their
 own loop of rounds (``multinode``), inside a rendezvous session (``rendezvous.session``), where the coordinator decides
-each round (``rendezvous.round``, with the same ``policy.decide``). Either way, each attempt is ``attempt``."""
+each round (``rendezvous.round``, with the same ``policy.decide``). Either way, each attempt is ``attempt``.
+
+Around them: ``deps`` (the seams the agent acts through), ``plan`` (one attempt's plan, pure), ``ranks`` (the workers'
+identities, pure), ``env`` (a worker's torchrun variables, pure), ``race`` (racing awaitables). A round's seam is
+``round`` (``RoundWatch``); its features are listed in ``features``, with ``gate`` (``--health-check``) and ``relays``
+(``--store-relays``). An attempt's seam is ``watch`` (``AttemptWatch``); its observers are ``stall``
+(``--hang-timeout``), ``startup`` (the start-up timeline) and ``straggle`` (``--straggler-window``; several nodes'
+round adds ``straggle_job``). The job's event stream: ``facts`` (the lifecycle facts, pure), ``observers`` (the
+consumers the options ask for), ``lines`` (the console's lines that say a fact)."""

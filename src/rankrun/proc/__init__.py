@@ -4,4 +4,8 @@ Three modules outside it run a process of their own: ``rankrun.api.launch`` star
 process, and interrupts, kills and waits for it there; ``rankrun.devices`` runs ``nvidia-smi -L``;
 ``rankrun.health.check`` runs the ``--health-check`` command in a process group of its own and kills that group.
 Each use is allowed by name in ``tests/unit/test_claims.py``.
+
+``spawn`` starts the workers, ``group`` supervises one group to its end, ``output`` reads a worker's pipe or
+terminal, ``terminal`` relays the user's terminal to an interactive worker, ``signals`` and ``early`` take the handled
+signals (from the launcher's first instant), and ``watchdog`` kills the workers if the launcher dies.
 """
