@@ -468,3 +468,39 @@ def test_the_std_write_check_does_not_see_what_is_not_there(tmp_path, source):
     path = tmp_path / "snippet.py"
     path.write_text(source + "\n")
     assert not _writes_std(path)
+
+
+def _emits(node: ast.AST) -> bool:
+    """An event emitted, or the means to: ``<stream>.emit`` called or handed on (``deps.events.emit``,
+    ``self._events.emit``, ``emit = stream.emit``), or asked for by name (``getattr(stream, "emit")``)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "emit"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and any(isinstance(a, ast.Constant) and a.value == "emit" for a in node.args))
+
+
+def test_only_the_agent_emits_events():
+    """events/stream.py: the stream is handed to the agent, which emits each fact where it decides it; the rendezvous,
+    the report and every other package are handed what they judge and never see the stream."""
+    outside = {m for m in _modules_where(_emits) | _modules_where(_imports_module("rankrun.events.stream"))
+               if not m.startswith("agent/")}
+    assert outside == set(), f"the event stream emitted (or imported) outside agent/: {sorted(outside)}"
+    assert "agent/watch.py" in _modules_where(_emits)  # the check sees the agent's own
+
+
+@pytest.mark.parametrize("source", [
+    "def f(deps):\n    deps.events.emit(record)",
+    "class W:\n    def f(self):\n        self._events.emit(record)",
+    "def f(stream):\n    say = stream.emit\n    say(record)",
+    "def f(stream):\n    getattr(stream, 'emit')(record)",
+])
+def test_the_emit_check_sees_each_form(source):
+    assert any(_emits(node) for node in ast.walk(ast.parse(source)))
+
+
+@pytest.mark.parametrize("source", [
+    "class H:\n    def emit(self, record):\n        pass",  # a logging handler's own method, defined not called
+    "def f(self):\n    self._emit('SUCCEEDED')",  # torchelastic's lines: a function of their own
+])
+def test_the_emit_check_does_not_see_what_is_not_there(source):
+    assert not any(_emits(node) for node in ast.walk(ast.parse(source)))
