@@ -14,7 +14,8 @@ caller, as Python APIs do::
     │   └── NotSupportedYetError      2   a valid request this version cannot serve
     ├── NodeExcluded                  4   this node is unhealthy (its check, or blamed too often): drain or reschedule it
     └── LauncherError                 3   the launcher's own machinery failed
-        ├── StoreError                3   a listening socket could not be bound (``rankrun.listen``)
+        ├── StoreError                3   a listening socket could not be bound (``rankrun.listen``), or a store relay
+        │                                 could not serve its node's workers (``workerstore.relay``)
         ├── SpawnError                3   a worker process could not be started
         └── StoreUnavailable          3   the rendezvous store cannot be reached, or the connection was lost
             ├── AuthenticationFailed  3   the two sides do not share this job's secret (or etcd refused the user)
@@ -116,7 +117,10 @@ class LauncherError(RankrunError):
 
 
 class StoreError(LauncherError):
-    """A listening socket could not be bound (``rankrun.listen``: the workers' TCPStore, the rendezvous endpoint)."""
+    """A listening socket could not be bound (``rankrun.listen``: the workers' TCPStore, the rendezvous endpoint, the
+    probe and metrics endpoints, a store relay's port), or a node's store relay could not serve its workers
+    (``workerstore.relay``: the host's store could not be reached or refused the relay, or the relay ran out of
+    connection ids)."""
 
 
 class SpawnError(LauncherError):

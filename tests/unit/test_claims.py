@@ -504,3 +504,57 @@ def test_the_emit_check_sees_each_form(source):
 ])
 def test_the_emit_check_does_not_see_what_is_not_there(source):
     assert not any(_emits(node) for node in ast.walk(ast.parse(source)))
+
+
+# errors.py: who raises StoreError, each named in its docstring. A listening socket that cannot be bound
+# (rankrun.listen: the workers' TCPStore, the rendezvous endpoint, the probe and metrics endpoints, a store relay's port);
+# a store relay that cannot reach the host's store, is refused by it, or runs out of connection ids (workerstore.relay)
+STORE_ERROR_RAISERS = {"listen.py": "rankrun.listen", "workerstore/relay.py": "workerstore.relay"}
+
+
+def _makes_store_error(path: Path) -> bool:
+    """Whether the module raises a ``StoreError``: one made (``StoreError(...)``, ``errors.StoreError(...)``, under
+    another name it was imported as), or the class raised bare."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = _imported_names(tree)
+    aliases = {"StoreError", "rankrun.errors.StoreError"} | {local for local, full in names.items()
+                                                              if full == "rankrun.errors.StoreError"}
+
+    def is_it(node: ast.expr | None) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in aliases or names.get(node.id) in aliases
+        return isinstance(node, ast.Attribute) and node.attr == "StoreError"
+
+    return any((isinstance(n, ast.Call) and is_it(n.func)) or (isinstance(n, ast.Raise) and is_it(n.exc))
+               for n in ast.walk(tree))
+
+
+def test_store_error_is_raised_where_errors_says():
+    raisers = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if p.name != "errors.py" and _makes_store_error(p)}
+    assert raisers == set(STORE_ERROR_RAISERS), "StoreError raised elsewhere than errors.py says (or no longer there)"
+    errors = ast.parse((SRC / "errors.py").read_text())
+    said = next(ast.get_docstring(n) or "" for n in ast.walk(errors) if isinstance(n, ast.ClassDef) and n.name == "StoreError")
+    assert [m for m in STORE_ERROR_RAISERS.values() if f"``{m}``" not in said] == [], "StoreError's docstring names them"
+
+
+@pytest.mark.parametrize("source", [
+    "from rankrun.errors import StoreError\nraise StoreError('cannot listen')",
+    "from rankrun.errors import StoreError as Bad\ndef f():\n    raise Bad('x') from None",
+    "from rankrun import errors\nraise errors.StoreError('x')",
+    "import rankrun.errors\nexc = rankrun.errors.StoreError('x')",
+    "from rankrun.errors import StoreError\nraise StoreError",
+])
+def test_the_store_error_check_sees_each_form(tmp_path, source):
+    path = tmp_path / "snippet.py"
+    path.write_text(source + "\n")
+    assert _makes_store_error(path)
+
+
+@pytest.mark.parametrize("source", [
+    "from rankrun.errors import StoreError\ntry:\n    f()\nexcept StoreError as exc:\n    print(exc)",  # caught, not raised
+    "from rankrun.errors import StoreUnavailable\nraise StoreUnavailable('x')",
+])
+def test_the_store_error_check_does_not_see_what_is_not_there(tmp_path, source):
+    path = tmp_path / "snippet.py"
+    path.write_text(source + "\n")
+    assert not _makes_store_error(path)
