@@ -198,26 +198,138 @@ def test_the_check_does_not_see_what_is_not_there(tmp_path, source):
 
 
 def test_the_exception_tree_in_errors_is_the_whole_tree():
+    """errors.py's drawing is the tree: every exception class of rankrun's tree, found by walking the classes' bases
+    from errors.py's own (so a subclass of ``WorkerError`` or ``NodeExcluded`` anywhere is in it), is drawn under its
+    base, with its exit code, and nothing else is drawn."""
     import rankrun.errors  # noqa: PLC0415
 
-    drawn = ast.get_docstring(ast.parse((SRC / "errors.py").read_text())) or ""
-    missing = []
-    for path in sorted(SRC.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and node.name not in drawn and _derives_from_the_tree(node):
-                missing.append(f"{path.relative_to(SRC)}: {node.name}")
-    assert missing == [], "exceptions missing from the tree in errors.py"
+    tree = _exception_tree([(path, _module_of(path)) for path in sorted(SRC.rglob("*.py"))])
+    short = {name.rpartition(".")[2]: name for name in tree}
+    assert len(short) == len(tree), "two classes of the tree share a name: the drawing cannot tell them apart"
+    drawn = _drawn_tree(ast.get_docstring(ast.parse((SRC / "errors.py").read_text())) or "")
+    found = {name.rpartition(".")[2]: (base.rpartition(".")[2], _exit_code(name)) for name, base in tree.items()}
+    assert drawn == found, "errors.py's tree (name: base, exit code) differs from the classes'"
     assert issubclass(rankrun.errors.RendezvousClosed, rankrun.errors.LauncherError)
 
 
-_TREE = {"RankrunError", "UsageError", "ArgumentError", "NotSupportedYetError", "LauncherError", "StoreError", "SpawnError",
-         "StoreUnavailable", "AuthenticationFailed", "LeaseLost", "Compacted", "NotCoordinator", "RendezvousClosed",
-         "RendezvousHeld", "EtcdError"}
+def _module_of(path: Path, root: Path = SRC) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _derives_from_the_tree(node: ast.ClassDef) -> bool:
-    """A class whose base is one of the tree's (by name: the tree's names are unique in rankrun)."""
-    return any(isinstance(b, ast.Name) and b.id in _TREE for b in node.bases)
+def _exception_tree(modules: list[tuple[Path, str]]) -> dict[str, str]:
+    """Every class whose bases reach rankrun.errors' exceptions, by its dotted name, with the base that does (dotted;
+    ``Exception`` for the tree's root): each base resolved through its module's imports, whatever it is called there."""
+    bases: dict[str, list[str]] = {}
+    reexported: dict[str, str] = {}  # a name a module imported, as another module reaches it: store.api.StoreUnavailable
+    for path, module in modules:
+        syntax = ast.parse(path.read_text(), str(path))
+        names = _imported_names(syntax)
+        reexported |= {f"{module}.{local}": full for local, full in names.items()}
+        local = {n.name for n in ast.walk(syntax) if isinstance(n, ast.ClassDef)}
+
+        def resolve(node: ast.expr, names: dict[str, str] = names, local: set[str] = local, module: str = module) -> str:
+            if isinstance(node, ast.Name):
+                return names.get(node.id) or (f"{module}.{node.id}" if node.id in local else node.id)
+            if isinstance(node, ast.Attribute):
+                return f"{resolve(node.value)}.{node.attr}"
+            return ""
+
+        for node in ast.walk(syntax):
+            if isinstance(node, ast.ClassDef):
+                bases[f"{module}.{node.name}"] = [resolve(b) for b in node.bases]
+    for of in bases.values():
+        of[:] = [_origin(base, reexported, bases) for base in of]
+    tree: dict[str, str] = {}
+    grew = True
+    while grew:  # errors.py's classes down from Exception, then whatever derives from one of the tree's, at any depth
+        before = len(tree)
+        for name, of in bases.items():
+            base = next((b for b in of if b in tree or (b == "Exception" and name.startswith("rankrun.errors."))), None)
+            if base is not None and name not in tree:
+                tree[name] = base
+        grew = len(tree) > before
+    return tree
+
+
+def _origin(name: str, reexported: dict[str, str], classes: dict[str, list[str]]) -> str:
+    """Where a name a module imported comes from, through every module that imported it in turn."""
+    while name in reexported and name not in classes:
+        name = reexported[name]
+    return name
+
+
+_TREE_LINE = re.compile(r"^[\s│]*(?:[├└]── )?(?P<name>\w+)\s+(?P<code>\d+)\s")
+
+
+def _drawn_tree(docstring: str) -> dict[str, tuple[str, int | None]]:
+    """errors.py's drawing read back: each class's base (the nearest line above drawn further left) and exit code."""
+    drawn: dict[str, tuple[str, int | None]] = {}
+    lines = docstring.splitlines()
+    root = next(i for i, line in enumerate(lines) if line.split()[:1] == ["RankrunError"])
+    above = [(lines[root].index("RankrunError"), "RankrunError")]  # (column, name) of the lines drawn above
+    drawn["RankrunError"] = ("Exception", None)
+    for line in lines[root + 1:]:
+        if not line.strip():
+            break
+        if (match := _TREE_LINE.match(line)) is None:
+            continue  # a description's second line
+        column = match.start("name")
+        while above[-1][0] >= column:
+            above.pop()
+        drawn[match["name"]] = (above[-1][1], int(match["code"]))
+        above.append((column, match["name"]))
+    return drawn
+
+
+def _exit_code(name: str) -> int | None:
+    import importlib  # noqa: PLC0415
+
+    module, _, cls = name.rpartition(".")
+    return None if cls == "RankrunError" else getattr(importlib.import_module(module), cls).exit_code
+
+
+def test_the_exception_tree_is_found_by_walking_it(tmp_path):
+    """A subclass of any class of the tree, anywhere, under any name, is found; an exception outside it is not."""
+    (tmp_path / "rankrun").mkdir()
+    mine, again = tmp_path / "rankrun" / "mine.py", tmp_path / "rankrun" / "again.py"
+    mine.write_text("from rankrun.errors import WorkerError\nfrom rankrun import errors as e\n"
+                    "class Mine(WorkerError): ...\nclass Deeper(Mine): ...\nclass Excluded(e.NodeExcluded): ...\n"
+                    "class NotOurs(ValueError): ...\nclass Mixed(KeyError, Deeper): ...\n")
+    again.write_text("from rankrun.mine import Mine as Base\nclass Again(Base): ...\n")  # a base imported from its module
+    tree = _exception_tree([(SRC / "errors.py", "rankrun.errors"), (mine, _module_of(mine, tmp_path / "rankrun")),
+                            (again, _module_of(again, tmp_path / "rankrun"))])
+    assert {n: b for n, b in tree.items() if not n.startswith("rankrun.errors.")} == {
+        "rankrun.mine.Mine": "rankrun.errors.WorkerError", "rankrun.mine.Deeper": "rankrun.mine.Mine",
+        "rankrun.mine.Excluded": "rankrun.errors.NodeExcluded", "rankrun.mine.Mixed": "rankrun.mine.Deeper",
+        "rankrun.again.Again": "rankrun.mine.Mine"}
+    assert tree["rankrun.errors.LeaseLost"] == "rankrun.errors.StoreUnavailable"
+    assert tree["rankrun.errors.RankrunError"] == "Exception"
+
+
+def test_a_base_re_exported_by_another_module_is_followed(tmp_path):
+    """store/etcd/gateway.py's EtcdError derives from StoreUnavailable as store/api.py re-exports it."""
+    (tmp_path / "rankrun").mkdir()
+    api, gateway = tmp_path / "rankrun" / "api.py", tmp_path / "rankrun" / "gateway.py"
+    api.write_text("from rankrun.errors import StoreUnavailable\n")
+    gateway.write_text("from rankrun.api import StoreUnavailable\nclass EtcdError(StoreUnavailable): ...\n")
+    tree = _exception_tree([(SRC / "errors.py", "rankrun.errors"), (api, "rankrun.api"), (gateway, "rankrun.gateway")])
+    assert tree["rankrun.gateway.EtcdError"] == "rankrun.errors.StoreUnavailable"
+
+
+def test_the_drawing_is_read_back_as_drawn():
+    drawing = """Tree::
+
+    RankrunError                      exit_code
+    ├── UsageError                    2   bad flag
+    │   └── ArgumentError             2   argparse's
+    │                                     own message, a second line
+    └── LauncherError                 3   the launcher's
+        └── Mine                      7   a subclass
+"""
+    assert _drawn_tree(drawing) == {"RankrunError": ("Exception", None), "UsageError": ("RankrunError", 2),
+                                    "ArgumentError": ("UsageError", 2), "LauncherError": ("RankrunError", 3),
+                                    "Mine": ("LauncherError", 7)}
 
 
 def test_exit_codes_are_chosen_in_one_place():
