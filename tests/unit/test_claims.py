@@ -670,3 +670,32 @@ def test_the_store_error_check_does_not_see_what_is_not_there(tmp_path, source):
     path = tmp_path / "snippet.py"
     path.write_text(source + "\n")
     assert not _makes_store_error(path)
+
+
+_PROCESS_POWERS = ("os.killpg", "os.kill", "os.waitpid", "os.fork", "subprocess_exec", "subprocess", ".send_signal")
+
+
+def _unnamed_users(docstring: str, users: set[str]) -> list[str]:
+    """The modules of ``users`` (paths below rankrun) that ``docstring`` does not name, as ``a.b`` or ``rankrun.a.b``."""
+    named = set(re.findall(r"``(?:rankrun\.)?([\w.]+)``", docstring))
+    return sorted(u for u in users if u.removesuffix(".py").removesuffix("/__init__").replace("/", ".") not in named)
+
+
+@pytest.mark.parametrize(("holder", "users"), [
+    # listen.py's list of its users: every module that imports it
+    ("listen.py", lambda: _modules_where(_imports_module("rankrun.listen"))),
+    # proc/__init__.py's modules outside it that run a process of their own: every user of a process power but proc/
+    ("proc/__init__.py", lambda: {m for p in _PROCESS_POWERS for m in _users()[p] if not m.startswith("proc/")}),
+])
+def test_the_users_a_docstring_lists_are_all_there(holder, users):
+    found = users()
+    assert found, "the check finds no user at all"
+    docstring = ast.get_docstring(ast.parse((SRC / holder).read_text())) or ""
+    assert _unnamed_users(docstring, found) == [], f"{holder}'s docstring does not name them"
+
+
+def test_the_users_check_sees_one_unnamed():
+    said = "Used by the TCPStore (``workerstore.tcpstore``) and ``rankrun.health.probe``; relay.py too."
+    assert _unnamed_users(said, {"workerstore/tcpstore.py", "health/probe.py", "workerstore/relay.py"}) == [
+        "workerstore/relay.py"]
+    assert _unnamed_users("``rankrun.proc``", {"proc/__init__.py"}) == []

@@ -1,9 +1,11 @@
 """Processes: the only package that starts workers, and the only one that signals or reaps the launcher's processes.
 
-Three modules outside it run a process of their own: ``rankrun.api.launch`` starts the launcher from the caller's
+Outside it, these modules run a process of their own: ``rankrun.api.launch`` starts the launcher from the caller's
 process, and interrupts, kills and waits for it there; ``rankrun.devices`` runs ``nvidia-smi -L``;
-``rankrun.health.check`` runs the ``--health-check`` command in a process group of its own and kills that group.
-Each use is allowed by name in ``tests/unit/test_claims.py``.
+``rankrun.health.check`` runs the ``--health-check`` command in a process group of its own and kills that group;
+``rankrun.health.isolate`` (``python -m rankrun.health``) forks each probe in a process group of its own, runs
+``nvidia-smi`` there, and kills and reaps the group at its timeout. Each use is allowed by name in
+``tests/unit/test_claims.py``, which also checks that this list names every one.
 
 ``spawn`` starts the workers, ``group`` supervises one group to its end, ``output`` reads a worker's pipe or
 terminal, ``terminal`` relays the user's terminal to an interactive worker, ``signals`` and ``early`` take the handled
