@@ -2,9 +2,11 @@
 
 ``worker_env`` is a pure function: the same inputs give the same mapping, pinned by a
 golden test. The rules follow torchrun 2.13 exactly (the launcher's environment, then the
-identity variables); see ``docs/design.md``. rankrun's own features add a few variables of theirs on top (the
-stack dump channel's, ``stacks.channel.channel_env``; the Flight Recorder's, ``stacks.flight.flight_env``),
-composed by the attempt's watch (``agent.watch.AttemptWatch.env``).
+identity variables); see ``docs/design.md``. rankrun's own features add a few variables of theirs on top: the
+round's, the same for every worker (``AttemptContext.extra``: GLOO/NCCL_SOCKET_IFNAME, ``agent.features.WorkerEnv``),
+then each worker's, composed by the attempt's watch (``agent.watch.observed_env``): the stack dump channel's
+(``stacks.channel.channel_env``), the Flight Recorder's (``stacks.flight.flight_env``) and, with
+``--straggler-window`` on, the shim's arrivals file and period (``stacks.channel.arrivals_env``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The observers of the running workers, in one place: what looks at an attempt without steering it.
+"""The observers of one attempt's running workers, in one object: what looks at an attempt without steering it.
+
+The round's own (the stacks exchange and the job's straggler watch of several nodes) are ``agent.features``'
+``JobView``; the job's consumers of its event stream are ``agent.observers``'.
 
 ``OnDemand`` lives as long as the job on this node (``AgentDeps.on_demand``). It answers ``rankrun --stacks`` with
 the running workers' stacks (the whole job's, through the round's exchange, while ``round`` holds one), or says what
