@@ -6,6 +6,6 @@ Around them: ``deps`` (the seams the agent acts through), ``plan`` (one attempt'
 identities, pure), ``env`` (a worker's torchrun variables, pure), ``race`` (racing awaitables). A round's seam is
 ``round`` (``RoundWatch``); its features are listed in ``features``, with ``gate`` (``--health-check``) and ``relays``
 (``--store-relays``). An attempt's seam is ``watch`` (``AttemptWatch``); its observers are ``stall``
-(``--hang-timeout``), ``startup`` (the start-up timeline) and ``straggle`` (``--straggler-window``; several nodes'
-round adds ``straggle_job``). The job's event stream: ``facts`` (the lifecycle facts, pure), ``observers`` (the
-consumers the options ask for), ``lines`` (the console's lines that say a fact)."""
+(``--hang-timeout``), ``startup`` (the start-up timeline) and ``stragglers/`` (``--straggler-window``: the attempt's
+watch; several nodes' round adds the job's, ``JobView``'s). The job's event stream: ``facts`` (the lifecycle facts,
+pure), ``observers`` (the consumers the options ask for), ``lines`` (the console's lines that say a fact)."""
