@@ -175,16 +175,7 @@ class _Acceptor:
     def _serve(self, conn: socket.socket, addr: object) -> None:
         conn.setblocking(False)
         make = self._make
-        if self._poller is not None:
-            try:
-                protocol = self._factory()
-            except Exception as exc:  # a protocol factory that failed: this connection only
-                logger.debug("closing accepted connection from %s: %r", addr, exc)
-                conn.close()
-                return
-            self._poller.serve(conn, protocol, addr)
-            return
-        if make is None:
+        if self._poller is None and make is None:
             self._loop.create_task(self._adopt(conn))
             return
         try:
@@ -193,6 +184,10 @@ class _Acceptor:
             logger.debug("closing accepted connection from %s: %r", addr, exc)
             conn.close()
             return
+        if self._poller is not None:
+            self._poller.serve(conn, protocol, addr)
+            return
+        assert make is not None
         try:
             make(conn, protocol, extra={"peername": addr}, server=self._server)
         except TypeError:  # its signature changed after all: the public path from now on (a fresh protocol)
