@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import re
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rankrun.events import schema_path
+from rankrun.events import records, schema_path
 from rankrun.events.log import _json, encode
 from rankrun.events.records import (
     COMMON,
@@ -29,6 +30,7 @@ from rankrun.events.records import (
     Record,
     Restart,
     Stall,
+    Stamp,
     Startup,
     StragglerEvent,
     WorkersEnd,
@@ -87,6 +89,21 @@ def test_every_event_of_the_schema_has_a_record_and_a_sample():
     assert {type(f) for f in FACTS} == set(EVENTS)
     assert set(SCHEMA["properties"]["event"]["enum"]) == set(EVENTS.values())
     assert len(SCHEMA["oneOf"]) == len(EVENTS)
+
+
+def test_the_four_stamp_fields_are_declared_once_and_end_every_record():
+    """``Stamp`` says them; each record adds them after its own keys, keyword or position alike."""
+    assert COMMON == ("ts", "mono", "run", "node")
+    for kind in EVENTS:
+        assert issubclass(kind, Stamp)
+        assert kind.__match_args__ == (*keys(kind), *COMMON)
+    tree = ast.parse(Path(records.__file__).read_text())
+    declared = [node.target.id for node in ast.walk(tree) if isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name) and node.target.id in COMMON]
+    assert declared == list(COMMON)
+    stamped = JobEnd(0, "succeeded", ts=1.5, mono=2.5, run="r", node="n")
+    assert (stamped.ts, stamped.mono, stamped.run, stamped.node) == (1.5, 2.5, "r", "n")
+    assert JobEnd(0, "succeeded") == JobEnd(0, "succeeded", ts=0.0, mono=0.0, run="", node="")
 
 
 @pytest.mark.parametrize("kind", list(EVENTS), ids=list(EVENTS.values()))

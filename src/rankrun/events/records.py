@@ -1,33 +1,70 @@
 """The job's lifecycle facts, one frozen record per event of schema version 1 (docs/observing.md, schema.json).
 
-A producer builds a record with the event's own keys only; the job's ``EventStream`` stamps the four keys every
-event has (``ts``, ``mono``, ``run``, ``node``: the trailing fields, which a producer leaves at their defaults) and
-hands the stamped record to each consumer. ``as_json`` is the schema's object for a record and ``from_json`` its
-inverse (for a reader of the events file). Ranks are range strings (``ranges.range_string``), never one event per
-rank; a failure's root cause and a straggler are one rank each. The free text that comes from a user's program or
-machines (a failure's exception, a stall's title, a straggler's line with its host) is cut to ``TEXT_LIMIT``
-characters in the JSON, so that a line stays short enough for a pipe to take whole.
+A producer builds a record with the event's own keys only; the job's ``EventStream`` stamps the four keys every event
+has (``ts``, ``mono``, ``run``, ``node``: ``Stamp``'s fields, declared there once, the trailing fields of every
+record, which a producer leaves at their defaults) and hands the stamped record to each consumer. ``as_json`` is the
+schema's object for a record and ``from_json`` its inverse (for a reader of the events file). Ranks are range strings
+(``ranges.range_string``), never one event per rank; a failure's root cause and a straggler are one rank each. The
+free text that comes from a user's program or machines (a failure's exception, a stall's title, a straggler's line
+with its host) is cut to ``TEXT_LIMIT`` characters in the JSON, so that a line stays short enough for a pipe to take
+whole.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from dataclasses import field
+from typing import Any, Literal, TypeVar, dataclass_transform
 
 from rankrun.record import record
 
 VERSION = 1
-COMMON = ("ts", "mono", "run", "node")  # every record's last four fields, in this order; the emitter's to fill
 TEXT_LIMIT = 500  # characters of ``Failure.exception``, ``Stall.title``, ``StragglerEvent.line`` in the JSON (maxLength)
 REASON_LIMIT = 200  # characters of ``Restart.reason`` in the JSON (schema.json's maxLength)
 
 WorkersOutcome = Literal["succeeded", "failed", "stopped", "interrupted", "moved_on", "stalled"]
 JobOutcome = Literal["succeeded", "failed", "interrupted", "error"]
 StragglerVerdict = Literal["named", "recovered"]
+_T = TypeVar("_T", bound=type)
 
 
-@record
-class JobStart:
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def _event(cls: _T) -> _T:
+    """``cls`` as a record of its own keys followed by the stamp's four (``Stamp``'s fields, said there once).
+
+    ``@record`` takes no fields from a base, so the stamp's are added to each event's own here; the type checker reads
+    them from the base, keyword-only, which is how producers and readers pass them. ``Stamp`` itself is left as it is.
+    """
+    common = next((base.__dict__["_fields"] for base in cls.__mro__[1:] if "_fields" in base.__dict__), None)
+    if common is None:  # the stamp: its fields, with their defaults, for the events that follow
+        declared = inspect.get_annotations(cls)
+        cls._fields = {name: (declared[name], cls.__dict__[name].default) for name in declared}  # type: ignore[attr-defined]
+        for name, (_, default) in cls._fields.items():  # type: ignore[attr-defined]
+            setattr(cls, name, default)
+        return cls
+    cls.__annotations__ = {**inspect.get_annotations(cls), **{name: kind for name, (kind, _) in common.items()}}
+    for name, (_, default) in common.items():
+        setattr(cls, name, default)
+    return record(cls)
+
+
+@_event
+class Stamp:
+    """The four keys every event has, the last four fields of every record: the emitter's to fill (``stamp``), so a
+    producer leaves them at their defaults."""
+
+    ts: float = field(default=0.0, kw_only=True)  # wall clock, seconds since the epoch
+    mono: float = field(default=0.0, kw_only=True)  # this node's monotonic clock
+    run: str = field(default="", kw_only=True)  # the job's run id
+    node: str = field(default="", kw_only=True)  # this node's address
+
+
+COMMON = tuple(inspect.get_annotations(Stamp))  # ("ts", "mono", "run", "node"), in this order
+
+
+@_event
+class JobStart(Stamp):
     """The options that shape the job (``job.start``), first in every file."""
 
     nproc_per_node: int
@@ -35,14 +72,10 @@ class JobStart:
     max_restarts: int
     rdzv_backend: str
     entry: str  # the script, module (``-m``) or program (``--no-python``)
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class RdzvRound:
+@_event
+class RdzvRound(Stamp):
     """A rendezvous round formed (``rdzv.round``): its number, its size, this node's place, how long it took."""
 
     round: int
@@ -50,39 +83,27 @@ class RdzvRound:
     world_size: int
     group_rank: int
     seconds: float  # from this node's join to the round's forming
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class WorkersStart:
+@_event
+class WorkersStart(Stamp):
     """This node's workers started (``workers.start``)."""
 
     attempt: int
     ranks: str  # this node's global ranks, a range string
     pids: tuple[int, ...]  # in local-rank order
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class WorkersEnd:
+@_event
+class WorkersEnd(Stamp):
     """This node's workers of an attempt are all gone (``workers.end``), and how the attempt ended here."""
 
     attempt: int
     outcome: WorkersOutcome
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class Failure:
+@_event
+class Failure(Stamp):
     """The job's root cause (``failure``): once per failed attempt, on every node (each knows it)."""
 
     attempt: int
@@ -91,39 +112,27 @@ class Failure:
     exit_code: int | None
     signal: str | None  # "SIGKILL"
     exception: str | None  # "Type: message", when the worker's error file said
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class Restart:
+@_event
+class Restart(Stamp):
     """The job goes on with another attempt (``restart``)."""
 
     attempt: int  # the next attempt's number
     reason: str
     restarts_left: int
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class Stall:
+@_event
+class Stall(Stamp):
     """Ranks reported stalled (``stall``)."""
 
     ranks: str  # a range string
     title: str  # the stall report's first line
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class StragglerEvent:
+@_event
+class StragglerEvent(Stamp):
     """A straggler verdict that changed (``straggler``): a rank the others waited for over a window, newly ``named``,
     or ``recovered`` (named before, no longer). Judged by the host for the whole job and told on every node, once."""
 
@@ -134,38 +143,26 @@ class StragglerEvent:
     share: float  # 0..1: the share of collectives it was late on, or of the others' stack samples found waiting
     collectives: int  # the window's collectives it took part in; 0 when judged on stack samples
     line: str  # the console line that said it
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class NodeLost:
+@_event
+class NodeLost(Stamp):
     """Nodes lost by the job (``node.lost``): their leases ended."""
 
     nodes: tuple[str, ...]
     reason: str
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class NodeExcluded:
+@_event
+class NodeExcluded(Stamp):
     """Nodes excluded from the job for good (``node.excluded``): blamed for too many failures, or unhealthy."""
 
     nodes: tuple[str, ...]
     reason: str
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class Startup:
+@_event
+class Startup(Stamp):
     """An attempt's start-up phases in seconds (``startup``); per-rank phases as p50/max with the slowest rank."""
 
     attempt: int
@@ -178,22 +175,14 @@ class Startup:
     store_p50: float | None
     store_max: float | None
     store_slowest: int | None
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
-@record
-class JobEnd:
+@_event
+class JobEnd(Stamp):
     """The job ended (``job.end``): always the last event, also after SIGTERM."""
 
     exit_code: int
     outcome: JobOutcome
-    ts: float = 0.0
-    mono: float = 0.0
-    run: str = ""
-    node: str = ""
 
 
 Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StragglerEvent | NodeLost
