@@ -59,7 +59,6 @@ from rankrun.events.records import (  # noqa: E402
     Startup,
     WorkersEnd,
     WorkersStart,
-    as_json,
 )
 from rankrun.events.stream import EventStream  # noqa: E402
 from rankrun.ranges import range_string  # noqa: E402
@@ -177,16 +176,6 @@ def measure_failure(result: Result) -> None:
         result.load["failure"] = foreign_load(mark, cpu_mark())
 
 
-class _AsJson:
-    """The metrics take the events' JSON form, as the agent hands it to them (``agent/observers.py``)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def on_event(self, event: Record) -> None:
-        self._metrics.on_event(as_json(event))
-
-
 def _per_emit_us(stream: EventStream) -> float:
     best = float("inf")
     for _ in range(EMIT_ROUNDS):
@@ -207,7 +196,7 @@ def measure_emit(result: Result) -> None:
         log_.close()
         path.unlink()
         log_ = EventLog.open(str(path), lambda _line: None)
-        both = EventStream(run, "10.1.2.3", [log_, _AsJson(Metrics(run))])
+        both = EventStream(run, "10.1.2.3", [log_, Metrics(run)])
         result.emit_us["both"] = _per_emit_us(both)
         log_.close()
 

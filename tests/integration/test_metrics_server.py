@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import Reaper
 from rankrun.events import metrics as metrics_module
 from rankrun.events.metrics import CONTENT_TYPE, Metrics, MetricsServer, url
+from rankrun.events.records import Record, from_json
 
 HOST = "127.0.0.1"
 RUN = "job-7"
@@ -35,11 +36,11 @@ PROMETHEUS = shutil.which("prometheus")
 WAIT = 60.0  # seconds any one wait may take on a loaded machine
 
 
-def event(name: str, **keys: Any) -> dict[str, Any]:
-    return {"v": 1, "ts": 1.7e9, "mono": 1.0, "run": RUN, "node": HOST, "event": name, **keys}
+def event(name: str, **keys: Any) -> Record:
+    return from_json({"v": 1, "ts": 1.7e9, "mono": 1.0, "run": RUN, "node": HOST, "event": name, **keys})
 
 
-def failing_job(nproc: int) -> list[dict[str, Any]]:
+def failing_job(nproc: int) -> list[Record]:
     """Attempt 0 of ``nproc`` workers fails at rank 1 and is stopped; no restart yet."""
     return [
         event("job.start", nproc_per_node=nproc, nnodes="1", max_restarts=1, rdzv_backend="c10d", entry="train.py"),
@@ -50,7 +51,7 @@ def failing_job(nproc: int) -> list[dict[str, Any]]:
     ]
 
 
-def folded(events: list[dict[str, Any]]) -> Metrics:
+def folded(events: list[Record]) -> Metrics:
     m = Metrics()
     for e in events:
         m.on_event(e)
@@ -273,19 +274,19 @@ def next_line(lines: queue.Queue[str | None], deadline: float, log: list[str]) -
         raise AssertionError(f"prometheus was not ready within {WAIT:g} s: {''.join(log)}") from None
 
 
-def query(api: str, expr: str) -> list[dict[str, Any]]:
+def query(api: str, expr: str) -> list[Record]:
     """The result of an instant query through Prometheus's HTTP API."""
     with urllib.request.urlopen(f"{api}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=WAIT) as reply:
         answer = json.load(reply)
     assert answer["status"] == "success", answer
-    result: list[dict[str, Any]] = answer["data"]["result"]
+    result: list[Record] = answer["data"]["result"]
     return result
 
 
 def wait_for_value(api: str, expr: str, expected: str) -> dict[str, Any]:
     """Ask (bounded) until the query's one series has the value ``expected``: Prometheus scrapes every second."""
     deadline = time.monotonic() + WAIT
-    result: list[dict[str, Any]] = []
+    result: list[Record] = []
     while time.monotonic() < deadline:
         result = query(api, expr)
         if len(result) == 1 and result[0]["value"][1] == expected:

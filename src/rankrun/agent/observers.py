@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 class _AsJson:
-    """A consumer of the events' JSON-object form (the metrics, torchelastic's lines, the DCGM files)."""
+    """A consumer of the events' JSON-object form (torchelastic's lines, the DCGM files)."""
 
     def __init__(self, consumer: _TakesJson) -> None:
         self._consumer = consumer
@@ -99,7 +99,7 @@ class JobObservers:
                 reason = os.strerror(cause.errno) if isinstance(cause, OSError) and cause.errno else str(exc)
                 raise UsageError("--metrics-port", port, f"cannot listen on {node}: {reason}") from None
             self._server = server
-            self._events.add(_AsJson(metrics))
+            self._events.add(metrics)
             self._say(announcement(node, bound))
         self._begun = True
         self._events.emit(job_start(self._spec))

@@ -1,7 +1,7 @@
 """``rankrun --metrics-port``: the job's Prometheus series, folded from its events, and the endpoint serving them.
 
-``Metrics`` is a consumer of the event stream: ``on_event`` takes each event in its JSON-object form (event
-schema version 1) and keeps the few numbers the series show; ``render`` writes them in Prometheus's
+``Metrics`` is a consumer of the event stream: ``on_event`` takes each stamped record (``rankrun.events.records``)
+and keeps the few numbers the series show; ``render`` writes them in Prometheus's
 text exposition format 0.0.4. Every series carries the job's run id as ``run``, and a label only where its values
 are a fixed set (a worker's state, a start-up phase), never a pid or a host, and a rank only for the few stragglers
 named now (``rankrun_straggler_lag_seconds``: at most ``STRAGGLER_SERIES``, those of the largest lags): the number
@@ -17,10 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from rankrun.events.fields import float_of, int_of
+from rankrun.events.records import (
+    Failure,
+    JobEnd,
+    JobStart,
+    NodeExcluded,
+    NodeLost,
+    RdzvRound,
+    Record,
+    Restart,
+    Stall,
+    Startup,
+    StragglerEvent,
+    WorkersEnd,
+    WorkersStart,
+)
 from rankrun.listen import listen
 from rankrun.ranges import runs
 
@@ -92,89 +105,71 @@ class Metrics:
         # rank -> median lag of each rank named a straggler now (all of them: when one of the shown recovers, the next
         # largest is shown); at most the job's ranks, a few bytes each
         self.stragglers: dict[int, float] = {}
-        self._fold: dict[str, Callable[[Mapping[str, Any]], None]] = {
-            "job.start": self._job_start, "job.end": self._job_end, "rdzv.round": self._round,
-            "workers.start": self._workers_start, "workers.end": self._workers_end, "failure": self._failure,
-            "restart": self._restart, "stall": self._stall, "node.lost": self._node_lost, "node.excluded": self._node_excluded,
-            "startup": self._startup, "straggler": self._straggler,
-        }
 
-    def on_event(self, event: Mapping[str, Any]) -> None:
-        """Fold one event in. An event of a kind the series do not show is ignored, and so is a value of the wrong
-        type: a consumer never breaks the stream that feeds it."""
-        if isinstance(run := event.get("run"), str):
-            self.run = run
-        fold = self._fold.get(event.get("event", ""))
-        if fold is not None:
-            fold(event)
+    def on_event(self, event: Record) -> None:
+        """Fold one record in. Never raises: a consumer never breaks the stream that feeds it."""
+        self.run = event.run
+        match event:
+            case JobStart():
+                self.up = True
+                self.restarts_left = event.max_restarts  # none used yet
+            case JobEnd():
+                self._job_end()
+            case RdzvRound():
+                self.round, self.nodes, self.world_size = event.round, event.nodes, event.world_size
+                self.group_rank, self.rendezvous_seconds = event.group_rank, float(event.seconds)
+            case WorkersStart() | WorkersEnd():
+                self._workers(event)
+            case Failure():
+                self.failures += 1
+                if self.attempt is not None and event.attempt == self.attempt.number:
+                    self.attempt.failed_rank = event.rank
+            case StragglerEvent():
+                self._straggler(event)
+            case Startup():
+                self.startup = {phase: float(value) for phase in STARTUP_PHASES
+                                if (value := getattr(event, phase)) is not None}
+            case _:
+                self._count(event)
 
-    def _job_start(self, event: Mapping[str, Any]) -> None:
-        self.up = True
-        self.restarts_left = int_of(event, "max_restarts")  # none used yet
+    def _count(self, event: Restart | Stall | NodeLost | NodeExcluded) -> None:
+        match event:
+            case Restart():
+                self.restarts += 1
+                self.restarts_left = event.restarts_left
+            case Stall():
+                self.stalls += 1
+            case NodeLost():
+                self.nodes_lost += len(event.nodes)
+            case NodeExcluded():
+                self.nodes_excluded += len(event.nodes)
+                self.nodes_lost += len(event.nodes)  # the counter's "lost or excluded": gone from the job either way
 
-    def _job_end(self, _event: Mapping[str, Any]) -> None:
+    def _job_end(self) -> None:
         self.up = False
         self.stragglers.clear()  # no worker runs: nobody holds the others back
         if self.attempt is not None and self.attempt.outcome is None:
             self.attempt.outcome = "stopped"  # the launcher leaves no worker running when it ends
 
-    def _round(self, event: Mapping[str, Any]) -> None:
-        self.round = int_of(event, "round")
-        self.nodes = int_of(event, "nodes")
-        self.world_size = int_of(event, "world_size")
-        self.group_rank = int_of(event, "group_rank")
-        self.rendezvous_seconds = float_of(event, "seconds")
-
-    def _workers_start(self, event: Mapping[str, Any]) -> None:
-        number, ranks = int_of(event, "attempt"), event.get("ranks")
-        if number is None or not isinstance(ranks, str):
-            return
-        self.stragglers.clear()  # a new attempt's processes: the watch judges them afresh
-        try:
-            self.attempt = _Attempt(number, tuple(runs(ranks)))
-        except ValueError:
-            self.attempt = _Attempt(number, ())
-
-    def _workers_end(self, event: Mapping[str, Any]) -> None:
-        outcome = event.get("outcome")
-        if self.attempt is not None and int_of(event, "attempt") == self.attempt.number and isinstance(outcome, str):
-            self.attempt.outcome = outcome
+    def _workers(self, event: WorkersStart | WorkersEnd) -> None:
+        if isinstance(event, WorkersStart):
+            self.stragglers.clear()  # a new attempt's processes: the watch judges them afresh
+            try:
+                self.attempt = _Attempt(event.attempt, tuple(runs(event.ranks)))
+            except ValueError:
+                self.attempt = _Attempt(event.attempt, ())
+        elif self.attempt is not None and event.attempt == self.attempt.number:
+            self.attempt.outcome = event.outcome
             self.stragglers.clear()  # the attempt's workers are gone, and with them its stragglers
 
-    def _failure(self, event: Mapping[str, Any]) -> None:
-        self.failures += 1
-        if self.attempt is not None and int_of(event, "attempt") == self.attempt.number:
-            self.attempt.failed_rank = int_of(event, "rank")
-
-    def _restart(self, event: Mapping[str, Any]) -> None:
-        self.restarts += 1
-        self.restarts_left = int_of(event, "restarts_left")
-
-    def _stall(self, _event: Mapping[str, Any]) -> None:
-        self.stalls += 1
-
-    def _straggler(self, event: Mapping[str, Any]) -> None:
-        rank, verdict = int_of(event, "rank"), event.get("verdict")
-        if rank is None or rank < 0:
+    def _straggler(self, event: StragglerEvent) -> None:
+        if event.rank < 0:
             return
-        if verdict == "named":
-            lag = float_of(event, "lag")
-            self.stragglers[rank] = lag if lag is not None and math.isfinite(lag) else 0.0  # stack samples: no lag
-        elif verdict == "recovered":
-            self.stragglers.pop(rank, None)
-
-    def _node_lost(self, event: Mapping[str, Any]) -> None:
-        nodes = event.get("nodes")
-        self.nodes_lost += len(nodes) if isinstance(nodes, list) else 0
-
-    def _node_excluded(self, event: Mapping[str, Any]) -> None:
-        nodes = event.get("nodes")
-        count = len(nodes) if isinstance(nodes, list) else 0
-        self.nodes_excluded += count
-        self.nodes_lost += count  # the counter's "lost or excluded": gone from the job either way
-
-    def _startup(self, event: Mapping[str, Any]) -> None:
-        self.startup = {phase: value for phase in STARTUP_PHASES if (value := float_of(event, phase)) is not None}
+        if event.verdict == "named":
+            lag = event.lag
+            self.stragglers[event.rank] = lag if lag is not None and math.isfinite(lag) else 0.0  # stack samples: no lag
+        elif event.verdict == "recovered":
+            self.stragglers.pop(event.rank, None)
 
     def render(self) -> bytes:
         """The exposition text: one HELP and TYPE per family, then its samples; a gauge not known yet has none."""
