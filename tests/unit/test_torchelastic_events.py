@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import GOLDEN_DIR
+from rankrun.events.records import from_json
 from rankrun.events.torchelastic import TorchelasticEvents
 
 RUN = "job-te"
@@ -42,8 +43,8 @@ class Job:
         self.mono0 = time.monotonic()
 
     def __call__(self, name: str, *, mono_offset: float = 0.0, **keys: object) -> None:
-        self.events.on_event({"v": 1, "ts": time.time(), "mono": self.mono0 + mono_offset, "run": RUN,
-                              "node": "127.0.0.1", "event": name, **keys})
+        self.events.on_event(from_json({"v": 1, "ts": time.time(), "mono": self.mono0 + mono_offset, "run": RUN,
+                                        "node": "127.0.0.1", "event": name, **keys}))
 
     def parsed(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.lines]
@@ -167,10 +168,13 @@ def test_the_agents_last_line_is_torchs(outcome, state):
 
 def test_every_name_is_one_torch_records_and_other_events_write_nothing():
     job = Job()
-    for event in ("stall", "straggler", "node.lost", "node.excluded", "startup", "no.such.event"):
-        job(event)
-    job("workers.start", attempt="x", ranks=3)  # wrong types
-    job("workers.start", attempt=0, ranks="not-a-range")
+    job("stall", ranks="0", title="stalled")
+    job("straggler", rank=1, where="node-a/127.0.0.1", verdict="named", lag=0.1, share=0.9, collectives=10, line="x")
+    job("node.lost", nodes=["node-b"], reason="its lease ended")
+    job("node.excluded", nodes=["node-b"], reason="unhealthy")
+    job("startup", attempt=0, total=1.0, rendezvous=0.1, spawn=0.1, script_p50=None, script_max=None,
+        script_slowest=None, store_p50=None, store_max=None, store_slowest=None)
+    job("workers.start", attempt=0, ranks="not-a-range", pids=[])
     assert job.lines == []
     job.start()
     job("workers.end", attempt=0, outcome="stopped")

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 class _AsJson:
-    """A consumer of the events' JSON-object form (torchelastic's lines, the DCGM files)."""
+    """A consumer of the events' JSON-object form (the DCGM files)."""
 
     def __init__(self, consumer: _TakesJson) -> None:
         self._consumer = consumer
@@ -73,7 +73,7 @@ class JobObservers:
         if observe.torchelastic:
             from rankrun.events.torchelastic import TorchelasticEvents  # noqa: PLC0415 - imports json: asked for only
 
-            self._events.add(_AsJson(TorchelasticEvents(self._say)))
+            self._events.add(TorchelasticEvents(self._say))
         if observe.dcgm_dir is not None:
             from rankrun.events.dcgm import DcgmMapping  # noqa: PLC0415 - only a node that dcgm-exporter watches
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 import signal
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankrun.events.fields import float_of, int_of, str_of
+from rankrun.events.records import Failure, JobEnd, JobStart, RdzvRound, Record, Restart, WorkersEnd, WorkersStart
 from rankrun.ranges import parse_ranges
 
 PREFIX = "torchelastic.worker.status."
@@ -72,81 +72,64 @@ class TorchelasticEvents:
         self.world_size: int | None = None
         self.workers: _Workers | None = None
         self.causes: dict[int, _Cause] = {}  # attempt -> its root cause
-        self._fold: dict[str, Callable[[Mapping[str, Any], float], None]] = {
-            "job.start": self._job_start, "rdzv.round": self._round, "workers.start": self._workers_start,
-            "workers.end": self._workers_end, "failure": self._failure, "restart": self._restart,
-            "job.end": self._job_end,
-        }
 
-    def on_event(self, event: Mapping[str, Any]) -> None:
-        """Fold one event in and write what torch would have recorded at that point. Other events, and values of
-        the wrong type, are ignored: a consumer never breaks the stream that feeds it."""
-        if (run := str_of(event, "run")) is not None:
-            self.run_id = run
-        self.mono = float_of(event, "mono")
-        fold = self._fold.get(event.get("event", ""))
-        if fold is not None:
-            fold(event, float_of(event, "ts") or 0.0)
+    def on_event(self, event: Record) -> None:
+        """Fold one record in and write what torch would have recorded at that point; other events write nothing.
+        Never raises: a consumer never breaks the stream that feeds it."""
+        self.run_id, self.mono = event.run, event.mono
+        match event:
+            case JobStart():
+                self.entry, self.rdzv_backend, self.started = event.entry, event.rdzv_backend, self.mono
+            case RdzvRound():
+                self._round(event)
+            case WorkersStart():
+                self._workers_start(event)
+            case WorkersEnd():
+                self._workers_end(event)
+            case Failure():
+                self._failure(event)
+            case Restart():
+                self._flush()
+                self.restarts += 1
+            case JobEnd():
+                self._flush()
+                ran_its_course = event.outcome in ("succeeded", "failed")
+                self._emit("SUCCEEDED" if ran_its_course else "FAILED", "AGENT", event.ts)
 
-    def _job_start(self, event: Mapping[str, Any], _ts: float) -> None:
-        self.entry = str_of(event, "entry")
-        self.rdzv_backend = str_of(event, "rdzv_backend")
-        self.started = self.mono
-
-    def _round(self, event: Mapping[str, Any], ts: float) -> None:
+    def _round(self, event: RdzvRound) -> None:
         self._flush()
-        self.group_rank = int_of(event, "group_rank")
-        self.nodes = int_of(event, "nodes")
-        self.world_size = int_of(event, "world_size")
-        seconds = float_of(event, "seconds")
-        self._emit("RENDEZVOUS", "AGENT", ts, duration_ms=None if seconds is None else seconds * 1000)
-        self._emit("ASSIGN_WORKER_RANKS", "AGENT", ts)
+        self.group_rank, self.nodes, self.world_size = event.group_rank, event.nodes, event.world_size
+        self._emit("RENDEZVOUS", "AGENT", event.ts, duration_ms=event.seconds * 1000)
+        self._emit("ASSIGN_WORKER_RANKS", "AGENT", event.ts)
 
-    def _workers_start(self, event: Mapping[str, Any], ts: float) -> None:
+    def _workers_start(self, event: WorkersStart) -> None:
         self._flush()
-        attempt, ranks, pids = int_of(event, "attempt"), str_of(event, "ranks"), event.get("pids")
-        if attempt is None or ranks is None:
-            return
         try:
-            global_ranks = parse_ranges(ranks)  # torch's events are one per worker
+            global_ranks = parse_ranges(event.ranks)  # torch's events are one per worker
         except ValueError:
             return
-        pid_list = [p if isinstance(p, int) else None for p in pids] if isinstance(pids, list) else []
+        pid_list: list[int | None] = [*event.pids]
         pid_list += [None] * (len(global_ranks) - len(pid_list))
-        self.workers = _Workers(attempt, global_ranks, pid_list)
+        self.workers = _Workers(event.attempt, global_ranks, pid_list)
         for local_rank in range(len(global_ranks)):
-            self._emit_worker("START", ts, local_rank)
+            self._emit_worker("START", event.ts, local_rank)
 
-    def _workers_end(self, event: Mapping[str, Any], ts: float) -> None:
-        outcome = str_of(event, "outcome")
-        if self.workers is None or outcome is None or int_of(event, "attempt") != self.workers.attempt:
+    def _workers_end(self, event: WorkersEnd) -> None:
+        if self.workers is None or event.attempt != self.workers.attempt:
             return
-        self.workers.ended = (outcome, ts)
-        if outcome != "failed" or self.workers.attempt in self.causes:
+        self.workers.ended = (event.outcome, event.ts)
+        if event.outcome != "failed" or self.workers.attempt in self.causes:
             self._flush()
         # else the root cause may come next (on another node's word): it flushes, or the next round, start, restart
         # or the job's end does
 
-    def _failure(self, event: Mapping[str, Any], _ts: float) -> None:
-        attempt = int_of(event, "attempt")
-        if attempt is None:
-            return
-        exit_code = int_of(event, "exit_code")
-        name = str_of(event, "signal")
+    def _failure(self, event: Failure) -> None:
+        exit_code, name = event.exit_code, event.signal
         if exit_code is None and name is not None and name in signal.Signals.__members__:
             exit_code = -signal.Signals[name]  # torch's exit code for a worker a signal ended
-        self.causes[attempt] = _Cause(int_of(event, "rank"), exit_code, str_of(event, "exception"))
-        if self.workers is not None and self.workers.attempt == attempt:
+        self.causes[event.attempt] = _Cause(event.rank, exit_code, event.exception)
+        if self.workers is not None and self.workers.attempt == event.attempt:
             self._flush()
-
-    def _restart(self, _event: Mapping[str, Any], _ts: float) -> None:
-        self._flush()
-        self.restarts += 1
-
-    def _job_end(self, event: Mapping[str, Any], ts: float) -> None:
-        self._flush()
-        ran_its_course = str_of(event, "outcome") in ("succeeded", "failed")
-        self._emit("SUCCEEDED" if ran_its_course else "FAILED", "AGENT", ts)
 
     def _flush(self) -> None:
         """The worker lines of an attempt that ended, once."""
