@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from rankrun.events.dcgm import DcgmMapping
+from rankrun.events.records import JobEnd, WorkersEnd, WorkersStart
 from rankrun.proc.watchdog import Watchdog
 
 
@@ -17,16 +18,15 @@ def main() -> int:
     directory, gpus = sys.argv[1], sys.argv[2].split(",")
     watchdog = Watchdog.start()
     mapping = DcgmMapping(directory, gpus, on_file=watchdog.own_file, off_file=watchdog.disown_file)
-    common = {"v": 1, "ts": 0.0, "mono": 0.0, "run": "job-dcgm", "node": "127.0.0.1"}
-    mapping.on_event({**common, "event": "workers.start", "attempt": 0, "ranks": f"0-{len(gpus) - 1}",
-                      "pids": list(range(len(gpus)))})
+    common = {"ts": 0.0, "mono": 0.0, "run": "job-dcgm", "node": "127.0.0.1"}
+    mapping.on_event(WorkersStart(0, f"0-{len(gpus) - 1}", tuple(range(len(gpus))), **common))
     print(f"READY {watchdog.pid}", flush=True)
     for line in sys.stdin:
         if line.strip() == "end":
-            mapping.on_event({**common, "event": "workers.end", "attempt": 0, "outcome": "succeeded"})
+            mapping.on_event(WorkersEnd(0, "succeeded", **common))
             print("ENDED", flush=True)
         elif line.strip() == "exit":
-            mapping.on_event({**common, "event": "job.end", "exit_code": 0, "outcome": "succeeded"})
+            mapping.on_event(JobEnd(0, "succeeded", **common))
             watchdog.close()
             return 0
     return 1

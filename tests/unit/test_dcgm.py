@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rankrun.events.dcgm import DcgmMapping, gpu_ids
+from rankrun.events.records import JobEnd, RdzvRound, Record, Stall, Startup, StragglerEvent, WorkersEnd, WorkersStart
 
 # dcgm-exporter's internal/pkg/transformation/hpc.go: validGPUFile; any other name in the directory is skipped
 EXPORTER_NAME = re.compile(r"^\d+(\.\d+)?$")
@@ -35,9 +36,9 @@ def test_gpu_ids(visible, nproc, expected):
     assert gpu_ids(visible, nproc, UUIDS) == expected
 
 
-def _start(run: str = "job-7", pids: int = 2, attempt: int = 0) -> dict[str, object]:
-    return {"v": 1, "event": "workers.start", "run": run, "node": "127.0.0.1", "ts": 1.0, "mono": 1.0,
-            "attempt": attempt, "ranks": f"0-{pids - 1}", "pids": list(range(100, 100 + pids))}
+def _start(run: str = "job-7", pids: int = 2, attempt: int = 0) -> Record:
+    return WorkersStart(attempt, f"0-{pids - 1}", tuple(range(100, 100 + pids)), ts=1.0, mono=1.0, run=run,
+                        node="127.0.0.1")
 
 
 def _files(directory: Path) -> dict[str, str]:
@@ -51,14 +52,16 @@ def test_a_file_per_gpu_holding_the_run_id_while_the_workers_run(tmp_path):
     for path in tmp_path.iterdir():
         assert EXPORTER_NAME.match(path.name)
         assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the exporter runs as another user
-    for other in ("stall", "straggler", "startup"):  # the job's other facts while the workers run: the files stay
-        mapping.on_event({"event": other, "run": "job-7", "rank": 1, "verdict": "recovered"})
+    for other in (Stall("1", "stalled", run="job-7"),  # the job's other facts while the workers run: the files stay
+                  StragglerEvent(1, "node-3/10.0.0.13", "recovered", None, 0.0, 0, "recovered", run="job-7"),
+                  Startup(0, 1.0, 0.1, 0.1, None, None, None, None, None, None, run="job-7")):
+        mapping.on_event(other)
     assert _files(tmp_path) == {"3": "job-7\n", "5": "job-7\n"}
-    mapping.on_event({"event": "workers.end", "run": "job-7", "attempt": 0, "outcome": "failed"})
+    mapping.on_event(WorkersEnd(0, "failed", run="job-7"))
     assert _files(tmp_path) == {}
     mapping.on_event(_start(attempt=1))  # the restarted workers are mapped again
     assert _files(tmp_path) == {"3": "job-7\n", "5": "job-7\n"}
-    mapping.on_event({"event": "job.end", "run": "job-7", "exit_code": 0, "outcome": "succeeded"})
+    mapping.on_event(JobEnd(0, "succeeded", run="job-7"))
     assert _files(tmp_path) == {}
 
 
@@ -77,7 +80,7 @@ def test_a_file_another_job_took_since_is_left_to_it(tmp_path):
     mapping.on_event(_start())
     (tmp_path / "1").write_text("slurm-42\n")  # the GPU given to another job (a scheduler's prolog wrote it)
     (tmp_path / "9").write_text("slurm-43\n")  # a file this launcher never wrote
-    mapping.on_event({"event": "job.end", "run": "job-7", "exit_code": 1, "outcome": "failed"})
+    mapping.on_event(JobEnd(1, "failed", run="job-7"))
     assert _files(tmp_path) == {"1": "slurm-42\n", "9": "slurm-43\n"}
 
 
@@ -94,7 +97,7 @@ def test_the_watchdog_hears_of_each_file_before_it_exists_and_after_it_is_gone(t
     mapping.on_event(_start())
     assert heard == [("own", "0", "job-7\n", "False"), ("own", "1", "job-7\n", "False")]
     heard.clear()
-    mapping.on_event({"event": "job.end", "run": "job-7", "exit_code": 0, "outcome": "succeeded"})
+    mapping.on_event(JobEnd(0, "succeeded", run="job-7"))
     assert heard == [("disown", "0", "False"), ("disown", "1", "False")]
 
 
@@ -107,13 +110,12 @@ def test_a_directory_it_cannot_write_costs_one_line_and_breaks_nothing(tmp_path)
     mapping.on_event(_start(attempt=1))
     assert lines == [f"rankrun: DCGM job mapping: cannot write {missing / '0'}: No such file or directory"]
     assert disowned == [str(missing / "0"), str(missing / "1")] * 2  # nothing left for the watchdog to remove
-    mapping.on_event({"event": "job.end", "run": "job-7", "exit_code": 0, "outcome": "succeeded"})
+    mapping.on_event(JobEnd(0, "succeeded", run="job-7"))
 
 
 def test_other_events_and_malformed_ones_write_nothing(tmp_path):
     mapping = DcgmMapping(tmp_path, ["0"])
-    for event in ({"event": "rdzv.round", "run": "job-7"}, {"event": "no.such.event"}, {},
-                  {"event": "workers.start", "pids": [1]}, {"event": "workers.start", "run": "a\nb", "pids": [1]},
-                  {"event": "workers.start", "run": "", "pids": [1]}):
+    for event in (RdzvRound(0, 1, 1, 0, 0.1, run="job-7"), WorkersStart(0, "0", (1,)),
+                  WorkersStart(0, "0", (1,), run="a\nb"), WorkersStart(0, "0", (1,), run="")):
         mapping.on_event(event)
     assert _files(tmp_path) == {}

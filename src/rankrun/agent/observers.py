@@ -17,32 +17,18 @@ folded saw ``rankrun_up 0``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rankrun.agent.facts import job_outcome, job_start
 from rankrun.errors import StoreError, UsageError
-from rankrun.events.records import JobEnd, Record, as_json
+from rankrun.events.records import JobEnd
 from rankrun.events.stream import EventStream
 from rankrun.spec import LaunchSpec
 
 if TYPE_CHECKING:
     from rankrun.events.log import EventLog
     from rankrun.events.metrics import MetricsServer
-
-
-class _AsJson:
-    """A consumer of the events' JSON-object form (the DCGM files)."""
-
-    def __init__(self, consumer: _TakesJson) -> None:
-        self._consumer = consumer
-
-    def on_event(self, event: Record) -> None:
-        self._consumer.on_event(as_json(event))
-
-
-class _TakesJson(Protocol):
-    def on_event(self, event: Mapping[str, Any]) -> None: ...
 
 
 def _nothing(*_args: str) -> None:
@@ -78,7 +64,7 @@ class JobObservers:
             from rankrun.events.dcgm import DcgmMapping  # noqa: PLC0415 - only a node that dcgm-exporter watches
 
             on_file, off_file = self._owned if self._owned is not None else (_nothing, _nothing)
-            self._events.add(_AsJson(DcgmMapping(observe.dcgm_dir, observe.dcgm_gpus, on_file, off_file, self._say)))
+            self._events.add(DcgmMapping(observe.dcgm_dir, observe.dcgm_gpus, on_file, off_file, self._say))
 
     async def begin(self, node: str) -> None:
         """This node's address is ``node``: serve the metrics there (``UsageError`` when the port is taken), and emit

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from rankrun.events.records import JobEnd, Record, WorkersEnd, WorkersStart
 
 ENV = "DCGM_HPC_JOB_MAPPING_DIR"  # the exporter's own variable for --hpc-job-mapping-dir
 _MODE = 0o644  # the exporter usually runs as another user (root, or in its own container)
@@ -75,21 +76,20 @@ class DcgmMapping:
         self.written: dict[str, str] = {}  # path -> the content written: what makes it still this run's
         self._warned = False
 
-    def on_event(self, event: Mapping[str, Any]) -> None:
+    def on_event(self, event: Record) -> None:
         """Write the files as the workers start, remove them as they end or the job does. Other events, and a
         ``workers.start`` without a run id, are ignored: a consumer never breaks the stream that feeds it."""
-        name = event.get("event")
-        if name == "workers.start":
+        if isinstance(event, WorkersStart):
             self.remove()  # a previous attempt's, had its workers.end been missed
             self._write(event)
-        elif name in ("workers.end", "job.end"):
+        elif isinstance(event, WorkersEnd | JobEnd):
             self.remove()
 
-    def _write(self, event: Mapping[str, Any]) -> None:
-        run, pids = event.get("run"), event.get("pids")
-        if not isinstance(run, str) or not run or "\n" in run:
+    def _write(self, event: WorkersStart) -> None:
+        run = event.run
+        if not run or "\n" in run:
             return
-        workers = len(pids) if isinstance(pids, list) else len(self.gpus)
+        workers = len(event.pids)
         content = run + "\n"  # one line: the exporter gives each line its own copy of the GPU's series
         for gpu in sorted({gpu for gpu in self.gpus[:workers] if gpu is not None}, key=int):
             path = str(self.directory / gpu)
