@@ -8,9 +8,11 @@ from html.parser import HTMLParser
 import pytest
 
 import timeline_events as job
+from rankrun.events import schema_path
+from rankrun.events.records import COMMON, EVENTS, keys
 from rankrun.timeline.__main__ import default_output, main
 from rankrun.timeline.layout import CHAR_PX, LABEL_PAD_PX, JobEnd, layout, nice_ticks, outcome_words, same_host, stack_labels
-from rankrun.timeline.read import BadInput, Event, check, one_run, parse_lines, read_file
+from rankrun.timeline.read import KEYS, REQUIRED, BadInput, Event, check, key_table, one_run, parse_lines, read_file
 from rankrun.timeline.render import page
 
 
@@ -291,6 +293,21 @@ def test_missing_keys_are_named_and_null_is_allowed_where_the_schema_says_unknow
     lost = job.node_events(job.A)[7]
     assert check({**lost, "nodes": ["a", 1]}) == "'nodes' is [\"a\", 1], not a list of strings"
     assert all(check(row) is None for node in (job.A, job.B) for row in job.node_events(node))
+
+
+def test_the_keys_checked_are_the_schemas_and_the_records():
+    """The reader's table is read from the shipped schema: a key the schema gains is checked too, and the table holds
+    every record's own keys in order, null allowed but where lanes are built on them."""
+    assert set(KEYS) == set(EVENTS.values())
+    for kind, name in EVENTS.items():
+        assert list(KEYS[name]) == list(keys(kind))
+        assert [k for k, kind_ in KEYS[name].items() if not kind_.endswith("?")] == [k for k in keys(kind) if k in REQUIRED]
+    schema = json.loads(schema_path().read_text())
+    common, _ = key_table(schema)
+    assert list(common) == ["v", *COMMON, "event"]
+    schema["$defs"]["ev_stall"]["properties"]["pids"] = {"type": "array", "items": {"type": "integer"}}
+    schema["$defs"]["ev_stall"]["properties"]["attempt"] = {"type": ["integer", "null"]}
+    assert key_table(schema)[1]["stall"] == {"ranks": "str?", "title": "str?", "pids": "ints?", "attempt": "int"}
 
 
 def test_files_empty_missing_or_of_two_runs_are_bad_input(tmp_path):

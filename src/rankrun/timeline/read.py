@@ -1,7 +1,8 @@
 """Reading event files (schema version 1, JSON lines): each line checked, every problem one message naming the file and line.
 
-Only the keys the schema lists are checked (present, of their type or null); an event name the schema does not list is
-kept as it is (a newer producer may add events within version 1) and drawn as a plain mark.
+Only the keys the schema lists are checked (present, of their type or null): the table of keys and kinds is read from
+the events' JSON Schema (``rankrun.events.schema_path``). An event name the schema does not list is kept as it is (a
+newer producer may add events within version 1) and drawn as a plain mark.
 """
 
 from __future__ import annotations
@@ -11,29 +12,42 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-COMMON: dict[str, str] = {"v": "int", "ts": "num", "mono": "num", "run": "str", "node": "str", "event": "str"}
+from rankrun.events import schema_path
 
-# "?": null allowed (the schema: null where unknown). The attempt and round numbers are what lanes are built on: required.
-KEYS: dict[str, dict[str, str]] = {
-    "job.start": {"nproc_per_node": "int?", "nnodes": "str?", "max_restarts": "int?", "rdzv_backend": "str?", "entry": "str?"},
-    "rdzv.round": {"round": "int", "nodes": "int?", "world_size": "int?", "group_rank": "int?", "seconds": "num?"},
-    "workers.start": {"attempt": "int", "ranks": "str?", "pids": "ints?"},
-    "workers.end": {"attempt": "int", "outcome": "str?"},
-    "failure": {"attempt": "int", "rank": "int?", "host": "str?", "exit_code": "int?", "signal": "str?", "exception": "str?"},
-    "restart": {"attempt": "int", "reason": "str?", "restarts_left": "int?"},
-    "stall": {"ranks": "str?", "title": "str?"},
-    "straggler": {"rank": "int?", "where": "str?", "verdict": "str?", "lag": "num?", "share": "num?", "collectives": "int?",
-                  "line": "str?"},
-    "node.lost": {"nodes": "strs?", "reason": "str?"},
-    "node.excluded": {"nodes": "strs?", "reason": "str?"},
-    "startup": {
-        "attempt": "int", "total": "num?", "rendezvous": "num?", "spawn": "num?",
-        "script_p50": "num?", "script_max": "num?", "script_slowest": "int?",
-        "store_p50": "num?", "store_max": "num?", "store_slowest": "int?",
-    },
-    "job.end": {"exit_code": "int?", "outcome": "str?"},
-}
+# the schema's types as this reader names them; an enum (an outcome, a verdict) is one of strings
+_TYPES = {"integer": "int", "number": "num", "string": "str"}
+# the keys lanes are built on (the attempt and round numbers): required; any other of an event's keys may be null, so a
+# file whose producer did not know a value is still drawn
+REQUIRED = ("attempt", "round")
+
+
+def _kind(prop: dict[str, Any], defs: dict[str, Any]) -> str:
+    """One property of the schema as a key of _CHECKS: "int", "num", "str", "ints" or "strs"."""
+    if "$ref" in prop:
+        prop = defs[prop["$ref"].rsplit("/", 1)[1]]
+    if "enum" in prop:
+        return "str"
+    kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+    [kind] = [k for k in kinds if k != "null"]
+    return _TYPES[prop["items"]["type"]] + "s" if kind == "array" else _TYPES[kind]
+
+
+def key_table(schema: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The keys every event has and each event's own, with their kinds, from the events' JSON Schema (pure): "?" where
+    this reader takes a null too (all of an event's keys but ``REQUIRED``)."""
+    defs = schema["$defs"]
+    common = {"v": "int", **{k: _kind(p, defs) for k, p in defs["common"]["properties"].items() if k != "v"}, "event": "str"}
+    keys: dict[str, dict[str, str]] = {}
+    for branch in schema["oneOf"]:
+        props = defs[branch["$ref"].rsplit("/", 1)[1]]["properties"]
+        own = {k: p for k, p in props.items() if k not in common}
+        keys[props["event"]["const"]] = {k: _kind(p, defs) + ("" if k in REQUIRED else "?") for k, p in own.items()}
+    return common, keys
+
+
+COMMON, KEYS = key_table(json.loads(schema_path().read_text()))
 
 
 class BadInput(Exception):
