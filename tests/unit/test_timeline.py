@@ -9,7 +9,7 @@ import pytest
 
 import timeline_events as job
 from rankrun.events import schema_path
-from rankrun.events.records import COMMON, EVENTS, keys
+from rankrun.events.records import COMMON, EVENTS, Failure, from_json, keys
 from rankrun.timeline.__main__ import default_output, main
 from rankrun.timeline.layout import CHAR_PX, LABEL_PAD_PX, JobEnd, layout, nice_ticks, outcome_words, same_host, stack_labels
 from rankrun.timeline.read import KEYS, REQUIRED, BadInput, Event, check, key_table, one_run, parse_lines, read_file
@@ -308,6 +308,20 @@ def test_the_keys_checked_are_the_schemas_and_the_records():
     schema["$defs"]["ev_stall"]["properties"]["pids"] = {"type": "array", "items": {"type": "integer"}}
     schema["$defs"]["ev_stall"]["properties"]["attempt"] = {"type": ["integer", "null"]}
     assert key_table(schema)[1]["stall"] == {"ranks": "str?", "title": "str?", "pids": "ints?", "attempt": "int"}
+
+
+def test_each_line_is_read_by_the_records_own_decoder():
+    """A known event's record is what records.from_json reads from its line (a key a newer producer added stays in the
+    object shown, not in the record); an event this schema does not list keeps its object only."""
+    rows = job.node_events(job.A)
+    failure = {**rows[4], "added_later": 1}
+    [known, unknown] = events_of(job.A, [failure, {**rows[0], "event": "something.new"}])
+    assert known.record == from_json(rows[4])
+    assert isinstance(known.record, Failure) and known.record.rank == rows[4]["rank"]
+    assert known.data == failure
+    assert (known.ts, known.mono, known.run, known.node) == (rows[4]["ts"], rows[4]["mono"], rows[4]["run"], job.A)
+    assert unknown.record is None
+    assert (unknown.name, unknown.node) == ("something.new", job.A)
 
 
 def test_files_empty_missing_or_of_two_runs_are_bad_input(tmp_path):

@@ -1,5 +1,6 @@
-"""An event's values read by a consumer that must never raise on what it is given (pure): the JSON-object form, where
-a missing key, a null, a bool where a number belongs or another type all read as ``None``."""
+"""An event's values as a reader of the events' files takes them (pure): the JSON-object form, where a missing key, a
+null, a bool where a number belongs or another type all read as ``None``. The timeline's reader (``rankrun.timeline.read``)
+uses them, as a file may hold what no producer wrote; the job's own consumers take the stamped records and need none."""
 
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rankrun.events import schema_path
+from rankrun.events.fields import float_of, int_of, str_of
+from rankrun.events.records import Record, from_json
 
 # the schema's types as this reader names them; an enum (an outcome, a verdict) is one of strings
 _TYPES = {"integer": "int", "number": "num", "string": "str"}
@@ -56,11 +58,15 @@ class BadInput(Exception):
 
 @dataclass(frozen=True)
 class Event:
-    """One line of one file: the object as written, and where it came from (for messages and lanes)."""
+    """One line of one file: the object as written (shown whole on the page), where it came from (for messages and
+    lanes), and the record the events' own decoder (``records.from_json``) reads from it; ``None`` for an event this
+    schema does not list. Its stamp (``ts``, ``mono``, ``run``, ``node``) is the record's; its own keys are read with
+    the defensive getters (``rankrun.events.fields``), as a file may hold a null where the record's type has none."""
 
     source: str
     line: int
     data: dict[str, object] = field(hash=False)
+    record: Record | None = field(default=None, hash=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -68,31 +74,37 @@ class Event:
 
     @property
     def node(self) -> str:
-        return str(self.data["node"])
+        return self.record.node if self.record is not None else str(self.data["node"])
 
     @property
     def run(self) -> str:
-        return str(self.data["run"])
+        return self.record.run if self.record is not None else str(self.data["run"])
 
     @property
     def ts(self) -> float:
-        return float(self.data["ts"])  # type: ignore[arg-type]  # checked: a number
+        return float(self.record.ts if self.record is not None else self.data["ts"])  # type: ignore[arg-type]  # checked
 
     @property
     def mono(self) -> float:
-        return float(self.data["mono"])  # type: ignore[arg-type]  # checked: a number
+        return float(self.record.mono if self.record is not None else self.data["mono"])  # type: ignore[arg-type]
 
     def integer(self, key: str) -> int | None:
-        value = self.data.get(key)
-        return value if isinstance(value, int) else None
+        return int_of(self.data, key)
 
     def number(self, key: str) -> float | None:
-        value = self.data.get(key)
-        return float(value) if isinstance(value, int | float) else None
+        return float_of(self.data, key)
 
     def text(self, key: str) -> str | None:
-        value = self.data.get(key)
-        return value if isinstance(value, str) else None
+        return str_of(self.data, key)
+
+
+def decode(obj: dict[str, object]) -> Record | None:
+    """The record a checked object stands for, read by the records' own decoder (its keys only: a newer producer may add
+    others within version 1); ``None`` for an event name the schema does not list."""
+    name = str(obj["event"])
+    if name not in KEYS:
+        return None
+    return from_json({key: obj[key] for key in (*COMMON, *KEYS[name])})
 
 
 def _number(value: object) -> bool:
@@ -150,7 +162,7 @@ def parse_lines(source: str, lines: Iterable[bytes]) -> list[Event]:
             raise BadInput(f"{source}:{number}: not JSON ({err.args[0].split(':')[0]})") from None
         if (problem := check(obj)) is not None:
             raise BadInput(f"{source}:{number}: not a schema-1 event: {problem}")
-        events.append(Event(source, number, obj))
+        events.append(Event(source, number, obj, decode(obj)))
     return events
 
 
