@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from rankrun.cli import spec_from_args
 from rankrun.errors import UsageError
 from rankrun.events.records import JobEnd, Record, WorkersStart
 from rankrun.events.stream import EventStream
+from rankrun.logs.console import Console
 from rankrun.spec import LaunchSpec
 
 BOUND = 30.0
@@ -30,6 +32,19 @@ def _spec(tmp_path: Path, *flags: str) -> LaunchSpec:
     return spec_from_args([*flags, str(script)], {"PATH": "/usr/bin:/bin"})
 
 
+class Said:
+    """The console as the observers write to it: the lines said on its stderr, kept in ``lines``."""
+
+    stdout_fd, stderr_fd = 1, 2
+
+    def __init__(self, lines: list[str] | None = None) -> None:
+        self.lines = [] if lines is None else lines
+
+    def write_blocking(self, fd: int, data: bytes) -> None:
+        assert fd == self.stderr_fd and data.endswith(b"\n")
+        self.lines.append(data.decode().removesuffix("\n"))
+
+
 def _events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -39,7 +54,7 @@ def test_the_event_log_holds_the_jobs_start_and_end_once(tmp_path):
     lines: list[str] = []
 
     async def main() -> None:
-        observers = JobObservers(_spec(tmp_path, "--events", str(log)), EventStream("run-1", ""), lines.append)
+        observers = JobObservers(_spec(tmp_path, "--events", str(log)), EventStream("run-1", ""), Said(lines))
         observers.open()
         await observers.begin("127.0.0.2")
         await observers.begin("127.0.0.2")
@@ -57,7 +72,7 @@ def test_a_job_that_ends_before_its_address_is_known_still_starts_then_ends(tmp_
     log = tmp_path / "events.jsonl"
 
     async def main() -> None:
-        observers = JobObservers(_spec(tmp_path, "--events", str(log)), EventStream("run-1", ""), lambda _: None)
+        observers = JobObservers(_spec(tmp_path, "--events", str(log)), EventStream("run-1", ""), Said())
         observers.open()
         await observers.end(1, error=True, node="node-4")
 
@@ -67,9 +82,50 @@ def test_a_job_that_ends_before_its_address_is_known_still_starts_then_ends(tmp_
 
 def test_an_event_log_that_cannot_be_written_names_the_flag(tmp_path):
     observers = JobObservers(_spec(tmp_path, "--events", str(tmp_path / "missing" / "e.jsonl")),
-                             EventStream("run-1", ""), lambda _: None)
+                             EventStream("run-1", ""), Said())
     with pytest.raises(UsageError, match="--events"):
         observers.open()
+
+
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    os.close(fd)
+    return data
+
+
+@pytest.mark.parametrize("path", ["/dev/stdout", "/dev/stderr"])
+def test_events_on_the_launchers_own_stdout_or_stderr_go_through_its_console_in_order_with_its_lines(tmp_path, path):
+    """The console is the only writer of the launcher's stdout and stderr (here two pipes): an event's line is one of
+    its lines, queued in order with the others."""
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    console = Console(out_w, err_w, merged=False)
+
+    async def main() -> None:
+        observers = JobObservers(_spec(tmp_path, "--events", path), EventStream("run-1", ""), console)
+        observers.open()
+        console.say("before")
+        await observers.begin("127.0.0.2")
+        console.say("between")
+        await observers.end(0)
+        console.say("after")
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), BOUND))
+        console.close()
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    out, err = _read_all(out_r).decode().splitlines(), _read_all(err_r).decode().splitlines()
+    said = ["rankrun: before", "rankrun: between", "rankrun: after"]
+    if path == "/dev/stdout":
+        assert [json.loads(line)["event"] for line in out] == ["job.start", "job.end"]
+        assert err == said
+    else:
+        assert out == []
+        assert [json.loads(line)["event"] if line.startswith("{") else line for line in err] == [
+            "rankrun: before", "job.start", "rankrun: between", "job.end", "rankrun: after"]
 
 
 async def _scrape(port: int) -> str:
@@ -85,7 +141,7 @@ def test_the_metrics_are_served_while_the_job_runs_and_closed_at_its_end(tmp_pat
     lines: list[str] = []
 
     async def main() -> None:
-        observers = JobObservers(_spec(tmp_path, "--metrics-port", "0"), EventStream("run-1", ""), lines.append)
+        observers = JobObservers(_spec(tmp_path, "--metrics-port", "0"), EventStream("run-1", ""), Said(lines))
         observers.open()
         await observers.begin("127.0.0.1")
         [line] = lines
@@ -107,7 +163,7 @@ def test_a_metrics_port_that_is_taken_names_the_flag(tmp_path):
 
         async def main() -> None:
             observers = JobObservers(_spec(tmp_path, "--metrics-port", str(port)), EventStream("run-1", ""),
-                                     lambda _: None)
+                                     Said())
             observers.open()
             with pytest.raises(UsageError, match=f"--metrics-port.*{port}.*cannot listen on 127.0.0.1"):
                 await observers.begin("127.0.0.1")
@@ -127,7 +183,7 @@ def test_the_job_ends_once_with_its_outcome(tmp_path):
     recorded = Recorded()
 
     async def main() -> None:
-        observers = JobObservers(_spec(tmp_path), EventStream("run-1", "", [recorded]), lambda _: None)
+        observers = JobObservers(_spec(tmp_path), EventStream("run-1", "", [recorded]), Said())
         observers.open()
         await observers.begin("127.0.0.2")
         await observers.end(1, error=True)
@@ -144,7 +200,7 @@ def test_torchelastics_lines_are_said_with_event_log_handler_console(tmp_path):
 
     async def main() -> None:
         observers = JobObservers(_spec(tmp_path, "--event-log-handler", "console"), EventStream("run-1", ""),
-                                 lines.append)
+                                 Said(lines))
         observers.open()
         await observers.begin("127.0.0.2")
         await observers.end(0)
@@ -165,7 +221,7 @@ def test_dcgms_files_are_written_as_the_workers_start_and_owned_by_the_watchdog(
 
     async def main() -> list[str]:
         events = EventStream("run-1", "")
-        observers = JobObservers(spec, events, lambda _: None,
+        observers = JobObservers(spec, events, Said(),
                                  (lambda path, content: owned.append((path, content)), lambda path: owned.append((path,))))
         observers.open()
         await observers.begin("127.0.0.2")

@@ -295,18 +295,20 @@ def _umask() -> int:
 
 
 STDERR_WRITER = """
-    import sys
     from rankrun.events.log import EventLog
     from rankrun.events.records import JobEnd, WorkersEnd
     from rankrun.events.stream import EventStream
-    print("rankrun: before", file=sys.stderr, flush=True)
-    log = EventLog.open("/dev/stderr", print)
+    from rankrun.logs.console import Console
+    console = Console()  # the launcher's, on fds 1 and 2, with its writer threads
+    console.say("before")
+    log = EventLog.open("/dev/stderr", print, console.write_blocking)
     stream = EventStream("run-1", "127.0.0.1", [log])
     stream.emit(WorkersEnd(attempt=0, outcome="succeeded"))
-    print("rankrun: between", file=sys.stderr, flush=True)
+    console.say("between")
     stream.emit(JobEnd(exit_code=0, outcome="succeeded"))
     log.close()
-    print("rankrun: after", file=sys.stderr, flush=True)
+    console.say("after")
+    console.close()
 """
 
 

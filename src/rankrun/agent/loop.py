@@ -54,8 +54,7 @@ async def run_agent(spec: LaunchSpec, deps: AgentDeps, catcher: EarlyCatcher) ->
     deps.events.run = spec.rendezvous.run_id
     deps.events.add(ConsoleLines(deps.console.say, spec.restart.max_restarts))
     watchdog = deps.watchdog
-    observers = JobObservers(spec, deps.events, lambda line: deps.console.write_blocking(deps.console.stderr_fd,
-                                                                                        f"{line}\n".encode()),
+    observers = JobObservers(spec, deps.events, deps.console,
                              (watchdog.own_file, watchdog.disown_file) if watchdog is not None else None)
     observers.open()  # a bad --events path: the user's error, before anything starts
     if (note := filter_note(spec.logs, spec.worker.nproc)) is not None:

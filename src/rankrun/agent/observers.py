@@ -9,16 +9,16 @@ own lines on stderr), and ``DCGM_HPC_JOB_MAPPING_DIR`` is ``DcgmMapping`` (dcgm-
 the watchdog removes if the launcher is killed). No consumer's module is imported unless it is asked for (a plain
 launch imports no ``json``).
 
-``begin(node)`` emits ``job.start``; ``end`` emits ``job.end``, whatever ended the job, then closes the consumers:
-the log says once what it dropped, and the endpoint stops listening (a scrape that came after ``job.end`` was
-folded saw ``rankrun_up 0``).
+``begin(node)`` emits ``job.start``; ``end`` emits ``job.end``, whatever ended the job, then closes the consumers: the
+log writes what it holds (in a thread: the loop goes on) and says once what it dropped, and the endpoint stops
+listening (a scrape that came after ``job.end`` was folded saw ``rankrun_up 0``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rankrun.agent.facts import job_outcome, job_start
 from rankrun.errors import StoreError, UsageError
@@ -35,14 +35,23 @@ def _nothing(*_args: str) -> None:
     return None
 
 
+class ConsoleWriter(Protocol):
+    """The console's writer (``rankrun.logs.console.Console``): the only one of the launcher's stdout and stderr."""
+
+    stdout_fd: int
+    stderr_fd: int
+
+    def write_blocking(self, fd: int, data: bytes) -> None: ...
+
+
 class JobObservers:
     """``open`` (before anything starts), ``begin`` (this node's address known), ``end`` (the exit code known).
-    ``say`` writes one whole line of the launcher's own (``rankrun: ...``) on its stderr."""
+    Their lines, and ``--events /dev/stdout`` or ``/dev/stderr``, go through the ``console``."""
 
-    def __init__(self, spec: LaunchSpec, events: EventStream, say: Callable[[str], None],
+    def __init__(self, spec: LaunchSpec, events: EventStream, console: ConsoleWriter,
                  owned: tuple[Callable[[str, str], None], Callable[[str], None]] | None = None) -> None:
         """``owned``: the watchdog's ``own_file``/``disown_file``, so DCGM's files go even after ``kill -9``."""
-        self._spec, self._events, self._say, self._owned = spec, events, say, owned
+        self._spec, self._events, self._console, self._owned = spec, events, console, owned
         self._log: EventLog | None = None
         self._server: MetricsServer | None = None
         self._begun = self._ended = False
@@ -53,7 +62,7 @@ class JobObservers:
         if path is not None:
             from rankrun.events.log import EventLog  # noqa: PLC0415 - imports json: only a job with --events pays
 
-            self._log = EventLog.open(path, self._say)
+            self._log = EventLog.open(path, self._say, self._std)
             self._events.add(self._log)
         observe = self._spec.observe
         if observe.torchelastic:
@@ -65,6 +74,14 @@ class JobObservers:
 
             on_file, off_file = self._owned if self._owned is not None else (_nothing, _nothing)
             self._events.add(DcgmMapping(observe.dcgm_dir, observe.dcgm_gpus, on_file, off_file, self._say))
+
+    def _say(self, line: str) -> None:
+        """One whole line of the launcher's own (``rankrun: ...``) on its stderr."""
+        self._console.write_blocking(self._console.stderr_fd, f"{line}\n".encode())
+
+    def _std(self, fd: int, line: bytes) -> None:
+        """A line on the launcher's stdout (``fd`` 1) or stderr (2), wherever the console has them."""
+        self._console.write_blocking(self._console.stdout_fd if fd == 1 else self._console.stderr_fd, line)
 
     async def begin(self, node: str) -> None:
         """This node's address is ``node``: serve the metrics there (``UsageError`` when the port is taken), and emit

@@ -1,23 +1,25 @@
 """``--events PATH``: the job's events as JSON lines, appended to a file, a FIFO or ``/dev/stderr``.
 
-Each event is one line written by one ``write`` (so writers appending to the same file never mix their lines),
-flushed by that write itself (no buffer is kept). What PATH is decides the rest:
+Each event is one line written by one ``write`` (so writers appending to the same file never mix their lines), flushed
+by that write itself (no buffer is kept). What PATH is decides the rest:
 
+- ``/dev/stdout`` and ``/dev/stderr`` are the launcher's own, which only its console writes
+  (``rankrun.logs.console``): the lines go through the console's writer (``console``), in order with the console's own
+  lines, and fare as they do (a pipe's reader that stops reading holds them as it holds the workers' output);
 - a regular file is created if missing and appended to (``O_APPEND``), never truncated;
-- a pipe (a FIFO, or ``/dev/stderr`` when stderr is a pipe) is written without ever blocking the job. A line
-  goes whole or not at all: a line of at most ``PIPE_BUF`` bytes is all-or-nothing in a non-blocking write, so a
-  line the pipe has no room for (its reader does not keep up), or a longer line, is dropped and counted. A FIFO
-  with no reader (opening it says ENXIO) is opened again at each event: lines are dropped until a reader opens
-  it, and from then on they flow. A reader that goes away (EPIPE) makes the log close the FIFO and wait for the
-  next the same way; the pipe, and whatever the last reader left unread in it, goes with it, so the next reader
-  starts at a line's start. The launcher ignores SIGPIPE, as every CPython program does from start-up on (and
-  rankrun never restores it), so a reader going away is an EPIPE here, never a signal;
-- ``/dev/stdout`` and ``/dev/stderr`` that are not pipes (a terminal, a file, a socket as under systemd) are the
-  launcher's own, shared: the lines go where its console lines go, in order with them; a terminal or a character
-  device (``/dev/null``) named otherwise is written as the console is.
+- a pipe (a FIFO) is written without ever blocking the job. A line goes whole or not at all: a line of at most
+  ``PIPE_BUF`` bytes is all-or-nothing in a non-blocking write, so a line the pipe has no room for (its reader does
+  not keep up), or a longer line, is dropped and counted. A FIFO with no reader (opening it says ENXIO) is opened
+  again at each event: lines are dropped until a reader opens it, and from then on they flow. A reader that goes away
+  (EPIPE) makes the log close the FIFO and wait for the next the same way; the pipe, and whatever the last reader left
+  unread in it, goes with it, so the next reader starts at a line's start. The launcher ignores SIGPIPE, as every
+  CPython program does from start-up on (and rankrun never restores it), so a reader going away is an EPIPE here,
+  never a signal;
+- a terminal or a character device (``/dev/null``) named by its path is written as the console is.
 
-Nothing here raises once the log is open: an event that could not be written is counted, and ``close`` says
-how many in one line (``say``). A PATH that cannot be opened at all is the user's: ``UsageError`` naming it.
+Nothing here raises once the log is open: an event that could not be written is counted, and ``close`` says how many
+in one line (``say``). A PATH that cannot be opened at all is the user's: ``UsageError`` naming it. Without a
+``console`` (a caller that has none), ``/dev/stdout`` and ``/dev/stderr`` are opened as any other path.
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def encode(event: Record) -> bytes:
 class EventLog:
     """The ``--events`` consumer of one job's ``EventStream`` (``on_event``); ``close`` once the job has ended."""
 
-    def __init__(self, path: str, fd: int, pipe: bool, say: Callable[[str], None]) -> None:
-        self.path, self._fd, self._pipe, self._say = path, fd, pipe, say
+    def __init__(self, path: str, fd: int, pipe: bool, say: Callable[[str], None],
+                 console: Callable[[bytes], None] | None = None) -> None:
+        """``fd``: PATH opened (-1: a FIFO with no reader yet, or the ``console``, which writes the lines instead);
+        ``pipe``: written without blocking."""
+        self.path, self._fd, self._pipe, self._say, self._console = path, fd, pipe, say, console
         self.written = 0
         self.unread = 0  # lines a pipe had no reader for, or no room for
         self.failed = 0  # events that could not be written at all (the device's error, or not JSON)
@@ -82,15 +87,17 @@ class EventLog:
         self._closed = False
 
     @classmethod
-    def open(cls, path: str, say: Callable[[str], None]) -> EventLog:
-        """The log for PATH (see the module docstring); ``UsageError`` if PATH cannot be written at all."""
-        if path in _STD and not _is_fifo(path):
-            # the launcher's own stdout/stderr, shared (opening /proc/self/fd/N anew would write a file from offset 0
-            # over what the launcher writes, and cannot open a socket); a pipe is opened anew below, not to block
+    def open(cls, path: str, say: Callable[[str], None],
+             console: Callable[[int, bytes], None] | None = None) -> EventLog:
+        """The log for PATH (see the module docstring); ``UsageError`` if PATH cannot be written at all.
+        ``console(fd, line)``: the console's writer of the launcher's stdout (1) and stderr (2)."""
+        if path in _STD and console is not None:
+            fd = _STD[path]
             try:
-                return cls(path, os.dup(_STD[path]), False, say)
+                os.fstat(fd)  # a launcher started with it closed: nothing would ever show
             except OSError as exc:
                 raise UsageError(FLAG, path, exc.strerror or str(exc)) from None
+            return cls(path, -1, False, say, lambda line: console(fd, line))
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(path, flags, 0o666)
@@ -112,6 +119,10 @@ class EventLog:
     def write(self, line: bytes) -> None:
         """Append one whole line (ending in a newline), or count it dropped."""
         if self._closed:
+            return
+        if self._console is not None:
+            self._console(line)
+            self.written += 1
             return
         if self._fd < 0 and not self._reopen():
             self.unread += 1

@@ -2,7 +2,8 @@
 
 Before that, ``rankrun.cli`` prints its own few lines (usage errors and notes on stderr, ``rankrun --stacks``'s answer
 on stdout); nothing else in rankrun prints (``tests/unit/test_claims.py``), and Python's logging goes through the
-console too (``rankrun.main``). ``rankrun.api.launch`` writes to its caller's streams, not the launcher's.
+console too (``rankrun.main``), as do the lines of ``--events /dev/stdout`` or ``/dev/stderr`` (``rankrun.events.log``,
+through ``write_blocking``). ``rankrun.api.launch`` writes to its caller's streams, not the launcher's.
 
 A *destination* is one place the console writes to: fd 1 and fd 2, or a single one when both
 are the same file (a terminal, ``2>&1``), because then the order between the two streams is
