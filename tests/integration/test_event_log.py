@@ -423,6 +423,38 @@ def test_a_terminal_named_by_its_path_is_written_as_the_console_is():
         os.close(controller)
 
 
+def test_a_terminal_that_reads_nothing_never_holds_the_caller_and_gets_every_line_by_the_close():
+    """A file or a terminal is written by the log's own thread: the job's loop hands a line on and goes on, however
+    long the device blocks (here a terminal whose buffer is full, as under XOFF); ``close`` waits for all of it."""
+    controller, terminal = os.openpty()
+    try:
+        log = EventLog.open(os.ttyname(terminal), print)
+        count = 3000  # some 300 KB: many times what a terminal buffers
+
+        def emit_all() -> None:
+            for i in range(count):
+                log.on_event(_event(i))
+        _unblocked(emit_all)
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(_read_lines(controller, count)), daemon=True)
+        reader.start()
+        _unblocked(log.close)
+        reader.join(BOUND)
+        assert [o["attempt"] for o in _lines(bytes(got).replace(b"\r\n", b"\n"))] == list(range(count))
+        assert (log.written, log.dropped) == (count, 0)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+
+
+def _read_lines(fd: int, count: int) -> bytes:
+    """What a terminal's controller reads until ``count`` lines came, or BOUND seconds of silence."""
+    data = b""
+    while data.count(b"\n") < count and select.select([fd], [], [], BOUND)[0]:
+        data += os.read(fd, 65536)
+    return data
+
+
 def test_the_log_is_not_inherited_by_the_workers(tmp_path):
     """A worker holding the FIFO's write end would keep its reader from ever seeing the end."""
     log = EventLog.open(str(tmp_path / "events.jsonl"), print)

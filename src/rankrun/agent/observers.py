@@ -16,6 +16,7 @@ listening (a scrape that came after ``job.end`` was folded saw ``rankrun_up 0``)
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -119,6 +120,6 @@ class JobObservers:
             self._events.emit(job_start(self._spec))
         self._events.emit(JobEnd(code, job_outcome(code, error)))
         if self._log is not None:
-            self._log.close()
+            await asyncio.to_thread(self._log.close)  # waits for a file's or a terminal's lines: off the loop
         if self._server is not None:
             await self._server.close()

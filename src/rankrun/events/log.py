@@ -1,12 +1,16 @@
 """``--events PATH``: the job's events as JSON lines, appended to a file, a FIFO or ``/dev/stderr``.
 
 Each event is one line written by one ``write`` (so writers appending to the same file never mix their lines), flushed
-by that write itself (no buffer is kept). What PATH is decides the rest:
+by that write itself (no buffer is kept). ``on_event`` never waits on PATH itself: the loop's thread encodes the line
+and hands it on, to the console, to the log's thread, or to a pipe that takes it at once or drops it. What PATH is
+decides the rest:
 
 - ``/dev/stdout`` and ``/dev/stderr`` are the launcher's own, which only its console writes
   (``rankrun.logs.console``): the lines go through the console's writer (``console``), in order with the console's own
   lines, and fare as they do (a pipe's reader that stops reading holds them as it holds the workers' output);
-- a regular file is created if missing and appended to (``O_APPEND``), never truncated;
+- a regular file is created if missing and appended to (``O_APPEND``), never truncated. It is written by a thread of
+  the log's own, in order, as the console writes its destinations, so a slow disk never holds the job's loop; the
+  thread's queue has no bound, as a job's events are few (a handful an attempt);
 - a pipe (a FIFO) is written without ever blocking the job. A line goes whole or not at all: a line of at most
   ``PIPE_BUF`` bytes is all-or-nothing in a non-blocking write, so a line the pipe has no room for (its reader does
   not keep up), or a longer line, is dropped and counted. A FIFO with no reader (opening it says ENXIO) is opened
@@ -15,11 +19,13 @@ by that write itself (no buffer is kept). What PATH is decides the rest:
   unread in it, goes with it, so the next reader starts at a line's start. The launcher ignores SIGPIPE, as every
   CPython program does from start-up on (and rankrun never restores it), so a reader going away is an EPIPE here,
   never a signal;
-- a terminal or a character device (``/dev/null``) named by its path is written as the console is.
+- a terminal or a character device (``/dev/null``) named by its path is written as a file is, by the log's thread,
+  blocking there as the console does on its own.
 
-Nothing here raises once the log is open: an event that could not be written is counted, and ``close`` says how many
-in one line (``say``). A PATH that cannot be opened at all is the user's: ``UsageError`` naming it. Without a
-``console`` (a caller that has none), ``/dev/stdout`` and ``/dev/stderr`` are opened as any other path.
+Nothing here raises once the log is open: an event that could not be written is counted, and ``close`` (which waits
+for the thread to write what it was given) says how many in one line (``say``). A PATH that cannot be opened at all is
+the user's: ``UsageError`` naming it. Without a ``console`` (a caller that has none), ``/dev/stdout`` and
+``/dev/stderr`` are opened as any other path.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import errno
 import fcntl
 import math
 import os
+import queue
 import select
 import stat
+import threading
 from collections.abc import Callable
 
 from rankrun.errors import UsageError
@@ -78,13 +86,20 @@ class EventLog:
     def __init__(self, path: str, fd: int, pipe: bool, say: Callable[[str], None],
                  console: Callable[[bytes], None] | None = None) -> None:
         """``fd``: PATH opened (-1: a FIFO with no reader yet, or the ``console``, which writes the lines instead);
-        ``pipe``: written without blocking."""
+        ``pipe``: written without blocking on the loop's thread, where anything else but the console gets a thread."""
         self.path, self._fd, self._pipe, self._say, self._console = path, fd, pipe, say, console
         self.written = 0
         self.unread = 0  # lines a pipe had no reader for, or no room for
         self.failed = 0  # events that could not be written at all (the device's error, or not JSON)
         self._error = ""  # why the last of those was not
         self._closed = False
+        self._failing = threading.Lock()  # the loop's thread and the writer's both count failures
+        self._queue: queue.SimpleQueue[bytes | None] | None = None
+        self._thread: threading.Thread | None = None
+        if fd >= 0 and not pipe:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._drain, name="rankrun-events", daemon=True)
+            self._thread.start()
 
     @classmethod
     def open(cls, path: str, say: Callable[[str], None],
@@ -117,12 +132,15 @@ class EventLog:
         self.write(line)
 
     def write(self, line: bytes) -> None:
-        """Append one whole line (ending in a newline), or count it dropped."""
+        """Append one whole line (ending in a newline), or count it dropped; a file's is queued for the log's thread."""
         if self._closed:
             return
         if self._console is not None:
             self._console(line)
             self.written += 1
+            return
+        if self._queue is not None:
+            self._queue.put(line)
             return
         if self._fd < 0 and not self._reopen():
             self.unread += 1
@@ -131,9 +149,7 @@ class EventLog:
             self.unread += 1  # a non-blocking write of more could be cut short: a line never is
             return
         try:
-            done = os.write(self._fd, line)
-            while done < len(line):  # only a file or a terminal, which block, write part of a line
-                done += os.write(self._fd, line[done:])
+            os.write(self._fd, line)  # all or nothing: a line of at most PIPE_BUF bytes, without blocking
         except BlockingIOError:
             self.unread += 1  # the pipe is full: its reader does not keep up
         except BrokenPipeError:
@@ -145,11 +161,28 @@ class EventLog:
         else:
             self.written += 1
 
+    def _drain(self) -> None:
+        """The log's thread: write a file's (or a terminal's) lines in order, blocking where the device does."""
+        assert self._queue is not None
+        while (line := self._queue.get()) is not None:
+            try:
+                done = os.write(self._fd, line)
+                while done < len(line):  # a file or a terminal, which block, may write part of a line
+                    done += os.write(self._fd, line[done:])
+            except OSError as exc:
+                self._fail(exc.strerror or str(exc))
+            else:
+                self.written += 1
+
     def close(self) -> None:
-        """Close PATH, and say in one line how many events could not be written, if any."""
+        """Wait for the log's thread to write what it was given, close PATH, and say in one line how many events could
+        not be written, if any. Blocks while a file or a terminal does: call it off the loop's thread."""
         if self._closed:
             return
         self._closed = True
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -175,8 +208,9 @@ class EventLog:
         return True
 
     def _fail(self, error: str) -> None:
-        self.failed += 1
-        self._error = error
+        with self._failing:
+            self.failed += 1
+            self._error = error
 
 
 def _is_fifo(path: str) -> bool:

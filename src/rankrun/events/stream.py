@@ -1,9 +1,11 @@
 """One job's event stream: the producers hand it a fact, it stamps the common keys and passes it to each consumer.
 
-One ``EventStream`` per job, made where the job starts and handed to whoever decides a fact (the agent's loop, the
-rendezvous round, the failure report); there is no module-level bus. The consumers (the ``--events`` file, the
-metrics, the DCGM files, the console) see every record in the order it was emitted, each stamped with the same run
-id and node and the stream's clocks. A consumer that needs the end of the job gets ``close()``.
+One ``EventStream`` per job, made with the agent's seams (``agent/deps.py``) and handed to the agent, which emits each
+fact where it decides it (its loop, the rounds, the attempt's watch); there is no module-level bus. The consumers (the
+``--events`` file, the metrics, torchelastic's lines, the DCGM files, the console's lines) take the stamped records
+themselves and see every record in the order it was emitted, each stamped with the same run id and node and the
+stream's clocks. The stream has no end of its own: ``job.end`` is the last record, after which the job's observers
+(``agent/observers.py``) close the consumers that hold something open.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from rankrun.events.records import R, Record, stamp
 
 class Consumer(Protocol):
     def on_event(self, event: Record) -> None:
-        """Take one stamped record. Called from the job's one thread (the event loop's): never blocks, never raises."""
+        """Take one stamped record. Called from the job's one thread (the event loop's): never raises, and never waits
+        on a device (a file is written by a thread of its own, a pipe without blocking; a line for the launcher's
+        stdout or stderr is queued to the console, which makes its caller wait only while its queue is full, as it
+        does for every line of the launcher's own)."""
         ...
 
 
