@@ -327,3 +327,14 @@ def test_requests_get_the_series_or_a_status_saying_why_not() -> None:
 def test_the_url_and_its_line() -> None:
     assert announcement("10.0.0.1", 9400) == "rankrun: metrics at http://10.0.0.1:9400/metrics"
     assert url("fe80::1", 80) == "http://[fe80::1]:80/metrics"
+
+
+def test_every_failure_and_restart_counts_rank_0_can_straggle_and_an_unread_range_keeps_its_attempt() -> None:
+    m = fold(job(8))  # one failure and one restart
+    m.on_event(event("failure", attempt=1, rank=9, host="h", exit_code=1, signal=None, exception=None))
+    m.on_event(event("restart", attempt=2, reason="again", restarts_left=1))
+    assert (value(m, "rankrun_failures_total"), value(m, "rankrun_restarts_total")) == (2, 2)
+    m.on_event(straggler(0))
+    assert lags(m) == {"0": 0.041}
+    m.on_event(event("workers.start", attempt=2, ranks="0-x", pids=[]))
+    assert value(m, "rankrun_attempt") == 2

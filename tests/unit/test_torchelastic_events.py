@@ -198,3 +198,30 @@ def test_torchs_own_event_class_reads_every_line_back_to_the_same_text():
         event = api.Event.deserialize(line)
         assert event.source in (api.EventSource.WORKER, api.EventSource.AGENT)
         assert event.serialize() == line
+
+
+def test_a_root_cause_that_comes_after_its_attempt_ended_writes_the_workers_lines_at_once():
+    job = Job()
+    job.start()
+    job("workers.end", attempt=0, outcome="failed")
+    assert len(job.lines) == 4  # the workers' last lines wait for the root cause
+    job("failure", attempt=0, rank=1, host="127.0.0.1", exit_code=None, signal=None, exception="KeyError: 'x'")
+    assert [line["metadata"]["state"] for line in job.parsed()[4:]] == ["TERMINATED", "FAILED"]
+    assert json.loads(job.parsed()[5]["metadata"]["metadata"])["exit_code"] == [None]  # no exit code, no signal known
+
+
+def test_what_the_events_leave_out_or_repeat():
+    job = Job()
+    job("workers.end", attempt=0, outcome="failed")  # no workers started here yet: nothing to end
+    job("failure", attempt=0, rank=0, host="127.0.0.1", exit_code=1, signal="SIGKILL", exception=None)
+    assert job.lines == []
+    job.start()
+    job("workers.end", attempt=0, outcome="failed")
+    assert json.loads(job.parsed()[4]["metadata"]["metadata"])["exit_code"] == [1]  # the exit code known wins
+    for attempt in (1, 2):
+        job("restart", attempt=attempt, reason="worker failed", restarts_left=2 - attempt)
+    job("workers.start", attempt=2, ranks="0-1", pids=[4100])  # a pid fewer than its ranks
+    started = job.parsed()[-2:]
+    assert [line["metadata"]["agent_restarts"] for line in started] == [2, 2]
+    assert [json.loads(line["metadata"]["metadata"])["worker_pid"] for line in started] == [[4100], [None]]
+    assert [line["metadata"]["worker_id"] for line in started] == ["4100", None]
