@@ -343,6 +343,20 @@ def test_dev_stderr_of_a_child_whose_stderr_is_a_file_keeps_the_order_and_overwr
     assert len(_split(text)[1]) == 2
 
 
+@pytest.mark.parametrize(("path", "fd"), [("/dev/stdout", 1), ("/dev/stderr", 2)])
+def test_the_launchers_own_stdout_and_stderr_are_written_by_its_console_alone(path, fd):
+    """Each line is handed to the console's writer of that stream, at once and in order; nothing is opened."""
+    given: list[tuple[int, bytes]] = []
+    log = EventLog.open(path, print, lambda to, line: given.append((to, line)))
+    for i in range(3):
+        log.on_event(_event(i))
+    assert [(to, json.loads(line)["attempt"]) for to, line in given] == [(fd, 0), (fd, 1), (fd, 2)]
+    assert all(line.endswith(b"}\n") for _, line in given)
+    log.close()
+    log.on_event(_event(3))  # after the end: nothing
+    assert (len(given), log.written, log.dropped, log._fd) == (3, 3, 0, -1)
+
+
 def test_a_device_that_refuses_writes_is_counted_and_said_once():
     """/dev/full: every write is ENOSPC. The job goes on; the end says how many and why."""
     said: list[str] = []
