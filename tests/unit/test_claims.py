@@ -446,10 +446,6 @@ def test_the_only_ones_check_sees_each_form(source, found):
 # 2, to a dup of either, to /dev/stdout or /dev/stderr opened, or a file object opened on any of them.
 STD_WRITERS = {
     "logs/console.py",  # its destinations' writer threads: fd 1 and fd 2 by default (Console(stdout_fd=1, stderr_fd=2))
-    # FOR THE LEAD TO REMOVE once issue 35 item 5 lands (--events /dev/stdout|stderr through the console's writer,
-    # another helper's change): today EventLog.open dups fd 1/2 itself (os.dup(_STD[path])) and os.writes the dup on
-    # the loop's thread, around the console's writer threads. The check below then fails until this line goes.
-    "events/log.py",
 }
 
 _STD_PATHS = {"/dev/stdout", "/dev/stderr", "/dev/fd/1", "/dev/fd/2", "/proc/self/fd/1", "/proc/self/fd/2"}
