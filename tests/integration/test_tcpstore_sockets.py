@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from test_tcpstore_protocol import RawClient, ServedStore
 
-from rankrun.workerstore.tcpstore import MAX_VALUE_LEN
+from rankrun.workerstore.queries import MAX_VALUE_LEN
 from tcpwire import NUMKEYS, U64, add, check, get, i64, ping, s, set_
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankrun.workerstore.tcpstore import MAX_KEY_COUNT, MAX_VALUE_LEN, TCPStoreServer, _Connection
+from rankrun.workerstore.queries import MAX_KEY_COUNT, MAX_VALUE_LEN
+from rankrun.workerstore.tcpstore import TCPStoreServer, _Connection
 from tcpwire import (
     CANCEL_WAIT,
     LIST_KEYS,

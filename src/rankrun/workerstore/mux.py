@@ -1,5 +1,6 @@
 """The store relays' wire (pure: bytes in, bytes out; no sockets here): the handshake, the multiplexing frames, and
-the TCPStore request and reply layouts a relay must know to tell where one request (or reply) ends.
+the walks over TCPStore requests and replies that tell a relay where one request (or reply) ends, by the layouts of
+``workerstore.queries`` (the store's own table).
 
 A relay (``workerstore.relay``) serves one node's workers and forwards their TCPStore connections to the host's store
 over ONE connection, each worker connection a *virtual connection* (a ``u32`` id, never reused) on it. That connection
@@ -30,7 +31,7 @@ import struct
 from collections import deque
 
 from rankrun.proof import client_proof, server_proof
-from rankrun.workerstore.tcpstore import MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN
+from rankrun.workerstore.queries import LAYOUTS, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, Query
 
 __all__ = ["CLOSE", "DATA", "HEADER", "JOIN", "LEAVE", "MAGIC", "OPEN", "SHARED", "ReplyTracker", "RequestCutter", "frame"]
 
@@ -134,20 +135,14 @@ def proof_ok(expected_hex: str, given: bytes) -> bool:
     return hmac.compare_digest(bytes.fromhex(expected_hex), bytes(given))
 
 
-# -- TCPStore request layouts (``reference/tcpstore-protocol.md`` §2.1) -----------------------
+# -- TCPStore request and reply layouts, as ``workerstore.queries`` describes them ------------------------------------
 
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-# the fields after each query byte: 4 = four bytes, 8 = an i64, "K" = a key, "V" = a value, "k" = a key list, "p" = a
-# MULTI_SET's list of key/value pairs
-_FIELDS: dict[int, str] = {0: "4", 1: "KV", 2: "KVV", 3: "K", 4: "K8", 5: "k", 6: "k", 7: "", 8: "K", 9: "KV", 10: "k",
-                           11: "p", 12: "", 13: "4", 14: "KV", 15: "K", 16: "K", 17: "", 18: "K8"}
-# what each query's reply is: "" none, "1" one byte, "4" four, "8" an i64, "s" a sized value, "n" one sized value per
-# key of the request, "q" QUEUE_POP's (an i64 length, then a value when it is > 0), "l" LIST_KEYS' (an i64 count, then
-# that many values), "w" a WAIT's or BARRIER's byte (it may come much later; a CANCEL_WAIT may take its place)
-REPLIES: dict[int, str] = {0: "", 1: "", 2: "s", 3: "s", 4: "8", 5: "1", 6: "w", 7: "8", 8: "8", 9: "", 10: "n", 11: "",
-                           12: "c", 13: "4", 14: "", 15: "q", 16: "8", 17: "l", 18: "w"}
-WAIT, GET, CANCEL_WAIT, BARRIER = 6, 3, 12, 18
+# plain ints, the query byte's value, for the walks (``queries.Layout`` says what the letters mean)
+_FIELDS: dict[int, str] = {int(query): layout.request for query, layout in LAYOUTS.items()}
+REPLIES: dict[int, str] = {int(query): layout.reply for query, layout in LAYOUTS.items()}
+WAIT, GET, CANCEL_WAIT, BARRIER = int(Query.WAIT), int(Query.GET), int(Query.CANCEL_WAIT), int(Query.BARRIER)
 
 
 class RequestCutter:

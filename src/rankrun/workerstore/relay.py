@@ -33,12 +33,13 @@ from collections.abc import Callable
 from rankrun.errors import StoreError
 from rankrun.listen import listen
 from rankrun.workerstore import mux
+from rankrun.workerstore.queries import MAGIC, STOP_WAITING, WAIT_CANCELED, Query
 
 __all__ = ["RelayStats", "StoreRelay"]
 
 logger = logging.getLogger(__name__)
 
-_VALIDATE = b"\x00\xce\xf7\x85\x3c"  # what a helper connection says first, as every client does
+_VALIDATE = bytes([Query.VALIDATE]) + MAGIC.to_bytes(4, "little")  # what a helper connection says first, as every client does
 _CONNECT_TIMEOUT_S = 10.0
 _HIGH_WATER = 1 << 20  # bytes queued upstream before the clients' reads are paused
 
@@ -125,7 +126,7 @@ class _Local(asyncio.Protocol):
                 if not tracker.owed:  # nothing of its own in flight: answered here, in order
                     if sent < pos:
                         relay._send(mux.DATA, self.cid, bytes(buf[sent:pos]))
-                    self.write(b"\x01")
+                    self.write(WAIT_CANCELED)
                     pos = sent = nxt
                     continue
             elif shared is None and code in (mux.GET, mux.WAIT) and self._validated and not tracker.owed and count <= 1:
@@ -523,7 +524,7 @@ class StoreRelay:
                 shared.waiters.remove(waiter)
                 del shared.indices[waiter]
                 waiter.attached = None
-                waiter.write(b"\x00")
+                waiter.write(STOP_WAITING)
             if not shared.waiters:
                 self._end_wait(shared, tell=True)
                 break

@@ -22,7 +22,8 @@ from typing import Any
 from rankrun.listen import listen
 from rankrun.workerstore import mux
 from rankrun.workerstore.keyspace import KeyWaiter
-from rankrun.workerstore.tcpstore import MAX_KEY_LEN, TCPStoreServer, _Connection
+from rankrun.workerstore.queries import MAX_KEY_LEN
+from rankrun.workerstore.tcpstore import TCPStoreServer, _Connection
 
 __all__ = ["RelayHost"]
 

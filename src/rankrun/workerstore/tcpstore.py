@@ -4,9 +4,9 @@ Owns: the listening socket, which stays bound from ``start()`` to ``close()`` so
 client connections; and the current :class:`~rankrun.workerstore.keyspace.Keyspace` (keys, queues, blocked callers),
 which ``reset()`` swaps for a fresh one after dropping the previous attempt's connections (the stale-key restart bug of
 torchrun). Must not depend on: torch, threads, blocking calls on the event loop, or anything in rankrun except
-``rankrun.listen`` (how every listening socket is bound) and ``workerstore.keyspace`` (its imports are checked by
-``tests/unit/test_import_directions.py``). Byte layouts follow ``reference/tcpstore-protocol.md`` (written from
-observation, not from torch's code).
+``rankrun.listen`` (how every listening socket is bound), ``workerstore.keyspace`` and ``workerstore.queries``, the
+protocol's table (its imports are checked by ``tests/unit/test_import_directions.py``). Byte layouts follow
+``reference/tcpstore-protocol.md`` (written from observation, not from torch's code).
 
 Design: one ``asyncio.BufferedProtocol`` per connection (no streams, no task per client). On its own listener the
 transport is ``rankrun.listen.Polled``: every connection in one epoll of the listener's own, watched by the loop as one
@@ -40,11 +40,9 @@ socket, its ``_Connection`` (its buffer) and its ``Polled``, no memoryview, futu
 the garbage collector's full collections cost 22 us per rank with those, 8 without.
 
 Wire summary: every request is a 1-byte query code followed by fixed fields (``u32``/``i64`` little-endian, strings
-as ``u64`` length + bytes); replies have no header; errors are signalled by closing the connection. Codes::
-
-    0 VALIDATE  1 SET  2 COMPARE_SET  3 GET  4 ADD  5 CHECK  6 WAIT  7 GETNUMKEYS
-    8 DELETE_KEY  9 APPEND  10 MULTI_GET  11 MULTI_SET  12 CANCEL_WAIT  13 PING
-    14 QUEUE_PUSH  15 QUEUE_POP  16 QUEUE_LEN  17 LIST_KEYS  18 BARRIER
+as ``u64`` length + bytes); replies have no header; errors are signalled by closing the connection. The codes, each
+query's fields and reply, and the limits are ``workerstore.queries``' table, which the relays read too; the handlers
+here (``_op_<query>``, one per row, dispatched by code) parse those fields by hand, for speed.
 
 Deliberate differences from torch's libuv server (none visible to a correct client):
 
@@ -63,7 +61,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import struct
 import time
@@ -72,22 +69,12 @@ from typing import cast
 
 from rankrun.listen import listen
 from rankrun.workerstore.keyspace import Keyspace, NotAnInteger, Waiter
+from rankrun.workerstore.queries import MAGIC, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, STOP_WAITING, WAIT_CANCELED, Query
 
-__all__ = ["MAGIC", "MAX_KEY_COUNT", "MAX_KEY_LEN", "MAX_VALUE_LEN", "TCPStoreServer"]
+__all__ = ["TCPStoreServer"]
 
 logger = logging.getLogger(__name__)
 
-MAGIC = 0x3C85F7CE
-"""The ``u32`` a client sends with VALIDATE as its very first query."""
-MAX_KEY_LEN = 8192
-"""Longest key accepted (bytes), as torch's libuv server."""
-MAX_VALUE_LEN = 8 * 1024 * 1024
-"""Longest value accepted (bytes), as torch's libuv server."""
-MAX_KEY_COUNT = 128 * 1024
-"""Most keys accepted in one key list or MULTI_SET, as torch's libuv server."""
-
-_STOP_WAITING = b"\x00"
-_WAIT_CANCELED = b"\x01"
 _CHECK_READY = b"\x00"
 _CHECK_NOT_READY = b"\x01"
 _CLOSE_GRACE_S = 5.0
@@ -107,28 +94,6 @@ _u64_at = _U64.unpack_from
 _i64_at = _I64.unpack_from
 _pack_i64 = _I64.pack
 _pack_u64 = _U64.pack
-
-
-class _Query(enum.IntEnum):
-    VALIDATE = 0
-    SET = 1
-    COMPARE_SET = 2
-    GET = 3
-    ADD = 4
-    CHECK = 5
-    WAIT = 6
-    GETNUMKEYS = 7
-    DELETE_KEY = 8
-    APPEND = 9
-    MULTI_GET = 10
-    MULTI_SET = 11
-    CANCEL_WAIT = 12
-    PING = 13
-    QUEUE_PUSH = 14
-    QUEUE_POP = 15
-    QUEUE_LEN = 16
-    LIST_KEYS = 17
-    BARRIER = 18
 
 
 class _ProtocolError(Exception):
@@ -391,13 +356,13 @@ class _Connection(asyncio.BufferedProtocol):
         if self._closed:
             return
         if self._busy:  # satisfied by a request of our own: keep the replies in order
-            self._out.append(_STOP_WAITING)
+            self._out.append(STOP_WAITING)
         elif self._transport is not None:
-            self._transport.write(_STOP_WAITING)
+            self._transport.write(STOP_WAITING)
 
     def _park(self, waiter: Waiter | None) -> None:
         if waiter is None:
-            self._out.append(_STOP_WAITING)
+            self._out.append(STOP_WAITING)
         else:
             self._pending = waiter
 
@@ -534,7 +499,7 @@ class _Connection(asyncio.BufferedProtocol):
     def _op_cancel_wait(self, mv: memoryview, pos: int, end: int) -> int:  # noqa: ARG002 - the handler signature
         """CANCEL_WAIT: forget the pending WAIT/BARRIER, if any; always reply 01."""
         self._forget_pending()
-        self._out.append(_WAIT_CANCELED)
+        self._out.append(WAIT_CANCELED)
         return pos + 1
 
     def _op_ping(self, mv: memoryview, pos: int, end: int) -> int:
@@ -587,27 +552,8 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 _Handler = Callable[[_Connection, memoryview, int, int], int]
-_BY_CODE: dict[int, _Handler] = {
-    _Query.VALIDATE: _Connection._op_validate,
-    _Query.SET: _Connection._op_set,
-    _Query.COMPARE_SET: _Connection._op_compare_set,
-    _Query.GET: _Connection._op_get,
-    _Query.ADD: _Connection._op_add,
-    _Query.CHECK: _Connection._op_check,
-    _Query.WAIT: _Connection._op_wait,
-    _Query.GETNUMKEYS: _Connection._op_getnumkeys,
-    _Query.DELETE_KEY: _Connection._op_delete_key,
-    _Query.APPEND: _Connection._op_append,
-    _Query.MULTI_GET: _Connection._op_multi_get,
-    _Query.MULTI_SET: _Connection._op_multi_set,
-    _Query.CANCEL_WAIT: _Connection._op_cancel_wait,
-    _Query.PING: _Connection._op_ping,
-    _Query.QUEUE_PUSH: _Connection._op_queue_push,
-    _Query.QUEUE_POP: _Connection._op_queue_pop,
-    _Query.QUEUE_LEN: _Connection._op_queue_len,
-    _Query.LIST_KEYS: _Connection._op_list_keys,
-    _Query.BARRIER: _Connection._op_barrier,
-}
+# one handler per query of the table, named after it: a query the table gains without one fails at import
+_BY_CODE: dict[int, _Handler] = {query: cast(_Handler, getattr(_Connection, f"_op_{query.name.lower()}")) for query in Query}
 _HANDLERS: tuple[_Handler, ...] = tuple(_BY_CODE.get(code, _Connection._op_unknown) for code in range(256))
 _HANDSHAKE: tuple[_Handler, ...] = (_Connection._op_validate,) + (_Connection._op_before_validate,) * 255
 
