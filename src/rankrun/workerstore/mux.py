@@ -30,7 +30,7 @@ import os
 import struct
 from collections import deque
 
-from rankrun.proof import client_proof, server_proof
+from rankrun.proof import client_proof, proof_matches, server_proof
 from rankrun.workerstore.queries import LAYOUTS, MAX_KEY_COUNT, MAX_KEY_LEN, MAX_VALUE_LEN, Query
 
 __all__ = ["CLOSE", "DATA", "HEADER", "JOIN", "LEAVE", "MAGIC", "OPEN", "SHARED", "ReplyTracker", "RequestCutter", "frame"]
@@ -116,7 +116,7 @@ def verdict(secret: bytes | None, proof: bytes, fresh: bytes, nonce: bytes) -> t
     """The host's last handshake message for a relay's ``proof``, and whether the relay is admitted."""
     if secret is None:
         return b"\x01" + _NO_PROOF, True
-    if not proof_ok(client_proof(secret, fresh, nonce), proof):
+    if not proof_matches(client_proof(secret, fresh, nonce), proof.hex()):
         return b"\x00" + _NO_PROOF, False
     return b"\x01" + bytes.fromhex(server_proof(secret, fresh, nonce)), True
 
@@ -125,14 +125,8 @@ def host_proven(secret: bytes | None, data: bytes, fresh: bytes, nonce: bytes) -
     """The relay's check of the host's verdict; MuxError if refused or if the host did not prove the secret."""
     if data[0] != 1:
         raise MuxError("the host refused this relay: it does not share the job's secret")
-    if secret is not None and not proof_ok(server_proof(secret, fresh, nonce), data[1:VERDICT_LEN]):
+    if secret is not None and not proof_matches(server_proof(secret, fresh, nonce), data[1:VERDICT_LEN].hex()):
         raise MuxError("the host did not prove the job's secret")
-
-
-def proof_ok(expected_hex: str, given: bytes) -> bool:
-    import hmac  # noqa: PLC0415 - constant-time compare, once per relay
-
-    return hmac.compare_digest(bytes.fromhex(expected_hex), bytes(given))
 
 
 # -- TCPStore request and reply layouts, as ``workerstore.queries`` describes them ------------------------------------
