@@ -1,6 +1,6 @@
 """The connect storm through store relays (``--store-relays``): N raw-protocol TCPStore clients, spread over R relays
 (``StoreRelay``, one process each, each on a loopback address of its own), to one host process (``TCPStoreServer`` and
-its ``RelayHost``), with every process's open descriptors sampled from ``/proc/<pid>/fd``.
+its ``StoreRelayHost``), with every process's open descriptors sampled from ``/proc/<pid>/fd``.
 
 The point: a job larger than one process's open-files limit (here the hard limit; 20,000 on the machine this was
 written on) runs, and no process holds more than ``relays + its own`` (the host) or ``its clients + 1`` (a relay)
@@ -55,7 +55,7 @@ def host(direct: bool = False) -> None:
     _raise_nofile()
     sys.path.insert(0, str(SRC))
     from rankrun.workerstore.keyspace import Keyspace  # noqa: PLC0415
-    from rankrun.workerstore.relayhost import RelayHost  # noqa: PLC0415
+    from rankrun.workerstore.relayhost import StoreRelayHost  # noqa: PLC0415
     from rankrun.workerstore.tcpstore import TCPStoreServer  # noqa: PLC0415
 
     waits = [0]  # WAITs the keyspace registered: a direct client's (wait), a relay's shared wait's (enqueue)
@@ -71,7 +71,7 @@ def host(direct: bool = False) -> None:
     async def main() -> None:
         server = TCPStoreServer()
         store_port = await server.start(HOST, 0)
-        relays = RelayHost(server, b"bench secret")
+        relays = StoreRelayHost(server, b"bench secret")
         print("port", await relays.start(HOST, 0), store_port if direct else "", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         print("waits", waits[0], flush=True)

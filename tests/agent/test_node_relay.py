@@ -13,7 +13,7 @@ from rankrun.cli import spec_from_args
 from rankrun.ranks import NodeRanks
 from rankrun.rendezvous.keys import Assignment
 from rankrun.spec import LaunchSpec
-from rankrun.workerstore.relayhost import RelayHost
+from rankrun.workerstore.relayhost import StoreRelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
 from tcpwire import get, ping, validate
 
@@ -31,10 +31,10 @@ def _word(round_: int, port: int) -> Assignment:
     return Assignment(round_, 1, 2, NodeRanks(2, 4, 2, 4), HOST, port, 0)
 
 
-async def _store() -> tuple[TCPStoreServer, RelayHost, int]:
+async def _store() -> tuple[TCPStoreServer, StoreRelayHost, int]:
     server = TCPStoreServer()
     await server.start(HOST, 0)
-    host = RelayHost(server, None)
+    host = StoreRelayHost(server, None)
     return server, host, await host.start(HOST, 0)
 
 

@@ -20,13 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 RELAYED_SERVER_SCRIPT = """
 import asyncio, sys
 from rankrun.workerstore.relay import StoreRelay
-from rankrun.workerstore.relayhost import RelayHost
+from rankrun.workerstore.relayhost import StoreRelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 async def main() -> None:
     server = TCPStoreServer()
     await server.start("127.0.0.1", 0)
-    host = RelayHost(server, b"contract secret")
+    host = StoreRelayHost(server, b"contract secret")
     relay = StoreRelay(("127.0.0.1", await host.start("127.0.0.1", 0)), b"contract secret", bind="127.0.0.1")
     port = await relay.start("127.0.0.1", 0)
     print(f"READY {port}", flush=True)

@@ -1,7 +1,7 @@
 """The workers' store's raw protocol suite (``test_tcpstore_protocol``), run again through a store relay.
 
 Every test of that module that speaks to the store through sockets runs here with its clients connected to a
-``StoreRelay`` whose one multiplexed connection reaches the host's ``RelayHost`` (the same ``TCPStoreServer``): the
+``StoreRelay`` whose one multiplexed connection reaches the host's ``StoreRelayHost`` (the same ``TCPStoreServer``): the
 replies must be byte for byte the same. Then what only a relay has: coalescing (8 local waiters on one key cost the
 host one WAIT and one GET), a waiter that cancels or disconnects while others keep waiting, reset() following through
 the relay, the host refusing a relay without the job's secret, and the relay's clients dropped with its connection.
@@ -20,7 +20,7 @@ from rankrun.errors import StoreError
 from rankrun.workerstore import tcpstore
 from rankrun.workerstore.keyspace import Keyspace
 from rankrun.workerstore.relay import StoreRelay
-from rankrun.workerstore.relayhost import RelayHost
+from rankrun.workerstore.relayhost import StoreRelayHost
 from tcpwire import CANCEL_WAIT, CANCELED, STOP, get, i64, qlen, qpush, s, set_, wait
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +43,7 @@ class RelayedStore(ServedStore):
 
     def __init__(self, *, secret: bytes | None = SECRET) -> None:
         super().__init__()
-        self.host = RelayHost(self.server, secret)
+        self.host = StoreRelayHost(self.server, secret)
         self.relay_port = self.run(self.host.start(HOST, 0))
         self.relay = StoreRelay((HOST, self.relay_port), secret, bind=HOST)
         self.store_port = self.port
@@ -190,7 +190,7 @@ def test_reset_closes_the_relays_clients_and_the_relay_serves_the_next_attempt(s
 def test_a_relay_without_the_secret_is_refused() -> None:
     served = ServedStore()
     try:
-        host = RelayHost(served.server, SECRET)
+        host = StoreRelayHost(served.server, SECRET)
         port = served.run(host.start(HOST, 0))
         for secret, why in ((b"another secret", "refused this relay"), (None, "has a job secret and this node none")):
             relay = StoreRelay((HOST, port), secret)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from rankrun.workerstore.relay import StoreRelay
-from rankrun.workerstore.relayhost import RelayHost
+from rankrun.workerstore.relayhost import StoreRelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
 from tcpwire import get, ping, validate
 
@@ -27,7 +27,7 @@ def test_a_worker_that_disconnects_from_its_relay_is_closed_on_the_host():
     async def main() -> None:
         server = TCPStoreServer()
         await server.start(HOST, 0)
-        host = RelayHost(server, SECRET)
+        host = StoreRelayHost(server, SECRET)
         relay = StoreRelay((HOST, await host.start(HOST, 0)), SECRET, bind=HOST)
         port = await relay.start(HOST, 0)
         try:

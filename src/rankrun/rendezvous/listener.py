@@ -21,7 +21,7 @@ from rankrun.listen import listen
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.server import StoreServer
 from rankrun.workerstore import mux
-from rankrun.workerstore.relayhost import RelayHost
+from rankrun.workerstore.relayhost import StoreRelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 
@@ -55,7 +55,7 @@ class SharedListener:
     def __init__(self, rendezvous: StoreServer, worker_store: TCPStoreServer | None) -> None:
         self.rendezvous = rendezvous
         self.worker_store = worker_store
-        self.relays: RelayHost | None = None  # other nodes' store relays (--store-relays), for worker_store
+        self.relays: StoreRelayHost | None = None  # other nodes' store relays (--store-relays), for worker_store
         self._servers: list[asyncio.Server] = []
         self.address = ""
 

@@ -50,7 +50,7 @@ from rankrun.store.embedded.relay import Relay
 from rankrun.store.embedded.routing import Routing, relays_for
 from rankrun.store.embedded.server import StoreServer
 from rankrun.store.memory import MemoryStore
-from rankrun.workerstore.relayhost import RelayHost
+from rankrun.workerstore.relayhost import StoreRelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 PROGRESS_EVERY = 5.0  # seconds between two "still trying to reach the host" lines
@@ -263,7 +263,7 @@ async def _try_to_host(
     stack.push_async_callback(memory.close)  # closed last: after the server and the listener
     stack.push_async_callback(server.close)
     stack.push_async_callback(listener.close)
-    listener.relays = RelayHost(worker_store, spec.secret)  # the other nodes' relays, if they relay (--store-relays)
+    listener.relays = StoreRelayHost(worker_store, spec.secret)  # the other nodes' relays, if they relay (--store-relays)
     stack.push_async_callback(listener.relays.close)
     if line is not None:
         say(line)

@@ -35,7 +35,7 @@ from rankrun.listen import listen
 from rankrun.workerstore import mux
 from rankrun.workerstore.queries import MAGIC, STOP_WAITING, WAIT_CANCELED, Query
 
-__all__ = ["RelayStats", "StoreRelay"]
+__all__ = ["StoreRelay", "StoreRelayStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ _CONNECT_TIMEOUT_S = 10.0
 _HIGH_WATER = 1 << 20  # bytes queued upstream before the clients' reads are paused
 
 
-class RelayStats:
-    """What a relay did: requests forwarded upstream for coalescing, and requests that joined one in flight."""
+class StoreRelayStats:
+    """What a store relay did: requests forwarded upstream for coalescing, and requests that joined one in flight."""
 
     __slots__ = ("clients", "coalesced", "shared")
 
@@ -274,7 +274,7 @@ class StoreRelay:
         self._paused = False
         self._held: set[_Local] = set()
         self._closed = False
-        self.stats = RelayStats()
+        self.stats = StoreRelayStats()
         self.on_lost: Callable[[str], None] | None = None  # told (once per loss) when the host's connection drops
         self.port = 0
 

@@ -25,7 +25,7 @@ from rankrun.workerstore.keyspace import KeyWaiter
 from rankrun.workerstore.queries import MAX_KEY_LEN
 from rankrun.workerstore.tcpstore import TCPStoreServer, _Connection
 
-__all__ = ["RelayHost"]
+__all__ = ["StoreRelayHost"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class _SharedWait(_Connection):
 class _Link(asyncio.Protocol):
     """One relay's multiplexed connection: the handshake, then frames."""
 
-    def __init__(self, host: RelayHost) -> None:
+    def __init__(self, host: StoreRelayHost) -> None:
         self._host = host
         self._transport: asyncio.Transport | None = None
         self._buf = bytearray()
@@ -318,8 +318,8 @@ class _Link(asyncio.Protocol):
             self._transport.write(data)
 
 
-class RelayHost:
-    """Accepts relays' multiplexed connections for ``server`` (the job's workers' store), checking ``secret``."""
+class StoreRelayHost:
+    """Accepts store relays' multiplexed connections for ``server`` (the job's workers' store), checking ``secret``."""
 
     def __init__(self, server: TCPStoreServer, secret: bytes | None) -> None:
         self.server = server
