@@ -42,8 +42,8 @@ class _Sniffer(asyncio.Protocol):
             self._listener.worker_store.adopt(transport, data)
         elif data[:1] == wire.MAGIC[:1]:
             self._listener.rendezvous.adopt(transport, data)
-        elif data[:1] == mux.MAGIC[:1] and self._listener.relays is not None:
-            self._listener.relays.adopt(transport, data)
+        elif data[:1] == mux.MAGIC[:1] and self._listener.store_relays is not None:
+            self._listener.store_relays.adopt(transport, data)
         else:
             transport.close()
 
@@ -55,7 +55,7 @@ class SharedListener:
     def __init__(self, rendezvous: StoreServer, worker_store: TCPStoreServer | None) -> None:
         self.rendezvous = rendezvous
         self.worker_store = worker_store
-        self.relays: StoreRelayHost | None = None  # other nodes' store relays (--store-relays), for worker_store
+        self.store_relays: StoreRelayHost | None = None  # other nodes' store relays (--store-relays), for worker_store
         self._servers: list[asyncio.Server] = []
         self.address = ""
 

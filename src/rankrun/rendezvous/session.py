@@ -263,8 +263,8 @@ async def _try_to_host(
     stack.push_async_callback(memory.close)  # closed last: after the server and the listener
     stack.push_async_callback(server.close)
     stack.push_async_callback(listener.close)
-    listener.relays = StoreRelayHost(worker_store, spec.secret)  # the other nodes' relays, if they relay (--store-relays)
-    stack.push_async_callback(listener.relays.close)
+    listener.store_relays = StoreRelayHost(worker_store, spec.secret)  # the other nodes' store relays, if they relay
+    stack.push_async_callback(listener.store_relays.close)
     if line is not None:
         say(line)
     return listener, memory, bound
