@@ -285,12 +285,7 @@ class _Link(asyncio.Protocol):
         connection = virtual.protocol
         assert connection is not None
         try:
-            while data and not connection._closed:
-                buffer = connection.get_buffer(len(data))
-                size = min(len(buffer), len(data))
-                buffer[:size] = data[:size]
-                connection.buffer_updated(size)
-                data = data[size:]
+            connection.feed(data)
         finally:
             data.release()
 

@@ -193,6 +193,16 @@ class _Connection(asyncio.BufferedProtocol):
         if self._end - self._start >= self._need and not self._paused and not self._closed:
             self._process()
 
+    def feed(self, data: memoryview) -> None:
+        """Bytes that came other than by this connection's own reads (another listener's first read, ``adopt``; a
+        store relay's frame, ``workerstore.relayhost``), handled as the event loop's reads of them would be."""
+        while data and not self._closed:
+            buffer = self.get_buffer(len(data))
+            size = min(len(buffer), len(data))
+            buffer[:size] = data[:size]
+            self.buffer_updated(size)
+            data = data[size:]
+
     def eof_received(self) -> bool | None:
         return None  # the transport closes; a pending WAIT is forgotten in connection_lost
 
@@ -629,10 +639,4 @@ class TCPStoreServer:
         connection = _Connection(self)
         transport.set_protocol(connection)
         connection.connection_made(transport)
-        view = memoryview(data)
-        while view and not connection._closed:
-            buffer = connection.get_buffer(len(view))
-            size = min(len(buffer), len(view))
-            buffer[:size] = view[:size]
-            connection.buffer_updated(size)
-            view = view[size:]
+        connection.feed(memoryview(data))
