@@ -2,11 +2,11 @@
 the walks over TCPStore requests and replies that tell a relay where one request (or reply) ends, by the layouts of
 ``workerstore.queries`` (the store's own table).
 
-A store relay (``workerstore.relay``) serves one node's workers and forwards their TCPStore connections to the host's store
-over ONE connection, each worker connection a *virtual connection* (a ``u32`` id, never reused) on it. That connection
-starts with :data:`MAGIC` (its first byte is neither ``0x00``, a TCPStore client's VALIDATE, nor ``R``, a rankrun
-agent's ``RKRN``: ``rendezvous.listener`` tells the three apart by that byte) and a mutual challenge-response with the
-job's secret (``rankrun.proof``, as the rendezvous's: the secret is never sent)::
+A store relay (``workerstore.relay``) serves one node's workers and forwards their TCPStore connections to the host's
+store over ONE connection, each worker connection a *virtual connection* (a ``u32`` id, never reused) on it. That
+connection starts with :data:`MAGIC` (its first byte is neither ``0x00``, a TCPStore client's VALIDATE, nor ``R``, a
+rankrun agent's ``RKRN``: ``rendezvous.listener`` tells the three apart by that byte) and a mutual challenge-response
+with the job's secret (``rankrun.proof``, as the rendezvous's: the secret is never sent)::
 
     relay → host   MAGIC | u8 version | 16-byte nonce
     host  → relay  u8 version | u8 auth (1: the host has a secret) | 16-byte challenge

@@ -55,9 +55,9 @@ class Query(enum.IntEnum):
 class Layout(NamedTuple):
     """One query's bytes, as letters.
 
-    ``request``, the fields after the query byte, in order: ``4`` a ``u32``; ``8`` an ``i64``; ``K`` a key, ``V`` a value
-    (each a ``u64`` length, then the bytes); ``k`` a key list (a ``u64`` count, then that many keys); ``p`` MULTI_SET's
-    pairs (a ``u64`` count, then that many key, value).
+    ``request``, the fields after the query byte, in order: ``4`` a ``u32``; ``8`` an ``i64``; ``K`` a key, ``V`` a
+    value (each a ``u64`` length, then the bytes); ``k`` a key list (a ``u64`` count, then that many keys); ``p``
+    MULTI_SET's pairs (a ``u64`` count, then that many key, value).
 
     ``reply``: ``""`` none; ``1`` one byte; ``4`` four; ``8`` an ``i64``; ``s`` a sized value; ``n`` one sized value per
     key of the request, no count in front; ``q`` QUEUE_POP's (an ``i64`` length, then a value when it is > 0); ``l``
