@@ -1,6 +1,7 @@
 """The TCPStore query table (``workerstore.queries``) against both of its readers: every query, its request built from
 its row alone, is cut where it ends by the relays' walk (``mux.RequestCutter``), consumed exactly by the store's own
-parser (``tcpstore``), and answered with one reply of its row's shape, as the relays' ``ReplyTracker`` follows it."""
+parser (``tcpstore``), and answered with one reply of its row's shape, as the relays' ``ReplyTracker`` follows it.
+The connections are handed their bytes as another listener's first read is (``TCPStoreServer.adopt``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from rankrun.workerstore import mux
 from rankrun.workerstore.queries import LAYOUTS, MAGIC, Layout, Query
 from rankrun.workerstore.tcpstore import TCPStoreServer
-from tcpwire import U32, U64, i64, ping, s, set_, validate
+from tcpwire import U32, U64, get, i64, ping, s, set_, validate
 
 NONCE = b"NNCE"
 KEY, VALUE = b"/k", b"3"  # an integer's text: ADD and BARRIER count on it
@@ -90,3 +91,9 @@ def test_every_query_is_cut_served_and_answered_as_its_row_says(query):
     done, replies = tracker.feed(bytes(transport.data))
     assert replies[-1] == NONCE
     assert (done, tracker.owed) == (2 if layout.reply else 1, 0)
+
+
+def test_a_first_read_larger_than_a_connections_buffer_is_served_whole():
+    value = bytes(range(256)) * 20  # 5 KiB: more than a fresh connection's buffer takes at once
+    transport = served(validate() + set_(KEY, value) + get(KEY) + ping(NONCE))
+    assert bytes(transport.data) == s(value) + NONCE
