@@ -21,7 +21,19 @@ from etcdserver import etcd_cluster
 from fakes import FakeTimers
 from rankrun.api.values import VALUE_LIMIT, encode
 from rankrun.spec import parse_etcd_endpoints
-from rankrun.store.api import Compacted, Event, EventKind, LeaseLost, Store, StoreUnavailable, get_many, pipelines, together
+from rankrun.store.api import (
+    Compacted,
+    Event,
+    EventKind,
+    LeaseLost,
+    Store,
+    StoreUnavailable,
+    get_many,
+    next_event,
+    pipelines,
+    together,
+    watching,
+)
 from rankrun.store.embedded.client import StoreClient
 from rankrun.store.embedded.relay import Relay
 from rankrun.store.embedded.server import StoreServer
@@ -394,6 +406,28 @@ def test_a_closed_store_says_so(run):
             await anext(watch.__aiter__())
         with pytest.raises(StoreUnavailable):
             await h.store.get("/x")
+
+    run(body)
+
+
+def test_a_watch_queue_is_read_one_put_at_a_time_and_its_end_is_raised(run):
+    """``next_event``: the PUTs of ``watching``'s queue in order, a DELETE passed over unless asked for, and a
+    watch's end raised as its ``StoreUnavailable``."""
+    async def body(h: Harness) -> None:
+        s = h.store
+        _, revision = await s.range("/nx/")
+        await s.put("/nx/a", b"1")
+        await s.delete("/nx/a")
+        await s.put("/nx/b", b"2")
+        async with watching(s, ["/nx/"], revision) as events:
+            assert [(e.kind, e.key, e.value) for e in [await next_event(events), await next_event(events)]] == \
+                [(EventKind.PUT, "/nx/a", b"1"), (EventKind.PUT, "/nx/b", b"2")]
+        async with watching(s, ["/nx/"], revision) as events:
+            assert [(await next_event(events, deletes=True)).kind for _ in range(3)] == \
+                [EventKind.PUT, EventKind.DELETE, EventKind.PUT]
+            await h.shut_down()
+            with pytest.raises(StoreUnavailable):
+                await next_event(events)
 
     run(body)
 

@@ -65,7 +65,7 @@ from rankrun.rendezvous.round import (
     first_failure,
     next_step,
 )
-from rankrun.store.api import Event, EventKind, Store, StoreUnavailable, watching
+from rankrun.store.api import Event, EventKind, Events, Store, StoreUnavailable, next_event, watching
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Coordinator:
         self._news: tuple[str, dict[str, object] | None, tuple[str, ...]] = ("", None, ())
         self._spares: set[str] = set()  # told they wait as spares in the current round
         self._arrived: list[str] = []  # nodes that joined since the last decision
-        self._events: asyncio.Queue[Event | StoreUnavailable] = asyncio.Queue()
+        self._events: Events = asyncio.Queue()
         self._status_dirty = True
         self._began: float | None = None
         self._status_due = 0.0
@@ -251,16 +251,14 @@ class Coordinator:
             # not asyncio.wait_for: on Python 3.11 an event that lands as the session cancels this task is returned and
             # the cancellation dropped, so the coordinator waited on for ever and its launcher never exited
             async with asyncio.timeout(timeout):
-                first = await self._events.get()
+                first = await next_event(self._events, deletes=True)
         except TimeoutError:
             return
         self._apply(first)
-        while not self._events.empty():
-            self._apply(self._events.get_nowait())
+        while not self._events.empty():  # a watch's end raised here too: deciding on without it would go deaf
+            self._apply(await next_event(self._events, deletes=True))  # there already: no suspension
 
-    def _apply(self, event: Event | StoreUnavailable) -> None:
-        if isinstance(event, StoreUnavailable):  # a watch ended: deciding on without it would go deaf
-            raise event
+    def _apply(self, event: Event) -> None:
         if event.key.startswith(self._keys.unhealthy):
             if event.kind is EventKind.PUT:
                 self._account.said_unhealthy(event.key[len(self._keys.unhealthy) :], unhealthy_from(event.value))

@@ -36,7 +36,7 @@ from rankrun.rendezvous.keys import (
     unhealthy_value,
 )
 from rankrun.rendezvous.round import NodeInfo, Phase
-from rankrun.store.api import Entry, EventKind, Lease, Store, StoreUnavailable, exact, together, watching
+from rankrun.store.api import Entry, Lease, Store, StoreUnavailable, exact, next_event, together, watching
 
 
 @dataclass(frozen=True)
@@ -88,14 +88,11 @@ class Member:
             return found
         async with watching(self.store, (key, round_key), revision) as merged:
             while True:
-                event = await merged.get()
-                if isinstance(event, StoreUnavailable):
-                    raise event
-                if event.kind is EventKind.PUT:
-                    if event.key == key:
-                        latest_assign = event.value
-                    elif event.key == round_key:
-                        latest_round = event.value
+                event = await next_event(merged)
+                if event.key == key:
+                    latest_assign = event.value
+                elif event.key == round_key:
+                    latest_round = event.value
                 found = self._read(latest_assign, latest_round, after)
                 if found is not None:
                     return found
@@ -122,18 +119,13 @@ class Member:
             word = RoundWord.parse(current)
             if word.round != round_ or word.phase is not Phase.RUNNING:
                 return word
-        watch = await self.store.watch(self.keys.round, revision)
-        try:
-            async for event in watch:
-                if event.kind is not EventKind.PUT or event.key != self.keys.round:
-                    continue
-                word = RoundWord.parse(event.value)
-                if word.round != round_ or word.phase is not Phase.RUNNING:
-                    return word
-        finally:
-            with contextlib.suppress(StoreUnavailable):
-                await watch.close()
-        raise StoreUnavailable("the round watch ended")
+        async with watching(self.store, (self.keys.round,), revision) as events:
+            while True:
+                event = await next_event(events)
+                if event.key == self.keys.round:
+                    word = RoundWord.parse(event.value)
+                    if word.round != round_ or word.phase is not Phase.RUNNING:
+                        return word
 
     async def report(self, round_: int, ok: bool, summary: str = "", root: Mapping[str, object] | None = None, *,
                      stall: str | None = None, blame: str | None = None) -> None:
@@ -160,10 +152,8 @@ class Member:
                 heard(word)
         async with watching(self.store, (self.keys.round,), revision) as events:
             while True:
-                event = await events.get()
-                if isinstance(event, StoreUnavailable):
-                    raise event
-                if event.kind is EventKind.PUT and event.key == self.keys.round:
+                event = await next_event(events)
+                if event.key == self.keys.round:
                     word = RoundWord.parse(event.value)
                     if word.phase is Phase.ENDED:
                         return word

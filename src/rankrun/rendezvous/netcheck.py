@@ -40,7 +40,7 @@ from rankrun.rendezvous.keys import (
     reprobe_value,
     verdict_from,
 )
-from rankrun.store.api import EventKind, Store, StoreUnavailable, exact, watching
+from rankrun.store.api import Store, exact, next_event, watching
 
 MIN_NODES = 3  # fewer cannot tell which node is slow: every pair touches both
 MEASURE_TIMEOUT = 10.0  # seconds one measure may take (the probe endpoint's own bound on a connection)
@@ -80,10 +80,8 @@ async def first_value(store: Store, keys: Sequence[str]) -> tuple[str, bytes]:
     assert revision is not None
     async with watching(store, keys, revision) as events:
         while True:
-            event = await events.get()
-            if isinstance(event, StoreUnavailable):
-                raise event
-            if event.kind is EventKind.PUT and event.key in keys:
+            event = await next_event(events)
+            if event.key in keys:
                 return event.key, event.value
 
 
@@ -165,9 +163,6 @@ async def _collect(store: Store, prefix: str, wanted: Collection[int], until: fl
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout_at(until), watching(store, [prefix], revision) as events:
             while len(found) < len(wanted):
-                event = await events.get()
-                if isinstance(event, StoreUnavailable):
-                    raise event
-                if event.kind is EventKind.PUT:
-                    take(event.key, event.value)
+                event = await next_event(events)
+                take(event.key, event.value)
     return found

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from rankrun.rendezvous.keys import Keys
-from rankrun.store.api import EventKind, Events, Store, StoreUnavailable, exact, watching
+from rankrun.store.api import EventKind, Events, Store, exact, next_event, watching
 from rankrun.straggler import clock, verdict
 from rankrun.straggler.summary import (
     Merge,
@@ -71,10 +71,8 @@ async def _answer(events: Events, key: str, count: int) -> float | None:
     try:
         async with asyncio.timeout(ASK_BOUND):
             while True:
-                event = await events.get()
-                if isinstance(event, StoreUnavailable):
-                    raise event
-                if event.kind is EventKind.PUT and event.key == key:
+                event = await next_event(events)
+                if event.key == key:
                     with contextlib.suppress(ValueError):
                         answered, remote = time_from(event.value)
                         if answered == count:
@@ -97,10 +95,8 @@ async def verdicts(store: Store, keys: Keys, round_: int) -> AsyncIterator[list[
         yield verdict_from(entry.value)
     async with watching(store, [key], revision) as events:
         while True:
-            event = await events.get()
-            if isinstance(event, StoreUnavailable):
-                raise event
-            if event.kind is EventKind.PUT and event.key == key:
+            event = await next_event(events)
+            if event.key == key:
                 try:
                     yield verdict_from(event.value)
                 except ValueError:
@@ -118,10 +114,8 @@ async def answer_clocks(store: Store, keys: Keys, round_: int, now: Callable[[],
         await _tell_time(put, keys, round_, entry.key[len(prefix):], entry.value, now)
     async with watching(store, [prefix], revision) as events:
         while True:
-            event = await events.get()
-            if isinstance(event, StoreUnavailable):
-                raise event
-            if event.kind is EventKind.PUT and event.key.startswith(prefix):
+            event = await next_event(events)
+            if event.key.startswith(prefix):
                 await _tell_time(put, keys, round_, event.key[len(prefix):], event.value, now)
 
 
@@ -163,9 +157,8 @@ async def judge_job(store: Store, keys: Keys, round_: int, nodes: int, put: Put,
         while True:
             try:
                 async with asyncio.timeout(max(0.0, since + LATE * window - loop.time())):
-                    event = await events.get()
-                    if isinstance(event, StoreUnavailable):
-                        raise event
+                    # a DELETE too: every node's window already there as this began is judged at the first change
+                    event = await next_event(events, deletes=True)
                     if event.kind is EventKind.PUT:
                         take(event.key, event.value)
                     if len(fresh) < nodes:

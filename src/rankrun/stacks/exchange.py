@@ -35,7 +35,7 @@ from rankrun.stacks.report import (
     who,
 )
 from rankrun.stacks.wire import Answer, Ask, JobReport
-from rankrun.store.api import EventKind, Store, StoreUnavailable, watching
+from rankrun.store.api import Store, StoreUnavailable, next_event, watching
 
 ANSWER_BOUND = 3.0  # seconds the asker waits for the answers (a node samples its workers in about one)
 REPORT_BOUND = ANSWER_BOUND + 2.0  # seconds a node waits for a report another node is making, before asking itself
@@ -71,9 +71,11 @@ class Exchange:
         _, revision = await self.store.range(self.keys.stacks_ask)
         async with watching(self.store, (self.keys.stacks_ask, self.keys.stacks_report), revision) as merged:
             self.serving.set()
-            while not isinstance(event := await merged.get(), StoreUnavailable):
-                if event.kind is not EventKind.PUT:
-                    continue
+            while True:
+                try:
+                    event = await next_event(merged)
+                except StoreUnavailable:  # the store is gone: nothing more to answer
+                    return
                 if event.key == self.keys.stacks_ask:
                     ask = Ask.parse(event.value)
                     if ask is not None and ask.round == self.place.round:
@@ -163,18 +165,11 @@ class Exchange:
         for entry in entries:
             take(entry.value)
         if len(answers) < world:
-            watch = await self.store.watch(self.keys.stacks_answers, revision)
-            try:
+            async with watching(self.store, (self.keys.stacks_answers,), revision) as events:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(ANSWER_BOUND):
-                        async for event in watch:
-                            if event.kind is EventKind.PUT:
-                                take(event.value)
-                                if len(answers) >= world:
-                                    break
-            finally:
-                with contextlib.suppress(StoreUnavailable):
-                    await watch.close()
+                        while len(answers) < world:
+                            take((await next_event(events)).value)
         idle = [f"node {n}: no workers running (between attempts)" for n, a in sorted(answers.items()) if not a.samples]
         silent = await self._silent(sorted(set(range(world)) - answers.keys()))
         samples = [s for a in answers.values() for s in a.samples]

@@ -249,11 +249,22 @@ async def feed(watch: Watch, queue: Events) -> None:
         queue.put_nowait(exc)
 
 
+async def next_event(events: Events, *, deletes: bool = False) -> Event:
+    """The next event in ``events``: a PUT, or also a DELETE with ``deletes`` (a reader waits for values, the
+    coordinator for nodes leaving too); a watch's end raised, its ``StoreUnavailable``. Unbounded: callers bound it."""
+    while True:
+        event = await events.get()
+        if isinstance(event, StoreUnavailable):
+            raise event
+        if deletes or event.kind is EventKind.PUT:
+            return event
+
+
 @contextlib.asynccontextmanager
 async def watching(store: Store, prefixes: Sequence[str], after: int,
                    queue: Events | None = None) -> AsyncIterator[Events]:
     """Watches of ``prefixes`` from revision ``after``, their events in one queue (a watch's end as its
-    ``StoreUnavailable``, for the reader to raise); every watch closed on the way out."""
+    ``StoreUnavailable``, for the reader to raise: ``next_event``); every watch closed on the way out."""
     merged: Events = queue if queue is not None else asyncio.Queue()
     watches: list[Watch] = []
     feeders: list[asyncio.Task[None]] = []
