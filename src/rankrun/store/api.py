@@ -260,6 +260,23 @@ async def next_event(events: Events, *, deletes: bool = False) -> Event:
             return event
 
 
+class WatchHandle:
+    """What a watch holds, whatever the store (as ``LeaseHandle`` for a lease): its events queued as they arrive, and
+    its end there too (the connection lost, the store closed) as the ``StoreUnavailable`` its iteration raises;
+    iterated in order until closed."""
+
+    def __init__(self) -> None:
+        self.queue: Events = asyncio.Queue()
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while not self._closed:
+            yield await next_event(self.queue, deletes=True)
+
+
 @contextlib.asynccontextmanager
 async def watching(store: Store, prefixes: Sequence[str], after: int,
                    queue: Events | None = None) -> AsyncIterator[Events]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rankrun.store.api import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable
+from rankrun.store.api import Compacted, Entry, Event, EventKind, LeaseLost, StoreUnavailable, WatchHandle
 
 
 class Cancellable(Protocol):
@@ -80,33 +80,22 @@ class MemoryLease:
         self._store.revoke(self._state.id, why)
 
 
-class MemoryWatch:
+class MemoryWatch(WatchHandle):
     def __init__(self, store: MemoryStore, prefix: str) -> None:
+        super().__init__()
         self._store = store
         self.prefix = prefix
         self.token = 0
-        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._closed = False
         store.on_close(self.end)
 
     def push(self, event: Event) -> None:
         if not self._closed:
-            self._queue.put_nowait(event)
+            self.queue.put_nowait(event)
 
     def end(self) -> None:
         """The store went away: the iteration ends with ``StoreUnavailable``."""
         if not self._closed:
-            self._queue.put_nowait(None)
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Event]:
-        while not self._closed:
-            event = await self._queue.get()
-            if event is None:
-                raise StoreUnavailable("the store was closed")
-            yield event
+            self.queue.put_nowait(StoreUnavailable("the store was closed"))
 
     async def close(self) -> None:
         self._closed = True

@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from rankrun.clock import seconds
@@ -34,11 +34,11 @@ from rankrun.store.api import (
     AuthenticationFailed,
     Compacted,
     Entry,
-    Event,
     LeaseHandle,
     LeaseLost,
     RendezvousHeld,
     StoreUnavailable,
+    WatchHandle,
 )
 from rankrun.store.embedded import wire
 from rankrun.store.embedded.liveness import Liveness, froze_for, tune_socket
@@ -100,22 +100,11 @@ class ClientLease(LeaseHandle):
             self.set_lost("this node left")
 
 
-class ClientWatch:
+class ClientWatch(WatchHandle):
     def __init__(self, client: StoreClient, wid: int) -> None:
+        super().__init__()
         self._client = client
         self.wid = wid
-        self.queue: asyncio.Queue[Event | str] = asyncio.Queue()  # a str: the stream ended, and why
-        self._closed = False
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Event]:
-        while not self._closed:
-            item = await self.queue.get()
-            if isinstance(item, str):
-                raise StoreUnavailable(item)
-            yield item
 
     async def close(self) -> None:
         if self._closed:
@@ -365,7 +354,7 @@ class StoreClient:
                 future.set_exception(StoreUnavailable(error))
         self._pending.clear()
         for watch in self.watches.values():
-            watch.queue.put_nowait(error)
+            watch.queue.put_nowait(StoreUnavailable(error))
         said = why if whole else f"the connection to the host at {self.endpoint} was lost ({why})"
         for lease in self._leases.values():
             lease.set_lost(frozen or said)

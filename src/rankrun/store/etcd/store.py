@@ -35,7 +35,6 @@ import asyncio
 import base64
 import contextlib
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 from rankrun.store.api import (
@@ -47,6 +46,7 @@ from rankrun.store.api import (
     LeaseHandle,
     LeaseLost,
     StoreUnavailable,
+    WatchHandle,
 )
 from rankrun.store.etcd.gateway import Connection, EtcdError, Gateway, Transport, error_of
 
@@ -204,15 +204,14 @@ class EtcdLease(LeaseHandle):
         return None
 
 
-class EtcdWatch:
+class EtcdWatch(WatchHandle):
     def __init__(self, store: EtcdStore, prefix: str, after: int) -> None:
+        super().__init__()
         self._store = store
         self._prefix = prefix
         self._next = after + 1  # the first revision not delivered yet
-        self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._conn: Connection | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._closed = False
 
     async def start(self) -> None:
         await self._open()
@@ -244,7 +243,7 @@ class EtcdWatch:
                 continue  # already delivered before a reconnect
             kind = EventKind.DELETE if raw.get("type") == "DELETE" else EventKind.PUT
             value = b"" if kind is EventKind.DELETE else _unb64(kv.get("value"))
-            self._queue.put_nowait(Event(kind, _unb64(kv.get("key")).decode(), value, revision))
+            self.queue.put_nowait(Event(kind, _unb64(kv.get("key")).decode(), value, revision))
         events = result.get("events", ())
         if events:
             self._next = max(self._next, max(int(e.get("kv", {}).get("mod_revision", 0)) for e in events) + 1)
@@ -268,17 +267,7 @@ class EtcdWatch:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            self._queue.put_nowait(exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(f"etcd watch: {exc}"))
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Event]:
-        while not self._closed:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+            self.queue.put_nowait(exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(f"etcd watch: {exc}"))
 
     async def close(self) -> None:
         self._closed = True
