@@ -113,19 +113,7 @@ class Member:
 
     async def round_changed(self, round_: int) -> RoundWord:
         """Wait until the round key says round ``round_`` is over (re-forming, or the job ended)."""
-        entries, revision = await self.store.range(self.keys.round)
-        current = _value(entries, self.keys.round)
-        if current is not None:
-            word = RoundWord.parse(current)
-            if word.round != round_ or word.phase is not Phase.RUNNING:
-                return word
-        async with watching(self.store, (self.keys.round,), revision) as events:
-            while True:
-                event = await next_event(events)
-                if event.key == self.keys.round:
-                    word = RoundWord.parse(event.value)
-                    if word.round != round_ or word.phase is not Phase.RUNNING:
-                        return word
+        return await self._round_word(lambda word: word.round != round_ or word.phase is not Phase.RUNNING)
 
     async def report(self, round_: int, ok: bool, summary: str = "", root: Mapping[str, object] | None = None, *,
                      stall: str | None = None, blame: str | None = None) -> None:
@@ -142,11 +130,16 @@ class Member:
     async def wait_for_end(self, heard: Callable[[RoundWord], None] | None = None) -> RoundWord:
         """The round key's word once the job has ended (an excluded node that still serves the job waits for it);
         ``heard`` is given every word before it, the current one first (the exclusions the job makes meanwhile)."""
+        return await self._round_word(lambda word: word.phase is Phase.ENDED, heard)
+
+    async def _round_word(self, done: Callable[[RoundWord], bool],
+                          heard: Callable[[RoundWord], None] | None = None) -> RoundWord:
+        """The round key's first word that is ``done``, already or later; ``heard`` is given every word before it."""
         entries, revision = await self.store.range(self.keys.round)
         current = _value(entries, self.keys.round)
         if current is not None:
             word = RoundWord.parse(current)
-            if word.phase is Phase.ENDED:
+            if done(word):
                 return word
             if heard is not None:
                 heard(word)
@@ -155,7 +148,7 @@ class Member:
                 event = await next_event(events)
                 if event.key == self.keys.round:
                     word = RoundWord.parse(event.value)
-                    if word.phase is Phase.ENDED:
+                    if done(word):
                         return word
                     if heard is not None:
                         heard(word)
