@@ -174,3 +174,20 @@ def test_over_the_embedded_store_on_loopback_the_skew_is_recovered_within_2_ms(s
             await server.close()
 
     assert abs(asyncio.run(asyncio.wait_for(main(), BOUND)) - skew) <= 0.002
+
+
+def test_the_hosts_windows_are_judged_on_what_each_node_sent_and_nobody_is_written_only_after_somebody():
+    """``Windows`` (pure): a malformed window passed over, the nodes that sent one counted until a verdict starts them
+    afresh, a verdict of nobody worth writing only after one that named somebody, and each rank's node id."""
+    prefix = KEYS.straggler_windows(1)
+    windows = stragglers.Windows(prefix)
+    windows.take(prefix + "n9", b"not a window")
+    assert windows.fresh == set()
+    for number, slow, written in ((1, None, None), (2, 3, [3]), (3, None, []), (4, None, None)):
+        windows.take(prefix + "n0", summary.encode(_window("n0", (0, 1), None, number)))
+        windows.take(prefix + "n1", summary.encode(_window("n1", (2, 3), slow, number)))
+        assert windows.fresh == {"n0", "n1"}
+        found = windows.judge()
+        assert (None if found is None else [s.rank for s in found]) == written
+        assert windows.fresh == set()
+    assert windows.owners() == {0: "n0", 1: "n0", 2: "n1", 3: "n1"}

@@ -9,9 +9,9 @@ For each round, while its workers run:
 2. every node writes each window's summary (``publish``: ``straggler/<round>/window/<node>``, a few hundred bytes,
    ``straggler.summary``);
 3. the host (the coordinator's node) answers the clock questions (``answer_clocks``) and judges the job
-   (``judge_job``): it merges each summary as it comes, and judges once every node of the round sent a window since
-   the last verdict (or ``LATE`` windows' time went by without one: a node whose agent is busy must not hold the
-   verdict back); it writes the verdict (``straggler/<round>/verdict``) when it changed;
+   (``judge_job``): it merges each summary as it comes (``Windows``, pure), and judges once every node of the round
+   sent a window since the last verdict (or ``LATE`` windows' time went by without one: a node whose agent is busy
+   must not hold the verdict back); it writes the verdict (``straggler/<round>/verdict``) when it changed;
 4. every node reads the verdicts (``verdicts``) and says what changed, so each line is printed once on each node.
 
 Each node's keys are bound to its lease; the round's keys go with the job's.
@@ -131,49 +131,68 @@ async def _tell_time(put: Put, keys: Keys, round_: int, node: str, asked: bytes,
 Told = Callable[[list[Straggler], Mapping[int, str]], Awaitable[None]]  # a verdict, and each rank's node id
 
 
+class Windows:
+    """The host's account of a round's windows (pure): each merged as it comes, which nodes sent one since the last
+    verdict, and the last verdict written (a verdict of nobody is written only after one that named somebody)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix  # the round's windows' keys: ``<prefix><node>``
+        self.merge = Merge()
+        self.fresh: set[str] = set()  # nodes that sent a window since the last verdict
+        self.last: list[Straggler] | None = None
+
+    def take(self, key: str, value: bytes) -> None:
+        """A node's window, merged (a malformed one is passed over)."""
+        try:
+            self.merge.add(decode(value))
+        except ValueError:
+            return
+        self.fresh.add(key[len(self.prefix):])
+
+    def judge(self) -> list[Straggler] | None:
+        """The verdict on the windows merged so far (the next one waits for fresh windows), or None when there is
+        nothing to write: it told nothing, or it names nobody and so did the last."""
+        ranks, ready, length, total = self.merge.take()
+        self.fresh.clear()
+        found = verdict.judge(ranks, ready, length, scale=total / len(ready) if ready else 1.0)
+        if found is None or (not found and not self.last):
+            return None
+        self.last = found
+        return found
+
+    def owners(self) -> dict[int, str]:
+        """Each rank's node id, from every node's latest window."""
+        return {r.rank: w.node for w in self.merge.latest.values() for r in w.ranks}
+
+
 async def judge_job(store: Store, keys: Keys, round_: int, nodes: int, put: Put,  # noqa: PLR0917
                     window: float, *, tell: Told | None = None) -> None:
     """Judge round ``round_`` from its ``nodes`` nodes' windows (``window``: their length in seconds) until
     cancelled; each verdict that names somebody, or no longer does, is written, and given to ``tell`` with the node
     id of every rank. Only the round's members write under its keys, so any node's window counts."""
     loop = asyncio.get_running_loop()
-    prefix = keys.straggler_windows(round_)
-    merge = Merge()
-    fresh: set[str] = set()
-    last: list[Straggler] | None = None
+    windows = Windows(keys.straggler_windows(round_))
     since = loop.time()
-
-    def take(key: str, value: bytes) -> None:
-        try:
-            merge.add(decode(value))
-        except ValueError:
-            return
-        fresh.add(key[len(prefix):])
-
-    entries, revision = await store.range(prefix)
+    entries, revision = await store.range(windows.prefix)
     for entry in entries:
-        take(entry.key, entry.value)
-    async with watching(store, [prefix], revision) as events:
+        windows.take(entry.key, entry.value)
+    async with watching(store, [windows.prefix], revision) as events:
         while True:
             try:
                 async with asyncio.timeout(max(0.0, since + LATE * window - loop.time())):
                     # a DELETE too: every node's window already there as this began is judged at the first change
                     event = await next_event(events, deletes=True)
                     if event.kind is EventKind.PUT:
-                        take(event.key, event.value)
-                    if len(fresh) < nodes:
+                        windows.take(event.key, event.value)
+                    if len(windows.fresh) < nodes:
                         continue
             except TimeoutError:
-                if not fresh:
+                if not windows.fresh:
                     since = loop.time()
                     continue
-            ranks, ready, length, total = merge.take()
-            fresh.clear()
             since = loop.time()
-            found = verdict.judge(ranks, ready, length, scale=total / len(ready) if ready else 1.0)
-            if found is None or (not found and not last):
-                continue  # told nothing, or nobody before and now: nothing to write
-            await put(keys.straggler_verdict(round_), verdict_value(found))
-            if tell is not None:
-                await tell(found, {r.rank: w.node for w in merge.latest.values() for r in w.ranks})
-            last = found
+            found = windows.judge()
+            if found is not None:
+                await put(keys.straggler_verdict(round_), verdict_value(found))
+                if tell is not None:
+                    await tell(found, windows.owners())
