@@ -32,7 +32,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankrun.errors import LauncherError, NotCoordinator, StoreError
 from rankrun.fdlimit import nofile, rendezvous_group
@@ -52,6 +52,9 @@ from rankrun.store.embedded.server import StoreServer
 from rankrun.store.memory import MemoryStore
 from rankrun.workerstore.relayhost import StoreRelayHost
 from rankrun.workerstore.tcpstore import TCPStoreServer
+
+if TYPE_CHECKING:
+    from rankrun.store.etcd.store import EtcdStore
 
 PROGRESS_EVERY = 5.0  # seconds between two "still trying to reach the host" lines
 FIRST_CONTACT = 3.0  # etcd: seconds to keep trying the endpoints at start before it is an infrastructure error
@@ -350,25 +353,17 @@ async def _open_etcd(
 ) -> tuple[Session, Lead]:
     """Join through etcd: adopt (or create) the job lease, start this node's worker store, register (saying
     ``unhealthy``, why its check failed, if it did: ``open_session`` then runs no campaign)."""
-    from rankrun.store.etcd.gateway import Gateway, tls_context  # noqa: PLC0415
-    from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
-
     rdzv = spec.rendezvous
     assert isinstance(rdzv, DynamicRendezvous)
-    conf = rdzv.conf
-    https = any(e.scheme == "https" for e in rdzv.etcd_endpoints)
-    context = tls_context(conf.ca_cert, conf.ssl_cert, conf.ssl_cert_key) if https else None
-    gateway = Gateway(rdzv.etcd_endpoints, context=context, user=conf.user, password=spec.etcd_password,
-                      retry_for=FIRST_CONTACT)
-    store = EtcdStore(gateway)
+    store = _etcd_store(spec)
     stack.push_async_callback(store.close)
     keys = Keys.for_run(rdzv.run_id, rdzv.prefix)
     lease_ttl = ttl(spec)
     try:
         job = await job_lease(store, keys.job, 2 * lease_ttl, store.lease)
         # from now on an outage (an election) is waited out, up to read_timeout, and said
-        gateway.retry_for = conf.read_timeout
-        gateway.say = lambda line: say(f"{rendezvous_name(rdzv.run_id)}: {line}")
+        store.gateway.retry_for = rdzv.conf.read_timeout
+        store.gateway.say = lambda line: say(f"{rendezvous_name(rdzv.run_id)}: {line}")
         addr = spec.local_addr or store.local_address or "127.0.0.1"
         port = await worker_store.start(addr, 0)
         member = await Member.join(store, keys, node_info(spec, addr, is_host=False, unhealthy=unhealthy), lease_ttl, job)
@@ -378,9 +373,30 @@ async def _open_etcd(
     lost_why = (f"its etcd lease expired (no keep-alive reached etcd for {lease_ttl:g} s: keep_alive_interval x "
                 "keep_alive_max_attempt; was this agent stopped or starved?)")
     session = Session(member, addr, store, lost_why, agent_hosted=False)
+    return session, _etcd_lead(spec, store, master=(addr, port), worker_store=worker_store, say=say)
+
+
+def _etcd_store(spec: LaunchSpec) -> EtcdStore:
+    """The etcd client of the rendezvous's endpoints: TLS where one is https, first contact tried ``FIRST_CONTACT`` s."""
+    from rankrun.store.etcd.gateway import Gateway, tls_context  # noqa: PLC0415
+    from rankrun.store.etcd.store import EtcdStore  # noqa: PLC0415 - only etcd jobs pay for ssl and the client
+
+    rdzv = spec.rendezvous
+    assert isinstance(rdzv, DynamicRendezvous)
+    conf = rdzv.conf
+    https = any(e.scheme == "https" for e in rdzv.etcd_endpoints)
+    context = tls_context(conf.ca_cert, conf.ssl_cert, conf.ssl_cert_key) if https else None
+    return EtcdStore(Gateway(rdzv.etcd_endpoints, context=context, user=conf.user, password=spec.etcd_password,
+                             retry_for=FIRST_CONTACT))
+
+
+def _etcd_lead(spec: LaunchSpec, store: EtcdStore, *, master: tuple[str, int], worker_store: TCPStoreServer,
+               say: Say) -> Lead:
+    """An etcd node's campaign: once elected (now or when the coordinator is lost), it coordinates, writing only while
+    it holds the coordinator key (its fence), each key bound to the job lease."""
 
     async def lead(session: Session) -> None:
-        """Campaign, and once elected (now or when the coordinator is lost), coordinate."""
+        member, keys = session.member, session.member.keys
         assert member.job is not None
         await campaign(store, keys.coordinator, member.info.id, member.lease)
         if member.lease.lost.is_set():
@@ -390,8 +406,8 @@ async def _open_etcd(
         async def fence(key: str, value: bytes) -> bool:
             return await store.put_if_held(key, value, lease=job_id, holder_key=keys.coordinator, holder=me)
 
-        gone = f"its etcd lease ended (no keep-alive for {lease_ttl:g} s, or it left)"
-        session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: (addr, port),
+        gone = f"its etcd lease ended (no keep-alive for {ttl(spec):g} s, or it left)"
+        session.coordinator = Coordinator(store, keys, settings(spec), master=lambda: master,
                                           before_round=worker_store.reset, leader=member.info.id, fence=fence,
                                           why_gone=lambda _key: gone, say=say)
         try:
@@ -399,7 +415,7 @@ async def _open_etcd(
         except NotCoordinator:  # deposed (its lease ended while it was stopped): the rounds notice and exit
             session.coordinator = None
 
-    return session, lead
+    return lead
 
 
 async def _remove_the_jobs_keys(session: Session, keep_closed_for: float) -> None:
