@@ -5,10 +5,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rankrun.rendezvous.coordinator import RoundState
 from rankrun.rendezvous.round import (
     Finish,
     NodeInfo,
     Phase,
+    Placement,
     Regroup,
     Restart,
     Result,
@@ -149,3 +151,12 @@ def test_the_first_failure_is_the_failed_result_the_store_got_first():
     assert first_failure([late, ok]) is late
     assert first_failure([ok]) is None
     assert first_failure([]) is None
+
+
+def test_the_coordinators_round_starts_the_next_one_on_a_placement_with_no_results_and_the_same_restarts():
+    current = RoundState(number=2, restarts=1, members=("n0",), member_set=frozenset({"n0"}), spares={"n9"},
+                         results={"n0": Result(False, 7)}, news=("lost n1", None, ("n1",)))
+    current.start(Placement(("n2", "n0"), ("n3",)))
+    assert current == RoundState(number=3, phase=Phase.RUNNING, restarts=1, members=("n2", "n0"),
+                                 member_set=frozenset({"n0", "n2"}), spares={"n3"}, results={},
+                                 news=("lost n1", None, ("n1",)))

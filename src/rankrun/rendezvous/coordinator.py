@@ -26,6 +26,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 from rankrun.errors import NotCoordinator
 from rankrun.health.outliers import network_line
@@ -54,6 +55,7 @@ from rankrun.rendezvous.round import (
     NodeInfo,
     NodeSlots,
     Phase,
+    Placement,
     Regroup,
     Restart,
     Result,
@@ -71,6 +73,33 @@ logger = logging.getLogger(__name__)
 
 STATUS_EVERY = 1.0  # seconds between two writes of the status key
 PUTS_IN_FLIGHT = 64  # a round's assignments written this many at a time
+
+
+@dataclass
+class RoundState:
+    """The round the coordinator decides on: its number, phase and restarts, its members, spares and results, and what
+    ended the last round (told with the next)."""
+
+    number: int = 0
+    phase: Phase = Phase.FORMING
+    restarts: int = 0
+    members: tuple[str, ...] = ()
+    # the same, as a set: a result's check (every node's, as a round ends) and a newcomer's; ``in`` the tuple
+    # scanned every member for each, 5 s of the host's CPU as 32,768 nodes reported
+    member_set: frozenset[str] = frozenset()
+    spares: set[str] = field(default_factory=set)  # told they wait as spares
+    results: dict[str, Result] = field(default_factory=dict)
+    # what ended the last round (why, its first failure's root cause, the nodes lost): told with the next round
+    news: tuple[str, dict[str, object] | None, tuple[str, ...]] = ("", None, ())
+
+    def start(self, placement: Placement) -> None:
+        """The next round starts on ``placement``: running, its results yet to come."""
+        self.number += 1
+        self.members = placement.members
+        self.member_set = frozenset(placement.members)
+        self.spares = set(placement.spares)
+        self.results = {}
+        self.phase = Phase.RUNNING
 
 
 class Coordinator:
@@ -111,18 +140,8 @@ class Coordinator:
         self._nodes: dict[str, NodeInfo] = {}
         self._gone: dict[str, tuple[str, str]] = {}  # node id → (name, why it went), for the reasons given
         self._alone_since: float | None = None
-        self._phase = Phase.FORMING
-        self._round = 0
-        self._members: tuple[str, ...] = ()
-        # the same, as a set: a result's check (every node's, as a round ends) and a newcomer's; ``in`` the tuple
-        # scanned every member for each, 5 s of the host's CPU as 32,768 nodes reported
-        self._member_set: frozenset[str] = frozenset()
-        self._restarts = 0
+        self._round = RoundState()  # the round decided on: its number, phase, members, spares and results
         self._min_since: float | None = None
-        self._results: dict[str, Result] = {}
-        # what ended the last round (why, its first failure's root cause, the nodes lost): told with the next round
-        self._news: tuple[str, dict[str, object] | None, tuple[str, ...]] = ("", None, ())
-        self._spares: set[str] = set()  # told they wait as spares in the current round
         self._arrived: list[str] = []  # nodes that joined since the last decision
         self._events: Events = asyncio.Queue()
         self._status_dirty = True
@@ -165,13 +184,13 @@ class Coordinator:
             word = RoundWord(word.round, Phase.ENDED, word.restarts, "the job had ended", ok)
             await self._put(self._keys.round, word.value())
         if word.phase is Phase.ENDED:
-            self._phase = Phase.ENDED
+            self._round.phase = Phase.ENDED
             return True
-        self._round, self._restarts = word.round, word.restarts
-        reason = "the coordinator changed; re-forming"
-        await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, reason).value())
+        self._round.number, self._round.restarts = word.round, word.restarts
+        word = RoundWord(self._round.number, Phase.FORMING, self._round.restarts, "the coordinator changed; re-forming")
+        await self._put(self._keys.round, word.value())
         self._min_since = self._now() - self._settings.last_call_timeout  # re-form at once, as after a regroup
-        logger.info("rendezvous: took over as coordinator at round %d", self._round)
+        logger.info("rendezvous: took over as coordinator at round %d", self._round.number)
         return False
 
     async def _put(self, key: str, value: bytes) -> None:
@@ -219,22 +238,23 @@ class Coordinator:
         return self._account.eligible(self._nodes)
 
     def _view(self) -> View:
-        return View(self._eligible().values(), self._phase, self._round, self._members, self._restarts,
-                    self._min_since, self._results, self._leader, self._gone, self._alone_since, self._account.blame,
+        current = self._round
+        return View(self._eligible().values(), current.phase, current.number, current.members, current.restarts,
+                    self._min_since, current.results, self._leader, self._gone, self._alone_since, self._account.blame,
                     self._account.unhealthy, self._began)
 
     def _note_min(self) -> None:
         nodes = self._eligible()
         enough = len(nodes) >= self._settings.min_nodes
-        if self._phase is Phase.FORMING and enough and self._min_since is None:
+        if self._round.phase is Phase.FORMING and enough and self._min_since is None:
             # last_call is for the first round: a later one (a regroup, a restart, a coordinator taking over) re-forms
             # at once when enough nodes are there, also when they were too few for a while (its nodes were not all
             # back yet, or had not joined the new coordinator's view yet)
-            self._min_since = self._now() - (self._settings.last_call_timeout if self._round > 0 else 0.0)
+            self._min_since = self._now() - (self._settings.last_call_timeout if self._round.number > 0 else 0.0)
         elif not enough:
             self._min_since = None
         only = next(iter(nodes.values())) if len(nodes) == 1 else None  # O(1) but with exclusions: this runs every decision
-        alone = (self._phase is Phase.FORMING and self._round > 0 and only is not None
+        alone = (self._round.phase is Phase.FORMING and self._round.number > 0 and only is not None
                  and (only.id == self._leader or only.is_host))
         if alone and self._alone_since is None:
             self._alone_since = self._now()
@@ -244,7 +264,7 @@ class Coordinator:
     async def _next_events(self, step: Wait) -> None:
         """Wait for something to change (or the step's deadline), then take every event already there."""
         until = step.until
-        if self._status_dirty and self._phase is not Phase.ENDED:  # a status write held back by the rate limit
+        if self._status_dirty and self._round.phase is not Phase.ENDED:  # a status write held back by the rate limit
             until = self._status_due if until is None else min(until, self._status_due)
         timeout = None if until is None else max(0.0, until - self._now())
         try:
@@ -273,8 +293,8 @@ class Coordinator:
             self._status_dirty = True
             return
         round_text, _, node_id = event.key[len(self._keys.results) :].partition("/")
-        if event.kind is EventKind.PUT and round_text == str(self._round) and node_id in self._member_set:
-            self._results[node_id] = result_from(event.value, event.revision)
+        if event.kind is EventKind.PUT and round_text == str(self._round.number) and node_id in self._round.member_set:
+            self._round.results[node_id] = result_from(event.value, event.revision)
 
     def _node_joined(self, node_id: str, value: bytes, revision: int) -> None:
         info = self._nodes[node_id] = node_from(value, revision, node_id)
@@ -300,29 +320,26 @@ class Coordinator:
 
     async def _start(self, step: Start) -> None:
         await self._before_round()
-        self._round += 1
-        self._members = step.placement.members
-        self._member_set = frozenset(self._members)
-        self._results = {}
-        self._phase = Phase.RUNNING
-        infos = [self._nodes[m] for m in self._members]
+        self._round.start(step.placement)
+        infos = [self._nodes[m] for m in self._round.members]
         ranks = assign_node_ranks([NodeSlots(n.role, n.nproc) for n in infos])
         addr, port = self._master()
-        writes = [(self._keys.assign(info.id), Assignment(self._round, group_rank, len(infos), mine, addr, port,
-                                                          self._restarts).value())
+        writes = [(self._keys.assign(info.id), Assignment(self._round.number, group_rank, len(infos), mine, addr,
+                                                          port, self._round.restarts).value())
                   for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True))]
-        self._spares = set(step.placement.spares)
-        spare = Spare(self._round).value()
+        spare = Spare(self._round.number).value()
         writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
         await self._put_all(writes)
-        reason, failure, lost = self._news
-        await self._put(self._keys.round, RoundWord(self._round, Phase.RUNNING, self._restarts, reason, failure=failure,
-                                                    lost=lost, excluded=tuple(self._account.exclusions)).value())
-        logger.info("rendezvous round %d: %d nodes, %d spares", self._round, len(self._members), len(step.placement.spares))
+        reason, failure, lost = self._round.news
+        await self._put(self._keys.round, RoundWord(self._round.number, Phase.RUNNING, self._round.restarts, reason,
+                                                    failure=failure, lost=lost,
+                                                    excluded=tuple(self._account.exclusions)).value())
+        logger.info("rendezvous round %d: %d nodes, %d spares", self._round.number, len(self._round.members),
+                    len(step.placement.spares))
         await self._stop_check()
         if self._settings.network_check and len(infos) >= netcheck.MIN_NODES:
             self._judged = False
-            self._check = asyncio.create_task(self._network_check(self._round, infos))
+            self._check = asyncio.create_task(self._network_check(self._round.number, infos))
 
     async def _network_check(self, round_: int, infos: list[NodeInfo]) -> None:
         """Judge round ``round_``'s network check; the nodes found unhealthy get their ``unhealthy/`` key (this
@@ -353,14 +370,14 @@ class Coordinator:
     async def _reform(self, step: Regroup | Restart) -> None:
         await self._stop_check()
         if isinstance(step, Restart):
-            self._restarts += 1
+            self._round.restarts += 1
             self._account.blamed(step.blamed)
         await self._exclude(step.excluded)
-        self._news = (step.reason, _root(first_failure(self._results.values())), step.lost)
-        await self._put(self._keys.round, RoundWord(self._round, Phase.FORMING, self._restarts, step.reason,
-                                                    failure=self._news[1], lost=step.lost,
+        self._round.news = (step.reason, _root(first_failure(self._round.results.values())), step.lost)
+        await self._put(self._keys.round, RoundWord(self._round.number, Phase.FORMING, self._round.restarts,
+                                                    step.reason, failure=self._round.news[1], lost=step.lost,
                                                     excluded=tuple(self._account.exclusions)).value())
-        self._phase = Phase.FORMING
+        self._round.phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
 
@@ -369,11 +386,11 @@ class Coordinator:
         account blames it (``Account.straggler``, for a member of the running round): this node's console says so, or
         at its ``--max-node-failures``-th, where the job can go on without it, its ``unhealthy/`` key is written (as
         the network check does), so the round re-forms without it."""
-        if node_id not in self._member_set:
+        if node_id not in self._round.member_set:
             return
         info = self._nodes.get(node_id)
         verdict = self._account.straggler(node_id, info.name if info is not None else node_id, why,
-                                          members=len(self._members), spares=bool(self._spares))
+                                          members=len(self._round.members), spares=bool(self._round.spares))
         if isinstance(verdict, Warned):
             self._say(verdict.line)
         elif isinstance(verdict, Reported):
@@ -384,32 +401,33 @@ class Coordinator:
         await self._stop_check()
         self._account.blamed(step.blamed)
         await self._exclude(step.excluded)
-        first = first_failure(self._results.values())  # picked once: the cause's words and its root are one failure's
+        # picked once: the cause's words and its root are one failure's
+        first = first_failure(self._round.results.values())
         cause = first.summary if first is not None else ""
         failure, lost = _root(first), step.lost
-        if self._phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
-            failure, lost = failure or self._news[1], lost or self._news[2]
-        word = RoundWord(self._round, Phase.ENDED, self._restarts, step.reason, step.ok, cause, step.stranded,
-                         failure, lost, tuple(self._account.exclusions))
+        if self._round.phase is Phase.FORMING:  # ended before the next round: what ended the last one is still news
+            failure, lost = failure or self._round.news[1], lost or self._round.news[2]
+        word = RoundWord(self._round.number, Phase.ENDED, self._round.restarts, step.reason, step.ok, cause,
+                         step.stranded, failure, lost, tuple(self._account.exclusions))
         await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
         await self._put(self._keys.round, word.value())
-        self._phase = Phase.ENDED
+        self._round.phase = Phase.ENDED
 
     async def _tell_spares(self) -> None:
         """A node that joined a full, running round learns at once that it waits as a spare."""
         arrived, self._arrived = self._arrived, []
-        if self._phase is not Phase.RUNNING:
+        if self._round.phase is not Phase.RUNNING:
             return
         for node_id in arrived:
-            if node_id in self._nodes and node_id not in self._member_set and node_id not in self._spares \
+            if node_id in self._nodes and node_id not in self._round.member_set and node_id not in self._round.spares \
                     and node_id not in self._account.excluded:
-                self._spares.add(node_id)
-                await self._put(self._keys.assign(node_id), Spare(self._round).value())
+                self._round.spares.add(node_id)
+                await self._put(self._keys.assign(node_id), Spare(self._round.number).value())
 
     async def _publish_status(self) -> None:
         """Who has joined, for waiting nodes' progress lines: at most once a second (they print every 5 s)."""
         now = self._now()
-        if not self._status_dirty or self._phase is Phase.ENDED or now < self._status_due:
+        if not self._status_dirty or self._round.phase is Phase.ENDED or now < self._status_due:
             return
         self._status_dirty, self._status_due = False, now + STATUS_EVERY
         nodes = self._eligible()
