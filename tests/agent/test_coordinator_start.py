@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fakes import FakeTimers
-from rankrun.rendezvous.coordinator import Coordinator
+from rankrun.errors import NotCoordinator
+from rankrun.rendezvous.coordinator import Coordinator, Writes
 from rankrun.rendezvous.keys import Assignment, Keys, node_value, place_from
 from rankrun.rendezvous.round import NodeInfo, Settings
 from rankrun.store.api import Event, EventKind
@@ -102,3 +105,28 @@ def test_a_coordinator_cancelled_as_an_event_arrives_ends():
 
     ended = asyncio.run(asyncio.wait_for(main(), BOUND))
     assert isinstance(ended, asyncio.CancelledError), f"the coordinator did not end when cancelled: {ended!r}"
+
+
+def test_the_coordinators_writes_wait_pending_for_a_flush_and_a_fenced_one_refused_is_not_coordinating():
+    async def main() -> None:
+        store = MemoryStore(FakeTimers())
+        writes = Writes(store, None)
+        writes.pending.append(("/a", b"1"))
+        assert await store.get("/a") is None
+        await writes.flush()
+        entry = await store.get("/a")
+        assert entry is not None and entry.value == b"1" and writes.pending == []
+        asked: list[str] = []
+
+        async def fence(key: str, value: bytes) -> bool:
+            asked.append(key)
+            return key != "/deposed" and await store.put(key, value) > 0
+
+        fenced = Writes(store, fence)
+        await fenced.put_all([("/b", b"2"), ("/c", b"3")])
+        assert asked == ["/b", "/c"]
+        with pytest.raises(NotCoordinator):
+            await fenced.put("/deposed", b"x")
+        assert await store.get("/deposed") is None
+
+    asyncio.run(asyncio.wait_for(main(), BOUND))

@@ -102,6 +102,45 @@ class RoundState:
         self.phase = Phase.RUNNING
 
 
+class Writes:
+    """How the coordinator writes. An elected coordinator (a shared store) writes only while it still holds the
+    election (``fence``; False: it does not), each key bound to the job lease; without one, a key is written as it is,
+    bound to no lease. Writes decided while applying events (a blocklisted arrival) wait in ``pending`` for the next
+    decision (``flush``)."""
+
+    def __init__(self, store: Store, fence: Callable[[str, bytes], Awaitable[bool]] | None) -> None:
+        self._store = store
+        self._fence = fence
+        # a store in this process (the hosting agent's in-memory one), unfenced: a write never suspends, so a round's
+        # writes need no concurrency
+        self._in_memory = store.in_process and fence is None
+        self.pending: list[tuple[str, bytes]] = []
+
+    async def put(self, key: str, value: bytes) -> None:
+        if self._fence is None:
+            await self._store.put(key, value)
+        elif not await self._fence(key, value):
+            raise NotCoordinator("this node no longer holds the coordinator key (its lease ended): another node coordinates")
+
+    async def put_all(self, writes: list[tuple[str, bytes]]) -> None:
+        """Many independent writes, up to ``PUTS_IN_FLIGHT`` at a time: a networked store (etcd) commits
+        concurrent writes together, where one after another would each wait for their own commit. The in-memory
+        store: one after another, all in this turn of the loop (no task each; the embedded server then sends each
+        node its assignment and the round key, written right after, in one write)."""
+        if self._in_memory:
+            for key, value in writes:
+                await self.put(key, value)
+            return
+        for at in range(0, len(writes), PUTS_IN_FLIGHT):
+            await asyncio.gather(*(self.put(key, value) for key, value in writes[at : at + PUTS_IN_FLIGHT]))
+
+    async def flush(self) -> None:
+        """The pending writes, made."""
+        if self.pending:
+            writes, self.pending = self.pending, []
+            await self.put_all(writes)
+
+
 class Coordinator:
     """Decides every round of the job. Runs on the agent that hosts the embedded store (node rank 0 in static mode), or
     on the agent elected on a shared store (``rendezvous.election``)."""
@@ -124,12 +163,7 @@ class Coordinator:
         self._keys = keys
         self._settings = settings
         self._leader = leader  # this coordinator's own node: group rank 0, with the worker store
-        # an elected coordinator (a shared store) writes only while it still holds the election (False: it does not),
-        # each key bound to the job lease; without one, a key is written as it is, bound to no lease
-        self._fence = fence
-        # a store in this process (the hosting agent's in-memory one), unfenced: a write never suspends, so a round's
-        # writes need no concurrency
-        self._in_memory = store.in_process and fence is None
+        self._writes = Writes(store, fence)  # through the fence, if any; many at once where that gains
         self._master = master  # the worker store's address and port (hosted by group rank 0)
         self._before_round = before_round  # e.g. a fresh worker-store keyspace
         self._now = now or (lambda: asyncio.get_running_loop().time())
@@ -148,7 +182,6 @@ class Coordinator:
         self._began: float | None = None
         self._status_due = 0.0
         self._account = Account(keys.run_id, settings)  # blame, exclusions, the blocklist, the unhealthy nodes
-        self._pending: list[tuple[str, bytes]] = []  # writes decided while applying events (a blocklisted arrival)
 
     async def run(self) -> None:
         if await self._take_over():
@@ -182,40 +215,20 @@ class Coordinator:
         if word.phase is not Phase.ENDED and closed is not None:  # the last coordinator died between the two writes: finish it
             ok = closed_ok(closed.value)
             word = RoundWord(word.round, Phase.ENDED, word.restarts, "the job had ended", ok)
-            await self._put(self._keys.round, word.value())
+            await self._writes.put(self._keys.round, word.value())
         if word.phase is Phase.ENDED:
             self._round.phase = Phase.ENDED
             return True
         self._round.number, self._round.restarts = word.round, word.restarts
         word = RoundWord(self._round.number, Phase.FORMING, self._round.restarts, "the coordinator changed; re-forming")
-        await self._put(self._keys.round, word.value())
+        await self._writes.put(self._keys.round, word.value())
         self._min_since = self._now() - self._settings.last_call_timeout  # re-form at once, as after a regroup
         logger.info("rendezvous: took over as coordinator at round %d", self._round.number)
         return False
 
-    async def _put(self, key: str, value: bytes) -> None:
-        if self._fence is None:
-            await self._store.put(key, value)
-        elif not await self._fence(key, value):
-            raise NotCoordinator("this node no longer holds the coordinator key (its lease ended): another node coordinates")
-
-    async def _put_all(self, writes: list[tuple[str, bytes]]) -> None:
-        """Many independent writes, up to ``PUTS_IN_FLIGHT`` at a time: a networked store (etcd) commits
-        concurrent writes together, where one after another would each wait for their own commit. The in-memory
-        store: one after another, all in this turn of the loop (no task each; the embedded server then sends each
-        node its assignment and the round key, written right after, in one write)."""
-        if self._in_memory:
-            for key, value in writes:
-                await self._put(key, value)
-            return
-        for at in range(0, len(writes), PUTS_IN_FLIGHT):
-            await asyncio.gather(*(self._put(key, value) for key, value in writes[at : at + PUTS_IN_FLIGHT]))
-
     async def _decide_forever(self) -> None:
         while True:
-            if self._pending:
-                writes, self._pending = self._pending, []
-                await self._put_all(writes)
+            await self._writes.flush()
             self._note_min()
             step = next_step(self._view(), self._settings, self._now())
             if isinstance(step, Exclude):
@@ -300,7 +313,7 @@ class Coordinator:
         info = self._nodes[node_id] = node_from(value, revision, node_id)
         blocked = self._account.joined(info)
         if blocked is not None:  # it raced past Member.join's check: told, not counted
-            self._pending.append((self._keys.assign(node_id), Excluded(blocked.reason, blocked.at).value()))
+            self._writes.pending.append((self._keys.assign(node_id), Excluded(blocked.reason, blocked.at).value()))
             logger.info("rendezvous: %s at %s is on the job's blocklist: refused", node_id, info.addr)
 
     async def _exclude(self, excluded: tuple[Exclusion, ...]) -> None:
@@ -315,7 +328,7 @@ class Coordinator:
             if info is not None and record is not None:
                 writes.append((self._keys.blocked(info.host, info.addr), record.value()))
                 logger.info("rendezvous: excluded %s at %s: %s", exclusion.node, info.addr, exclusion.reason)
-        await self._put_all(writes)
+        await self._writes.put_all(writes)
         self._status_dirty = True
 
     async def _start(self, step: Start) -> None:
@@ -329,11 +342,11 @@ class Coordinator:
                   for group_rank, (info, mine) in enumerate(zip(infos, ranks, strict=True))]
         spare = Spare(self._round.number).value()
         writes += [(self._keys.assign(node_id), spare) for node_id in step.placement.spares]
-        await self._put_all(writes)
+        await self._writes.put_all(writes)
         reason, failure, lost = self._round.news
-        await self._put(self._keys.round, RoundWord(self._round.number, Phase.RUNNING, self._round.restarts, reason,
-                                                    failure=failure, lost=lost,
-                                                    excluded=tuple(self._account.exclusions)).value())
+        word = RoundWord(self._round.number, Phase.RUNNING, self._round.restarts, reason, failure=failure, lost=lost,
+                         excluded=tuple(self._account.exclusions))
+        await self._writes.put(self._keys.round, word.value())
         logger.info("rendezvous round %d: %d nodes, %d spares", self._round.number, len(self._round.members),
                     len(step.placement.spares))
         await self._stop_check()
@@ -346,14 +359,14 @@ class Coordinator:
         coordinator's watch then re-forms the round without them), then every member reads the verdict."""
         started = self._now()
         try:
-            found = await netcheck.judge(self._store, self._keys, round_, len(infos), self._put,
+            found = await netcheck.judge(self._store, self._keys, round_, len(infos), self._writes.put,
                                          reach_=netcheck.reach(self._settings.health_timeout))
             self._judged = True  # the writes that follow are not cancelled: the regroup they cause must not stop them
             lines = {g: network_line(g, infos[g].addr or infos[g].id, why) for g, why in sorted(found.items())}
             for g, line in lines.items():
                 self._say(line)
-                await self._put(self._keys.unhealthy_node(infos[g].id), unhealthy_value(line))
-            await self._put(self._keys.netcheck_verdict(round_), verdict_value(lines))
+                await self._writes.put(self._keys.unhealthy_node(infos[g].id), unhealthy_value(line))
+            await self._writes.put(self._keys.netcheck_verdict(round_), verdict_value(lines))
             self._say(f"rendezvous round {round_}: network check of {len(infos)} nodes in {self._now() - started:.2f} s: "
                       + (f"{len(lines)} unhealthy, re-forming without them" if lines else "nobody unhealthy"))
         except (StoreUnavailable, NotCoordinator) as exc:  # the members' wait is bounded: they go on without a verdict
@@ -374,9 +387,9 @@ class Coordinator:
             self._account.blamed(step.blamed)
         await self._exclude(step.excluded)
         self._round.news = (step.reason, _root(first_failure(self._round.results.values())), step.lost)
-        await self._put(self._keys.round, RoundWord(self._round.number, Phase.FORMING, self._round.restarts,
-                                                    step.reason, failure=self._round.news[1], lost=step.lost,
-                                                    excluded=tuple(self._account.exclusions)).value())
+        word = RoundWord(self._round.number, Phase.FORMING, self._round.restarts, step.reason,
+                         failure=self._round.news[1], lost=step.lost, excluded=tuple(self._account.exclusions))
+        await self._writes.put(self._keys.round, word.value())
         self._round.phase = Phase.FORMING
         # a regroup or restart re-forms at once when enough nodes are there (last_call is for the first round)
         self._min_since = self._now() - self._settings.last_call_timeout
@@ -395,7 +408,7 @@ class Coordinator:
             self._say(verdict.line)
         elif isinstance(verdict, Reported):
             with contextlib.suppress(StoreUnavailable, NotCoordinator):
-                await self._put(self._keys.unhealthy_node(node_id), unhealthy_value(verdict.reason))
+                await self._writes.put(self._keys.unhealthy_node(node_id), unhealthy_value(verdict.reason))
 
     async def _finish(self, step: Finish) -> None:
         await self._stop_check()
@@ -409,8 +422,8 @@ class Coordinator:
             failure, lost = failure or self._round.news[1], lost or self._round.news[2]
         word = RoundWord(self._round.number, Phase.ENDED, self._round.restarts, step.reason, step.ok, cause,
                          step.stranded, failure, lost, tuple(self._account.exclusions))
-        await self._put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
-        await self._put(self._keys.round, word.value())
+        await self._writes.put(self._keys.closed, closed_value(step.ok))  # first: once nodes read the end, they leave at once
+        await self._writes.put(self._keys.round, word.value())
         self._round.phase = Phase.ENDED
 
     async def _tell_spares(self) -> None:
@@ -422,7 +435,7 @@ class Coordinator:
             if node_id in self._nodes and node_id not in self._round.member_set and node_id not in self._round.spares \
                     and node_id not in self._account.excluded:
                 self._round.spares.add(node_id)
-                await self._put(self._keys.assign(node_id), Spare(self._round.number).value())
+                await self._writes.put(self._keys.assign(node_id), Spare(self._round.number).value())
 
     async def _publish_status(self) -> None:
         """Who has joined, for waiting nodes' progress lines: at most once a second (they print every 5 s)."""
@@ -434,7 +447,7 @@ class Coordinator:
         first = list(itertools.islice(nodes.values(), 4))  # events arrive in revision order: join order
         static = sorted(n.static_rank for n in nodes.values() if n.static_rank is not None) if self._settings.static else []
         status = Status(len(nodes), tuple(n.addr or n.host for n in first), tuple(static))
-        await self._put(self._keys.status, status.value())
+        await self._writes.put(self._keys.status, status.value())
 
 
 def _root(first: Result | None) -> dict[str, object] | None:
