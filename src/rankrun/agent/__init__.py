@@ -4,7 +4,7 @@ each round (``rendezvous.round``, with the same ``policy.decide``). Either way, 
 
 Around them: ``deps`` (the seams the agent acts through), ``plan`` (one attempt's plan, pure), ``ranks`` (the workers'
 identities, pure), ``env`` (a worker's torchrun variables, pure), ``race`` (racing awaitables). A round's seam is
-``round`` (``RoundWatch``); its features are listed in ``features``, with ``gate`` (``--health-check``) and ``relays``
+``round`` (``RoundWatch``); its features are listed in ``features``, with ``gate`` (``--health-check``) and ``store_relay``
 (``--store-relays``). An attempt's seam is ``watch`` (``AttemptWatch``); its observers are ``stall``
 (``--hang-timeout``), ``startup`` (the start-up timeline) and ``stragglers/`` (``--straggler-window``: the attempt's
 watch; several nodes' round adds the job's, ``JobView``'s). The job's event stream: ``facts`` (the lifecycle facts,

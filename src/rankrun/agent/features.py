@@ -10,14 +10,14 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-from rankrun.agent import relays
+from rankrun.agent import store_relay
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure, failure_value
 from rankrun.agent.gate import HealthGate, unhealthy
 from rankrun.agent.race import first_of
-from rankrun.agent.relays import NodeRelay
 from rankrun.agent.round import Feature, NewsEvents, OpenFiles, Round, Rounds
 from rankrun.agent.stall import show
+from rankrun.agent.store_relay import NodeStoreRelay
 from rankrun.errors import LauncherError, StoreError
 from rankrun.netif import collective_interface, interface_of, is_loopback
 from rankrun.proc.signals import StopStream
@@ -46,7 +46,7 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
     address = member.info.addr or session.address
     news = NewsEvents(deps.events)
     gate = HealthGate(lambda: unhealthy(spec, deps, stops), first=False, sick=sick, report=member.report_unhealthy)
-    relay = NodeRelay(spec, deps.console.say, hosting=session.hosting, relayable=session.relayable, address=address)
+    relay = NodeStoreRelay(spec, deps.console.say, hosting=session.hosting, relayable=session.relayable, address=address)
     host = session.coordinator is not None  # the host of the workers' store says if it cannot hold them
     features: list[Feature] = [gate]
     try:
@@ -55,7 +55,7 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
                 features.append(NetworkCheck(spec, deps, stops, session, probe))
             if host:
                 features.append(OpenFiles(deps.console.say, spec, nodes=None if session.hosting else 0,
-                                          relaying=lambda word: relays.wanted(spec, word, relayable=session.relayable)))
+                                          relaying=lambda word: store_relay.wanted(spec, word, relayable=session.relayable)))
             env = WorkerEnv(await _collective_env(spec, deps, session.address))
             features += [news, env, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
                          MemberReport(spec, deps, member)]

@@ -158,7 +158,7 @@ class OpenFiles(Feature):
     """The host of the workers' store (and, embedded, of the rendezvous) says once, before its first workers start,
     if this process cannot hold the job's connections. ``nodes``: the nodes' connections it holds (None: the round's
     nodes, when it hosts the embedded store; 0: one node, or etcd, which holds them); ``relaying``: whether the other
-    nodes relay in a round (``agent.relays.wanted``): the host then holds one connection per node."""
+    nodes relay in a round (``agent.store_relay.wanted``): the host then holds one connection per node."""
 
     def __init__(self, say: Callable[[str], None], spec: LaunchSpec, *, nodes: int | None,
                  relaying: Callable[[Assignment], bool] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""This node's store relay as its agent runs it (``rankrun.agent.relays``), in-process over loopback: with
+"""This node's store relay as its agent runs it (``rankrun.agent.store_relay``), in-process over loopback: with
 ``--store-relays`` a node that does not host the store starts a relay for its first round, names it to its workers,
 keeps it while the store stays where it is and replaces it when the store moves; the node hosting the store never
 relays, and a relay that cannot reach the store is said while the workers connect directly."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from rankrun.agent.relays import NodeRelay
+from rankrun.agent.store_relay import NodeStoreRelay
 from rankrun.cli import spec_from_args
 from rankrun.ranks import NodeRanks
 from rankrun.rendezvous.keys import Assignment
@@ -54,7 +54,7 @@ def test_a_node_relays_its_workers_and_keeps_the_relay_while_the_store_stays(tmp
 
     async def main() -> None:
         stores = [await _store() for _ in range(2)]
-        relay = NodeRelay(_spec(tmp_path, "--store-relays", "1"), lines.append, hosting=False, relayable=True, address=HOST)
+        relay = NodeStoreRelay(_spec(tmp_path, "--store-relays", "1"), lines.append, hosting=False, relayable=True, address=HOST)
         try:
             addr, port = await relay.master(_word(1, stores[0][2]))
             assert addr == HOST and port != stores[0][2]
@@ -80,7 +80,7 @@ def test_the_node_hosting_the_store_or_a_job_without_relays_connects_directly(tm
 
     async def main() -> None:
         for flags, hosting in ((("--store-relays", "1"), True), (("--store-relays", "0"), False)):
-            relay = NodeRelay(_spec(tmp_path, *flags), lines.append, hosting=hosting, relayable=True, address=HOST)
+            relay = NodeStoreRelay(_spec(tmp_path, *flags), lines.append, hosting=hosting, relayable=True, address=HOST)
             assert await relay.master(_word(1, 29500)) == (HOST, 29500)
             await relay.close()
 
@@ -95,7 +95,7 @@ def test_a_relay_that_cannot_reach_the_store_is_said_and_the_workers_connect_dir
         server, host, port = await _store()
         await host.close()  # nobody listens there any more
         await server.close()
-        relay = NodeRelay(_spec(tmp_path, "--store-relays", "1"), lines.append, hosting=False, relayable=True, address=HOST)
+        relay = NodeStoreRelay(_spec(tmp_path, "--store-relays", "1"), lines.append, hosting=False, relayable=True, address=HOST)
         try:
             return await relay.master(_word(1, port)), port
         finally:
@@ -114,7 +114,7 @@ def test_on_etcd_the_workers_connect_directly_and_it_is_said_once(tmp_path, caps
     capsys.readouterr()  # (the note on etcd-v2's API)
 
     async def main() -> list[tuple[str, int]]:
-        relay = NodeRelay(spec, lines.append, hosting=False, relayable=False, address=HOST)  # etcd's session
+        relay = NodeStoreRelay(spec, lines.append, hosting=False, relayable=False, address=HOST)  # etcd's session
         try:
             return [await relay.master(_word(n, 29500)) for n in (1, 2)]
         finally:
@@ -131,7 +131,7 @@ def test_by_default_a_node_relays_only_past_what_the_host_can_hold(tmp_path):
 
     async def main() -> tuple[tuple[str, int], tuple[str, int], int]:
         server, host, port = await _store()
-        relay = NodeRelay(_spec(tmp_path), lines.append, hosting=False, relayable=True, address=HOST)
+        relay = NodeStoreRelay(_spec(tmp_path), lines.append, hosting=False, relayable=True, address=HOST)
         try:
             small = await relay.master(_word(1, port))
             huge = await relay.master(Assignment(2, 1, 5000, NodeRanks(2, 10_000_000, 2, 10_000_000), HOST, port, 0))

@@ -30,7 +30,7 @@ def wanted(spec: LaunchSpec, word: Assignment, *, relayable: bool) -> bool:
                          local_workers=spec.worker.nproc, soft=soft, hard=hard)
 
 
-class NodeRelay(Feature):
+class NodeStoreRelay(Feature):
     """``master(word)``: where this node's workers reach the store in ``word``'s round (as a round-level feature: the
     round's ``master``, while it is served); ``close()`` at the end."""
 
