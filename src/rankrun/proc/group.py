@@ -91,121 +91,130 @@ async def supervise(
     ended: Awaitable[GroupEnd] | None = None,
 ) -> GroupOutcome:
     """Until every worker has exited; ``ended``, when it completes, stops the group (SIGTERM, then the deadline)."""
-    outcome = GroupOutcome()
-    waits = {asyncio.ensure_future(_wait(h, wall)): i for i, h in enumerate(handles)}
+    group = _Group(handles, shutdown_timeout, {asyncio.ensure_future(_wait(h, wall)): i for i, h in enumerate(handles)})
     sig_task: asyncio.Future[Interrupted] = asyncio.ensure_future(next_stop())
     round_task: asyncio.Future[GroupEnd] | None = asyncio.ensure_future(ended) if ended is not None else None
-    stop = _Stop()
     try:
-        while waits:
-            timeout = None if stop.deadline is None else max(0.0, stop.deadline - asyncio.get_running_loop().time())
+        while group.waits:
             pending = [t for t in (sig_task, round_task) if t is not None and not (t is sig_task and t.done())]
-            watched: set[asyncio.Future[Any]] = {*waits, *pending}
-            done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            # Exits noticed together happened before anything we do now: none of them was "stopped". Each keeps the
-            # time its own exit was heard, in the order the kernel told them (a loaded machine hears several at once,
-            # and the first failure, the root cause, must not be the lowest rank of the batch).
-            stopping = stop.deadline is not None
-            exited = sorted((waits.pop(t), *t.result()) for t in done if t in waits)
-            for index, status, at in exited:
-                outcome.exits[index] = Exit(index, status, at, after_stop=stop.caused(index))
-            if not stopping and any(status != 0 for _, status, _ in exited):
-                _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+            watched: set[asyncio.Future[Any]] = {*group.waits, *pending}
+            done, _ = await asyncio.wait(watched, timeout=group.timeout(), return_when=asyncio.FIRST_COMPLETED)
+            group.heard(done)
             if round_task is not None and round_task in done:
-                _on_ended(round_task.result(), handles, waits, outcome, stop, shutdown_timeout)
+                group.on_ended(round_task.result())
                 round_task = None
             if sig_task in done:
-                _on_stop(sig_task.result(), handles, waits, outcome, stop, shutdown_timeout)
-                if not stop.killed:
+                group.on_stop(sig_task.result())
+                if not group.stop.killed:
                     sig_task = asyncio.ensure_future(next_stop())
-            if stop.deadline is not None and not stop.killed and asyncio.get_running_loop().time() >= stop.deadline:
-                _kill(handles, waits, stop)
-            if stop.killed and waits:
-                outcome.unkillable = await _wait_killed(waits, outcome, stop)
+            group.kill_when_overdue()
+            if group.stop.killed and group.waits:
+                await group.wait_killed()
                 break
     finally:
         await _cancelled(round_task)
-        if not sig_task.done():
-            await _cancelled(sig_task)
-        elif not sig_task.cancelled() and outcome.interrupted_by is None:
-            outcome.interrupted_by = sig_task.result().signum  # arrived while the last workers were being killed
+        await _last_signal(sig_task, group.outcome)
         for h in handles:
             h.signal_group(signal.SIGKILL)  # grandchildren left in the group, even after success
-    return outcome
+    return group.outcome
 
 
-def _on_ended(  # noqa: PLR0917 - private helper of supervise()
-    end: GroupEnd,
-    handles: Sequence[WorkerHandle],
-    waits: dict[asyncio.Task[tuple[int, float]], int],
-    outcome: GroupOutcome,
-    stop: _Stop,
-    shutdown_timeout: float,
-) -> None:
-    if outcome.interrupted_by is None:
-        if isinstance(end, Stalled):
-            outcome.stalled, outcome.stall_blame = end.what, end.blame
-        else:
-            outcome.regrouped = end.why
-        if stop.deadline is None:
-            _begin_stop(signal.SIGTERM, handles, waits, stop, shutdown_timeout)
+@dataclass
+class _Group:
+    """What ``supervise`` knows of its group between two wake-ups: the workers, the exits not yet heard (each wait
+    task and its worker's index), the outcome so far and the stop under way. Each wake-up's news is one method."""
+
+    handles: Sequence[WorkerHandle]
+    grace: float  # --shutdown-timeout: from the polite signal to SIGKILL
+    waits: dict[asyncio.Task[tuple[int, float]], int]
+    outcome: GroupOutcome = field(default_factory=GroupOutcome)
+    stop: _Stop = field(default_factory=_Stop)
+
+    def timeout(self) -> float | None:
+        """How long the next wait may last: until the stop's deadline, or for ever when no stop is under way."""
+        if self.stop.deadline is None:
+            return None
+        return max(0.0, self.stop.deadline - asyncio.get_running_loop().time())
+
+    def heard(self, done: set[asyncio.Future[Any]]) -> None:
+        """Exits noticed together happened before anything we do now: none of them was "stopped". Each keeps the
+        time its own exit was heard, in the order the kernel told them (a loaded machine hears several at once, and
+        the first failure, the root cause, must not be the lowest rank of the batch). A first failure stops the rest."""
+        stopping = self.stop.deadline is not None
+        exited = sorted((self.waits.pop(t), *t.result()) for t in done if t in self.waits)
+        for index, status, at in exited:
+            self._exited(index, status, at)
+        if not stopping and any(status != 0 for _, status, _ in exited):
+            self.begin_stop(signal.SIGTERM)
+
+    def on_ended(self, end: GroupEnd) -> None:
+        """The round is over or the group stalled: stop it, unless a signal already did (that is the story then)."""
+        if self.outcome.interrupted_by is None:
+            if isinstance(end, Stalled):
+                self.outcome.stalled, self.outcome.stall_blame = end.what, end.blame
+            else:
+                self.outcome.regrouped = end.why
+            if self.stop.deadline is None:
+                self.begin_stop(signal.SIGTERM)
+
+    def on_stop(self, request: Interrupted) -> None:
+        signum = request.signum
+        if self.outcome.interrupted_by is not None:
+            self.outcome.second_signal = self.outcome.second_signal or signum
+            self.kill_all()  # a second signal: no more patience
+            return
+        self.outcome.interrupted_by = signum
+        if self.stop.deadline is None:
+            self.begin_stop(signum)
+        else:  # already stopping after a failure: pass the signal on, keep the deadline
+            for index in self.waits.values():
+                self.handles[index].signal_group(signum)
+
+    def begin_stop(self, signum: int) -> None:
+        """Signal every worker not yet heard of to stop. One that had ended by itself already (two ranks failing on
+        the same bad argument: the first exit heard starts the stop, the other's event is still on its way) is told
+        apart now, before the signal, and keeps its own exit: reported as failed, never as stopped by rankrun. Its
+        exit code says nothing either way: a Python worker that dies of a forwarded SIGINT re-raises it at exit
+        (status -2, not exit code 2), but a handler may exit with any code, so how the worker ended counts only for
+        those rankrun signalled while they ran. An exit that begins between this look and the signal (one syscall)
+        is still taken as stopped."""
+        self.stop.deadline = asyncio.get_running_loop().time() + self.grace
+        for index in self.waits.values():
+            if self.handles[index].ended():
+                self.stop.ended_first.add(index)
+            self.handles[index].signal_group(signum)  # its own children may still run
+
+    def kill_when_overdue(self) -> None:
+        """SIGKILL the workers still running once the stop's deadline (``--shutdown-timeout``) has passed."""
+        deadline = self.stop.deadline
+        if deadline is not None and not self.stop.killed and asyncio.get_running_loop().time() >= deadline:
+            self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL every worker not yet heard of (its whole process group): no more patience."""
+        self.stop.killed = True
+        for index in self.waits.values():
+            self.handles[index].signal_group(signal.SIGKILL)
+
+    async def wait_killed(self) -> None:
+        """The exits SIGKILL brings, for at most ``KILL_WAIT``; the workers still alive then are unkillable."""
+        done, pending = await asyncio.wait(set(self.waits), timeout=KILL_WAIT)
+        for task in done:
+            self._exited(self.waits.pop(task), *task.result())
+        for task in pending:
+            task.cancel()
+        self.outcome.unkillable = sorted(self.waits[t] for t in pending)
+
+    def _exited(self, index: int, status: int, at: float) -> None:
+        self.outcome.exits[index] = Exit(index, status, at, after_stop=self.stop.caused(index))
 
 
-def _on_stop(  # noqa: PLR0917 - private helper of supervise()
-    request: Interrupted,
-    handles: Sequence[WorkerHandle],
-    waits: dict[asyncio.Task[tuple[int, float]], int],
-    outcome: GroupOutcome,
-    stop: _Stop,
-    shutdown_timeout: float,
-) -> None:
-    signum = request.signum
-    if outcome.interrupted_by is not None:
-        outcome.second_signal = outcome.second_signal or signum
-        _kill(handles, waits, stop)  # a second signal: no more patience
-        return
-    outcome.interrupted_by = signum
-    if stop.deadline is None:
-        _begin_stop(signum, handles, waits, stop, shutdown_timeout)
-    else:  # already stopping after a failure: pass the signal on, keep the deadline
-        for index in waits.values():
-            handles[index].signal_group(signum)
-
-
-def _begin_stop(
-    signum: int, handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[tuple[int, float]], int], stop: _Stop, grace: float
-) -> None:
-    """Signal every worker not yet heard of to stop. One that had ended by itself already (two ranks failing on
-    the same bad argument: the first exit heard starts the stop, the other's event is still on its way) is told
-    apart now, before the signal, and keeps its own exit: reported as failed, never as stopped by rankrun. Its
-    exit code says nothing either way: a Python worker that dies of a forwarded SIGINT re-raises it at exit
-    (status -2, not exit code 2), but a handler may exit with any code, so how the worker ended counts only for
-    those rankrun signalled while they ran. An exit that begins between this look and the signal (one syscall)
-    is still taken as stopped."""
-    stop.deadline = asyncio.get_running_loop().time() + grace
-    for index in waits.values():
-        if handles[index].ended():
-            stop.ended_first.add(index)
-        handles[index].signal_group(signum)  # its own children may still run
-
-
-def _kill(handles: Sequence[WorkerHandle], waits: dict[asyncio.Task[tuple[int, float]], int], stop: _Stop) -> None:
-    stop.killed = True
-    for index in waits.values():
-        handles[index].signal_group(signal.SIGKILL)
-
-
-async def _wait_killed(
-    waits: dict[asyncio.Task[tuple[int, float]], int], outcome: GroupOutcome, stop: _Stop
-) -> list[int]:
-    done, pending = await asyncio.wait(set(waits), timeout=KILL_WAIT)
-    for task in done:
-        index = waits.pop(task)
-        status, at = task.result()
-        outcome.exits[index] = Exit(index, status, at, after_stop=stop.caused(index))
-    for task in pending:
-        task.cancel()
-    return sorted(waits[t] for t in pending)
+async def _last_signal(sig_task: asyncio.Future[Interrupted], outcome: GroupOutcome) -> None:
+    """Stop waiting for signals; one that arrived while the last workers were being killed still names the stop."""
+    if not sig_task.done():
+        await _cancelled(sig_task)
+    elif not sig_task.cancelled() and outcome.interrupted_by is None:
+        outcome.interrupted_by = sig_task.result().signum
 
 
 async def _cancelled(task: asyncio.Future[Any] | None) -> None:
