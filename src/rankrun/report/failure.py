@@ -163,7 +163,7 @@ def render_report(
     bar, thin = "=" * WIDTH, "-" * WIDTH
     out = [bar, f"rankrun: {title} FAILED (attempt {restarts})"]
     if slurm:
-        out.append("Slurm job " + ", ".join(f"{k} {v}" if k != "job" else v for k, v in slurm.items()))
+        out.append(_slurm_line(slurm))
     out.append(thin)
     if excluded:
         out += ["Nodes excluded from the job (drain them or reschedule elsewhere):",
@@ -174,31 +174,43 @@ def render_report(
         out += [f"Root cause: the workers on {host} stalled (--hang-action fail; the stack report is above):",
                 f"  {stalled}"]
     if root is not None:
-        words = failure_words(root)
-        source, text = words.source, words.text
-        out += [
-            f"Root cause (first failure, at {_stamp(root.ended_at)}):",
-            f"  rank       : {root.rank} (local_rank: {root.local_rank})",
-            f"  host       : {host}",
-            f"  pid        : {root.pid}",
-            f"  exit       : {describe_status(root.status)}",
-            f"  error_file : {_error_file_line(root, error_files_kept)}",
-            f"  exception  : (from {source})",
-            _indent(text),
-            *hint(text),
-        ]
-    others = [r for r in results if r is not root]
+        out += _root_cause_lines(root, host, error_files_kept)
+    others = sorted((r for r in results if r is not root), key=lambda r: r.rank)
     if others:
-        out += [thin, "Other workers:"]
-        for r in sorted(others, key=lambda r: r.rank):
-            what = {
-                Ending.FAILED: f"also failed at {_stamp(r.ended_at)}: {describe_status(r.status)}",
-                Ending.STOPPED: f"stopped by rankrun ({describe_status(r.status)})",
-                Ending.SUCCEEDED: "exited 0",
-            }[r.ending]
-            out.append(f"  rank {r.rank} (local_rank {r.local_rank}, pid {r.pid}): {what}")
+        out += [thin, "Other workers:", *(_other_worker_line(r) for r in others)]
     out.append(bar)
     return "\n".join(out) + "\n"
+
+
+def _slurm_line(slurm: Mapping[str, str]) -> str:
+    """``Slurm job 4242, step 0, restart 1``: the job id bare, each other field (``slurm.job_words``) named."""
+    return "Slurm job " + ", ".join(f"{k} {v}" if k != "job" else v for k, v in slurm.items())
+
+
+def _root_cause_lines(root: WorkerResult, host: str, error_files_kept: bool) -> list[str]:
+    """The root cause's block: who failed, where, when and how, then its words and the hint they suggest."""
+    words = failure_words(root)
+    return [
+        f"Root cause (first failure, at {_stamp(root.ended_at)}):",
+        f"  rank       : {root.rank} (local_rank: {root.local_rank})",
+        f"  host       : {host}",
+        f"  pid        : {root.pid}",
+        f"  exit       : {describe_status(root.status)}",
+        f"  error_file : {_error_file_line(root, error_files_kept)}",
+        f"  exception  : (from {words.source})",
+        _indent(words.text),
+        *hint(words.text),
+    ]
+
+
+def _other_worker_line(result: WorkerResult) -> str:
+    """One line for a worker that is not the root cause: how it ended, in the words its ending calls for."""
+    what = {
+        Ending.FAILED: f"also failed at {_stamp(result.ended_at)}: {describe_status(result.status)}",
+        Ending.STOPPED: f"stopped by rankrun ({describe_status(result.status)})",
+        Ending.SUCCEEDED: "exited 0",
+    }[result.ending]
+    return f"  rank {result.rank} (local_rank {result.local_rank}, pid {result.pid}): {what}"
 
 
 LOCAL_RANK_REFUSED = "unrecognized arguments: --local-rank="
