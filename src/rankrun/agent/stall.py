@@ -31,6 +31,7 @@ from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
 from rankrun.proc.group import Stalled
 from rankrun.ranges import range_string
+from rankrun.record import record
 from rankrun.stacks.report import RankSample, render, signature, stall_cause, stall_title
 from rankrun.stacks.sampler import Sampler, Target
 
@@ -53,6 +54,7 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
     gets a ``stall`` for each report printed."""
     loop = asyncio.get_running_loop()
     sampler = Sampler()
+    reporter = _Reporter(run_id, targets, console, job, recorder, events)
     reported: tuple[object, ...] | None = None
     reported_after = activity.last
     while True:
@@ -63,30 +65,55 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
             await asyncio.sleep(timeout - quiet)
             continue
         since = activity.last
-        samples = [await sampler.sample(targets)]
-        for _ in range(SAMPLES - 1):
-            await asyncio.sleep(SAMPLE_GAP / (SAMPLES - 1))
-            samples.append(await sampler.sample(targets))
+        samples = await _samples(sampler, targets)
         if activity.last != since or len({signature(s) for s in samples}) > 1:
             continue  # output meanwhile, or the stacks moved: not stalled (look again)
         if signature(samples[-1]) != reported:
-            silent = seconds(loop.time() - since)
-            found = await _job_report(job, silent, since, console) if job is not None else None
-            blame = None
-            if found is not None:
-                cause, title, blame = found
-                stalled = range_string(t.rank for t in targets)  # this node's silent ranks; the title names the job's
-            else:
-                title, stalled = _report(console, run_id, silent, samples[-1])
-                cause = stall_cause(silent, samples[-1])
-                if recorder is not None:
-                    recorder.take()
-            if events is not None:
-                events.emit(Stall(stalled, title))
+            stall = await reporter.report(seconds(loop.time() - since), since, samples[-1])
             reported, reported_after = signature(samples[-1]), since
             if fail:
-                return Stalled(cause, blame)
+                return stall
         await asyncio.sleep(max(timeout, SAMPLE_GAP))
+
+
+async def _samples(sampler: Sampler, targets: Sequence[Target]) -> list[list[RankSample]]:
+    """``SAMPLES`` samples of every worker's stacks, spread over ``SAMPLE_GAP``."""
+    samples = [await sampler.sample(targets)]
+    for _ in range(SAMPLES - 1):
+        await asyncio.sleep(SAMPLE_GAP / (SAMPLES - 1))
+        samples.append(await sampler.sample(targets))
+    return samples
+
+
+@record
+class _Reporter:
+    """Where one attempt's stall reports go: the whole job's report (several nodes) or this node's, on the
+    launcher's stderr, then a ``stall`` event on the job's stream."""
+
+    run_id: str
+    targets: Sequence[Target]
+    console: Console
+    job: Exchange | None
+    recorder: Recorder | None
+    events: EventStream | None
+
+    async def report(self, silent: str, since: float, stacks: Sequence[RankSample]) -> Stalled:
+        """Print the report of a stall silent for ``silent`` since ``since`` (the job's when the store gives it,
+        else this node's, with the recorder's dumps) and tell the stream; the stall, as ``--hang-action fail`` ends
+        the group with it."""
+        found = await _job_report(self.job, silent, since, self.console) if self.job is not None else None
+        blame = None
+        if found is not None:
+            cause, title, blame = found
+            stalled = range_string(t.rank for t in self.targets)  # this node's silent ranks; the title names the job's
+        else:
+            title, stalled = _report(self.console, self.run_id, silent, stacks)
+            cause = stall_cause(silent, stacks)
+            if self.recorder is not None:
+                self.recorder.take()
+        if self.events is not None:
+            self.events.emit(Stall(stalled, title))
+        return Stalled(cause, blame)
 
 
 async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> tuple[str, str, str | None] | None:
