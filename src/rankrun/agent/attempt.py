@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -288,24 +288,34 @@ async def _drain(workers: list[_Worker], stops: StopStream, console: Console, *,
         sig_task = sig_task or asyncio.ensure_future(stops.next())
         done, _ = await asyncio.wait([*pending, sig_task], timeout=DRAIN_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
         if sig_task in done:
-            stop = sig_task.result()
-            if isinstance(stop, Interrupted):
-                console.abandon()
-            stops.put_back(stop)
+            _give_up_console(sig_task.result(), stops, console)
             sig_task = None
-            continue
-        if done:
-            continue
-        for w in workers:
-            live = [route for route, task in zip(w.routes, w.pumps, strict=True) if not task.done()]
-            if live and all(route.reading for route in live):
-                w.handle.close()
+        elif not done:  # DRAIN_TIMEOUT passed with nothing done: cut the pumps stuck on a pipe
+            for w in workers:
+                if _stuck_reading(w.routes, w.pumps):
+                    w.handle.close()
     if sig_task is not None:
         sig_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sig_task
     for w in workers:
         w.handle.close()
+
+
+def _give_up_console(stop: Interrupted, stops: StopStream, console: Console) -> None:
+    """A signal while draining: the user gave up on a console that does not read. The console is abandoned and the
+    signal re-queued, for the restart loop to act on."""
+    if isinstance(stop, Interrupted):
+        console.abandon()
+    stops.put_back(stop)
+
+
+def _stuck_reading(routes: Sequence[Route], pumps: Sequence[asyncio.Future[None]]) -> bool:
+    """Whether a worker's pumps still running all wait on their pipes, none on the console: after ``DRAIN_TIMEOUT``
+    without a byte, the pipes are held open by a process that could not be killed, and only closing them ends the
+    drain. A pump waiting on the console is never cut short."""
+    live = [route for route, task in zip(routes, pumps, strict=True) if not task.done()]
+    return bool(live) and all(route.reading for route in live)
 
 
 def _result(w: _Worker, exit_: Exit | None) -> WorkerResult:
