@@ -467,7 +467,8 @@ def _rdzv_conf(ns: argparse.Namespace) -> RendezvousConf:
 
 def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     """torchrun's backend resolution (its §2) into one of the three rendezvous kinds."""
-    min_nodes, max_nodes = parse_nnodes(ns.nnodes)
+    nodes = parse_nnodes(ns.nnodes)
+    min_nodes, max_nodes = nodes
     backend = resolve_backend(ns.rdzv_backend)
     conf = _rdzv_conf(ns)
     if ns.master_port is not None:
@@ -476,27 +477,13 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
         raise UsageError("--nnodes", ns.nnodes, "--standalone runs one node; use --rdzv-backend c10d for several")
     if backend == "static" and conf.rank is None and not 0 <= ns.node_rank < max_nodes:
         raise UsageError("--node-rank", ns.node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
-    implicit = backend == "static" and not ns.rdzv_endpoint and ns.master_port is None and max_nodes == 1
     local_host = ns.local_addr or "127.0.0.1"
-    if ns.standalone or implicit:
-        fresh = uuid4_from(os.urandom(16))
-        if (note := unused_id_note(ns.rdzv_id, fresh, explicit=ns.standalone)) is not None:
-            print(note, file=sys.stderr)
-        return Standalone(fresh, conf, min_nodes, max_nodes), StoreSpec(local_host, 0)
+    if ns.standalone or _implicitly_standalone(ns, backend, max_nodes):
+        return _standalone(ns, conf, min_nodes, max_nodes), StoreSpec(local_host, 0)
     # torchrun: an empty --rdzv-id becomes a random uuid4's integer value
     run_id = ns.rdzv_id if ns.rdzv_id else str(int(uuid4_from(os.urandom(16)).replace("-", ""), 16))
     if backend == "static":
-        if min_nodes != max_nodes:
-            raise UsageError("--nnodes", ns.nnodes, "the static backend needs a fixed number of nodes (use --rdzv-backend c10d)")
-        host, port = ns.master_addr, ns.master_port if ns.master_port is not None else STATIC_DEFAULT_PORT
-        if ns.rdzv_endpoint:
-            host, port = parse_endpoint(ns.rdzv_endpoint, -1)
-            if port < 0:
-                raise UsageError("--rdzv-endpoint", ns.rdzv_endpoint, "the static backend needs HOST:PORT")
-        node_rank = conf.rank if conf.rank is not None else ns.node_rank
-        if not 0 <= node_rank < max_nodes:
-            raise UsageError("--node-rank", node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
-        return StaticRendezvous(run_id, max_nodes, node_rank, host, port, conf), StoreSpec(host, port)
+        return _static(ns, conf, run_id, nodes)
     if backend == "etcd":
         if ns.standalone:
             raise UsageError("--standalone", "", "runs its own store; drop it to use --rdzv-backend etcd")
@@ -507,6 +494,39 @@ def _rendezvous(ns: argparse.Namespace) -> tuple[RendezvousSpec, StoreSpec]:
     # torchrun's default for an empty c10d endpoint: localhost:29400
     host, port = parse_endpoint(ns.rdzv_endpoint or "localhost", C10D_DEFAULT_PORT)
     return DynamicRendezvous(backend, host, port, run_id, min_nodes, max_nodes, conf), StoreSpec(local_host, 0)
+
+
+def _implicitly_standalone(ns: argparse.Namespace, backend: str, max_nodes: int) -> bool:
+    """torchrun's rule: one node of the static backend with neither ``--rdzv-endpoint`` nor ``--master-port`` runs
+    as ``--standalone`` would (a store of its own on a free port)."""
+    return backend == "static" and not ns.rdzv_endpoint and ns.master_port is None and max_nodes == 1
+
+
+def _standalone(ns: argparse.Namespace, conf: RendezvousConf, min_nodes: int, max_nodes: int) -> Standalone:
+    """This node alone, under a fresh id; a line on stderr says when a ``--rdzv-id`` given goes unused."""
+    fresh = uuid4_from(os.urandom(16))
+    if (note := unused_id_note(ns.rdzv_id, fresh, explicit=ns.standalone)) is not None:
+        print(note, file=sys.stderr)
+    return Standalone(fresh, conf, min_nodes, max_nodes)
+
+
+def _static(
+    ns: argparse.Namespace, conf: RendezvousConf, run_id: str, nodes: tuple[int, int]
+) -> tuple[StaticRendezvous, StoreSpec]:
+    """The static backend: a fixed number of nodes, each given its rank (``--rdzv-conf rank=``, else
+    ``--node-rank``), meeting at ``--rdzv-endpoint`` HOST:PORT, else ``--master-addr``:``--master-port``."""
+    min_nodes, max_nodes = nodes
+    if min_nodes != max_nodes:
+        raise UsageError("--nnodes", ns.nnodes, "the static backend needs a fixed number of nodes (use --rdzv-backend c10d)")
+    host, port = ns.master_addr, ns.master_port if ns.master_port is not None else STATIC_DEFAULT_PORT
+    if ns.rdzv_endpoint:
+        host, port = parse_endpoint(ns.rdzv_endpoint, -1)
+        if port < 0:
+            raise UsageError("--rdzv-endpoint", ns.rdzv_endpoint, "the static backend needs HOST:PORT")
+    node_rank = conf.rank if conf.rank is not None else ns.node_rank
+    if not 0 <= node_rank < max_nodes:
+        raise UsageError("--node-rank", node_rank, f"must be from 0 to {max_nodes - 1} with --nnodes {ns.nnodes}")
+    return StaticRendezvous(run_id, max_nodes, node_rank, host, port, conf), StoreSpec(host, port)
 
 
 def _store_relays(value: str) -> bool | None:
