@@ -100,17 +100,7 @@ async def run_check(cmd: str, env: Mapping[str, str], timeout: float, *,
     seconds. ``on_spawn`` is told the shell's pid, which is also its process group's id (for the caller's watchdog).
     Cancelled, it kills the check's group and reaps the shell before the cancellation goes on."""
     start = time.monotonic()
-    read_fd, write_fd = os.pipe()  # both close-on-exec: only the shell's stdout and stderr hold the write end
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", cmd, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, env=dict(env),
-            start_new_session=True)
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-    tail = _Tail(read_fd)
+    proc, tail = await _start(cmd, env)
     waiter = asyncio.ensure_future(proc.wait())
     try:
         if on_spawn is not None:
@@ -128,13 +118,32 @@ async def run_check(cmd: str, env: Mapping[str, str], timeout: float, *,
         raise
     finally:
         tail.close()
-    seconds = time.monotonic() - start
-    if not done:
+    return verdict(waiter.result() if done else None, bytes(tail.data), timeout, time.monotonic() - start)
+
+
+def verdict(exit_code: int | None, output: bytes, timeout: float, seconds: float) -> CheckResult:
+    """The check's result (pure) from how its shell ended: ``exit_code`` None when it still ran at ``timeout``
+    (unhealthy, timed out), 0 healthy, anything else unhealthy for the reason its ``output`` gives."""
+    if exit_code is None:
         return CheckResult(healthy=False, reason=f"timed out after {timeout:g} s", seconds=seconds, exit_code=None)
-    code = waiter.result()
-    if code == 0:
+    if exit_code == 0:
         return CheckResult(healthy=True, reason="", seconds=seconds, exit_code=0)
-    return CheckResult(healthy=False, reason=reason_from(bytes(tail.data), code), seconds=seconds, exit_code=code)
+    return CheckResult(healthy=False, reason=reason_from(output, exit_code), seconds=seconds, exit_code=exit_code)
+
+
+async def _start(cmd: str, env: Mapping[str, str]) -> tuple[asyncio.subprocess.Process, _Tail]:
+    """The shell running ``cmd`` in a session of its own, and the tail of its output (stdout and stderr, one pipe)."""
+    read_fd, write_fd = os.pipe()  # both close-on-exec: only the shell's stdout and stderr hold the write end
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", cmd, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, env=dict(env),
+            start_new_session=True)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return proc, _Tail(read_fd)
 
 
 async def _bounded(awaitable: Awaitable[object], seconds: float) -> None:
