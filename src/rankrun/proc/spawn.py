@@ -284,11 +284,7 @@ class OsSpawner:
 
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()
-        hooked = command.stdio is Stdio.TERMINAL or not self._wrapper or command.cpus is not None
-        hook = self._hooks[command.stdio is Stdio.TERMINAL] if command.cpus is None else \
-            _preexec_hook(controlling_tty=command.stdio is Stdio.TERMINAL, cpus=command.cpus)
-        if not hooked and (why := _exec_error(command.argv[0], command.env)):
-            raise SpawnError(f"cannot start worker {_show(command.argv)}: {why}")
+        argv, hook = self._how_to_start(command)
         fds = _open_stdio(command.stdio)
         stdin: int | None = fds.child[0] if command.stdio is Stdio.TERMINAL else None
         if command.stdin_null:
@@ -297,22 +293,17 @@ class OsSpawner:
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitProtocol(loop),
-                *(command.argv if hooked else (*self._wrapper, *command.argv)),
+                *argv,
                 env=dict(command.env),
                 stdin=stdin,
                 stdout=fds.child[1],
                 stderr=fds.child[2],
                 start_new_session=True,
-                preexec_fn=hook if hooked else None,
+                preexec_fn=hook,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             fds.close_ours()
-            raise SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}") from exc
-        except subprocess.SubprocessError as exc:  # the hook failed: the CPUs it was to bind to are not ours now
-            fds.close_ours()
-            cpus = ",".join(str(cpu) for cpu in sorted(command.cpus or ()))
-            raise SpawnError(f"cannot start worker {_show(command.argv)}: cannot bind it to CPUs {cpus} "
-                             "(--numa-binding)") from exc
+            raise _start_failed(command, exc) from exc
         finally:
             fds.close_child()  # the child has its copies; ours would keep the streams from ending
             self.spawning -= 1
@@ -323,6 +314,27 @@ class OsSpawner:
             self._on_spawn(pid)
         readers = [await _reader(loop, fd) for fd in fds.read]
         return _OsWorker(transport, protocol.exited, (readers[0], readers[1] if len(readers) > 1 else None), fds.terminal)
+
+    def _how_to_start(self, command: Command) -> tuple[tuple[str, ...], Callable[[], None] | None]:
+        """What to exec and the pre-exec hook, if any. Under ``setpriv`` with no hook (the launcher can ``vfork``),
+        unless the worker needs a hook anyway (a terminal to take, CPUs to bind) or there is no usable ``setpriv``.
+        A worker exec'd by ``setpriv`` is looked for first: ``setpriv``'s own error would come after the spawn."""
+        tty = command.stdio is Stdio.TERMINAL
+        if tty or not self._wrapper or command.cpus is not None:
+            hook = self._hooks[tty] if command.cpus is None else _preexec_hook(controlling_tty=tty, cpus=command.cpus)
+            return command.argv, hook
+        if why := _exec_error(command.argv[0], command.env):
+            raise SpawnError(f"cannot start worker {_show(command.argv)}: {why}")
+        return (*self._wrapper, *command.argv), None
+
+
+def _start_failed(command: Command, exc: OSError | subprocess.SubprocessError) -> SpawnError:
+    """Why the worker did not start: exec's error, or (``SubprocessError``) the hook's, which failed to bind the worker
+    to its CPUs: they are not ours now."""
+    if isinstance(exc, OSError):
+        return SpawnError(f"cannot start worker {_show(command.argv)}: {exc.strerror or exc}")
+    cpus = ",".join(str(cpu) for cpu in sorted(command.cpus or ()))
+    return SpawnError(f"cannot start worker {_show(command.argv)}: cannot bind it to CPUs {cpus} (--numa-binding)")
 
 
 @dataclass
