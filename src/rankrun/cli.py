@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -334,41 +334,51 @@ _RELAYS_VALUES = ("auto", "1", "0", "true", "false", "yes", "no", "on", "off")
 def _bare_store_relays(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """``--store-relays`` alone is ``--store-relays=1``: argparse's optional value would take the script that follows
     (``--store-relays train.py``) as its value. Only among the launcher's options, before the script."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, _ = arg.partition("=")
-        if not arg.startswith("-") or arg == "--":
-            return out + argv[i:]
-        if name in ("--store-relays", "--store_relays") and not eq:
-            given = i + 1 < len(argv) and argv[i + 1].lower() in _RELAYS_VALUES
-            out += [f"{name}={argv[i + 1]}"] if given else [f"{name}=1"]
-            i += 2 if given else 1
-            continue
-        action = parser._option_string_actions.get(name)  # which options take a value
-        takes = action is not None and action.nargs != 0 and not eq
-        out += argv[i:i + 2] if takes else [arg]
-        i += 2 if takes else 1
-    return out
+
+    def bare(name: str, value: str | None, following: str | None) -> tuple[list[str], int] | None:
+        if name not in ("--store-relays", "--store_relays") or value is not None:
+            return None
+        if following is not None and following.lower() in _RELAYS_VALUES:
+            return [f"{name}={following}"], 2
+        return [f"{name}=1"], 1
+
+    return _rewrite_options(argv, parser, bare)
 
 
 def _use_env_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """``--use-env=VALUE`` (torch's docs show ``--use-env=True``, which its own parser refuses) as the flag, or
     nothing for a false value; only among the launcher's options, before the script and its arguments."""
+
+    def flag(name: str, value: str | None, _following: str | None) -> tuple[list[str], int] | None:
+        if name not in ("--use-env", "--use_env") or value is None:
+            return None
+        if value.lower() in ("1", "true", "yes"):
+            return [name], 1
+        if value.lower() in ("0", "false", "no"):
+            return [], 1
+        raise UsageError(name, value, "expected 1/0, true/false or yes/no (or the flag alone)")
+
+    return _rewrite_options(argv, parser, flag)
+
+
+_Rewrite = Callable[[str, str | None, str | None], tuple[list[str], int] | None]
+
+
+def _rewrite_options(argv: list[str], parser: argparse.ArgumentParser, rewrite: _Rewrite) -> list[str]:
+    """The launcher's own options (up to the script or ``--``: the rest is the script's), each kept with its value
+    unless ``rewrite`` replaces it. ``rewrite`` is given the option's name, its ``=value`` (None without one) and the
+    argument after it, and answers what stands instead and how many arguments that took, or None to keep it."""
     out: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
-        name, eq, value = arg.partition("=")
         if not arg.startswith("-") or arg == "--":
             return out + argv[i:]  # the script: the rest is its own
-        if name in ("--use-env", "--use_env") and eq:
-            if value.lower() in ("1", "true", "yes"):
-                out.append(name)
-            elif value.lower() not in ("0", "false", "no"):
-                raise UsageError(name, value, "expected 1/0, true/false or yes/no (or the flag alone)")
-            i += 1
+        name, eq, value = arg.partition("=")
+        done = rewrite(name, value if eq else None, argv[i + 1] if i + 1 < len(argv) else None)
+        if done is not None:
+            out += done[0]
+            i += done[1]
             continue
         action = parser._option_string_actions.get(name)  # which options take a value
         takes = action is not None and action.nargs != 0 and not eq
