@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rankrun.agent.facts import failure_from, failure_line
 from rankrun.events.records import NodeExcluded, NodeLost, RdzvRound, Record, Restart
@@ -113,7 +113,6 @@ class Rounds:
     features: Sequence[Feature]
     news: NewsEvents
     gate: HealthGate | None = None
-    closing: list[contextlib.AbstractAsyncContextManager[object]] = field(default_factory=list)
 
     def round(self, round_: Round) -> RoundWatch:
         return RoundWatch(self.features, round_)
@@ -151,7 +150,7 @@ class NewsEvents(Feature):
                 if name in self.heard:
                     continue
                 self.heard[name] = record.reason
-            self._events.emit(cast("Any", record))  # emit's type follows one record class; these are several
+            self._events.emit(record)
 
 
 class OpenFiles(Feature):

@@ -187,8 +187,7 @@ class JobEnd(Stamp):
 
 Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StragglerEvent | NodeLost
           | NodeExcluded | Startup | JobEnd)
-R = TypeVar("R", JobStart, RdzvRound, WorkersStart, WorkersEnd, Failure, Restart, Stall, StragglerEvent, NodeLost,
-            NodeExcluded, Startup, JobEnd)
+R = TypeVar("R", bound=Record)  # one record class, or several (a producer's union): stamped, it keeps its type
 
 EVENTS: dict[type[Record], str] = {
     JobStart: "job.start",
@@ -212,7 +211,7 @@ _CUT = {(Failure, "exception"): TEXT_LIMIT, (Stall, "title"): TEXT_LIMIT, (Strag
         (Restart, "reason"): REASON_LIMIT}
 
 
-def keys(kind: type[Record]) -> tuple[str, ...]:
+def keys(kind: type[Stamp]) -> tuple[str, ...]:
     """The event's own keys (its fields but the common four), in the schema's order."""
     return kind.__match_args__[: -len(COMMON)]
 
