@@ -26,6 +26,7 @@ from rankrun.events.records import (
     JobStart,
     NodeExcluded,
     NodeLost,
+    Preload,
     RdzvRound,
     Record,
     Restart,
@@ -33,6 +34,7 @@ from rankrun.events.records import (
     Stamp,
     Startup,
     StragglerEvent,
+    Warm,
     WorkersEnd,
     WorkersStart,
     as_json,
@@ -68,6 +70,13 @@ FACTS: list[Record] = [  # one of each event, as a producer builds it (no common
             store_p50=0.2, store_max=0.4, store_slowest=3),
     Startup(attempt=1, total=1.0, rendezvous=0.5, spawn=0.1, script_p50=None, script_max=None, script_slowest=None,
             store_p50=None, store_max=None, store_slowest=None),
+    Preload(modules="torch,numpy", seconds=2.31, state="ready"),
+    Preload(modules="torch", seconds=2.31, state="unsafe",
+            why="a preloaded module left a thread running (Thread-1): this node's workers start cold from now on"),
+    Preload(modules="torch", seconds=0.0, state="ended", why="the preloading process was killed by SIGKILL"),
+    Warm(attempt=1, forked="8-15", cold="", fork_p50=0.004, fork_max=0.009),
+    Warm(attempt=2, forked="8-10", cold="11-15", fork_p50=0.004, fork_max=0.005),
+    Warm(attempt=3, forked="", cold="8-15", fork_p50=None, fork_max=None),
     JobEnd(exit_code=0, outcome="succeeded"),
 ]
 
@@ -135,7 +144,7 @@ def test_a_wrong_event_fails_validation(fact):
     extra = {**good, "bogus": 1}
     missing = {k: v for k, v in good.items() if k != own[-1]}
     no_common = {k: v for k, v in good.items() if k != "mono"}
-    wrong_type = {**good, own[0]: "three"}
+    wrong_type = {**good, own[0]: 3 if isinstance(good[own[0]], str) else "three"}
     for bad in (extra, missing, no_common, wrong_type, {**good, "v": 2}, {**good, "event": "job.begin"},
                 {**good, "run": None}, {**good, "ts": "now"}):
         assert _errors(bad), bad
@@ -154,6 +163,10 @@ def test_ranges_and_pids_are_checked(key, value):
     ("job.start", "nnodes", "1-2"), ("job.start", "nproc_per_node", 0), ("failure", "exception", "x" * (TEXT_LIMIT + 1)),
     ("straggler", "verdict", "slow"), ("straggler", "share", 1.5), ("straggler", "lag", -0.1), ("straggler", "collectives", -1),
     ("straggler", "line", "x" * (TEXT_LIMIT + 1)), ("straggler", "rank", None),
+    ("preload", "state", "cold"), ("preload", "seconds", -0.5), ("preload", "seconds", None), ("preload", "why", None),
+    ("preload", "why", "x" * (TEXT_LIMIT + 1)), ("preload", "modules", ["torch"]),
+    ("warm", "forked", "0-3,"), ("warm", "cold", [0, 1]), ("warm", "fork_p50", -0.001), ("warm", "fork_max", "4 ms"),
+    ("warm", "attempt", -1),
 ])
 def test_values_outside_an_events_domain_fail(event, key, value):
     good = next(as_json(_stream().emit(f)) for f in FACTS if EVENTS[type(f)] == event)
@@ -217,7 +230,8 @@ def test_a_users_long_text_is_cut_so_a_line_fits_a_pipe_whole():
                            "exception"),
                           (Stall(ranks="0-16383", title=text), "title"),
                           (StragglerEvent(rank=16383, where="h" * 253, verdict="named", lag=None, share=1.0,
-                                          collectives=0, line=text), "line")):
+                                          collectives=0, line=text), "line"),
+                          (Preload(modules="m" * 64, seconds=0.0, state="ended", why=text), "why")):
             obj = as_json(_stream().emit(fact))
             cut = obj[key]
             assert len(cut) == TEXT_LIMIT

@@ -174,6 +174,8 @@ def test_every_name_is_one_torch_records_and_other_events_write_nothing():
     job("node.excluded", nodes=["node-b"], reason="unhealthy")
     job("startup", attempt=0, total=1.0, rendezvous=0.1, spawn=0.1, script_p50=None, script_max=None,
         script_slowest=None, store_p50=None, store_max=None, store_slowest=None)
+    job("preload", modules="torch", seconds=2.31, state="ready", why="")
+    job("warm", attempt=0, forked="0-1", cold="", fork_p50=0.004, fork_max=0.005)
     job("workers.start", attempt=0, ranks="not-a-range", pids=[])
     assert job.lines == []
     job.start()

@@ -25,12 +25,14 @@ from rankrun.events.records import (
     JobStart,
     NodeExcluded,
     NodeLost,
+    Preload,
     RdzvRound,
     Record,
     Restart,
     Stall,
     Startup,
     StragglerEvent,
+    Warm,
     WorkersEnd,
     WorkersStart,
 )
@@ -129,6 +131,8 @@ class Metrics:
             case Startup():
                 self.startup = {phase: float(value) for phase in STARTUP_PHASES
                                 if (value := getattr(event, phase)) is not None}
+            case Preload() | Warm():
+                pass  # no series of theirs yet
             case _:
                 self._count(event)
 

@@ -6,8 +6,8 @@ record, which a producer leaves at their defaults) and hands the stamped record 
 schema's object for a record and ``from_json`` its inverse (for a reader of the events file). Ranks are range strings
 (``ranges.range_string``), never one event per rank; a failure's root cause and a straggler are one rank each. The
 free text that comes from a user's program or machines (a failure's exception, a stall's title, a straggler's line
-with its host) is cut to ``TEXT_LIMIT`` characters in the JSON, so that a line stays short enough for a pipe to take
-whole.
+with its host, why a preloading process turned unsafe or ended) is cut to ``TEXT_LIMIT`` characters in the JSON, so
+that a line stays short enough for a pipe to take whole.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from typing import Any, Literal, TypeVar, dataclass_transform
 from rankrun.record import record
 
 VERSION = 1
-TEXT_LIMIT = 500  # characters of ``Failure.exception``, ``Stall.title``, ``StragglerEvent.line`` in the JSON (maxLength)
+TEXT_LIMIT = 500  # characters of ``Failure.exception``, ``Stall.title``, ``StragglerEvent.line``, ``Preload.why`` in the
+# JSON (schema.json's maxLength)
 REASON_LIMIT = 200  # characters of ``Restart.reason`` in the JSON (schema.json's maxLength)
 
 WorkersOutcome = Literal["succeeded", "failed", "stopped", "interrupted", "moved_on", "stalled"]
 JobOutcome = Literal["succeeded", "failed", "interrupted", "error"]
 StragglerVerdict = Literal["named", "recovered"]
+PreloadState = Literal["ready", "unsafe", "ended"]
 _T = TypeVar("_T", bound=type)
 
 
@@ -178,6 +180,30 @@ class Startup(Stamp):
 
 
 @_event
+class Preload(Stamp):
+    """This node's preloading process (``--preload``; ``preload``): ``ready`` once it imported the modules and forks
+    the workers; then ``unsafe`` (a preloaded module left a thread, a socket or a CUDA context: this node's workers
+    start cold from now on) or ``ended`` (it died: later workers start cold), once, with why."""
+
+    modules: str  # the module names, comma-separated, as given to --preload
+    seconds: float  # how long the one import took in the preloading process; 0.0 when it never got ready
+    state: PreloadState
+    why: str = ""  # for unsafe and ended: the reason, in one line
+
+
+@_event
+class Warm(Stamp):
+    """How this node's workers of an attempt started under ``--preload`` (``warm``): which ranks were forked from the
+    preloading process and which started as fresh interpreters; once per attempt, right after they started."""
+
+    attempt: int
+    forked: str  # a range string, "" for none
+    cold: str  # a range string, "" for none
+    fork_p50: float | None  # seconds from the launcher's fork request to the preloading process's answer, over the
+    fork_max: float | None  # forked workers; None when none was forked
+
+
+@_event
 class JobEnd(Stamp):
     """The job ended (``job.end``): always the last event, also after SIGTERM."""
 
@@ -186,7 +212,7 @@ class JobEnd(Stamp):
 
 
 Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StragglerEvent | NodeLost
-          | NodeExcluded | Startup | JobEnd)
+          | NodeExcluded | Startup | Preload | Warm | JobEnd)
 R = TypeVar("R", bound=Record)  # one record class, or several (a producer's union): stamped, it keeps its type
 
 EVENTS: dict[type[Record], str] = {
@@ -201,14 +227,16 @@ EVENTS: dict[type[Record], str] = {
     NodeLost: "node.lost",
     NodeExcluded: "node.excluded",
     Startup: "startup",
+    Preload: "preload",
+    Warm: "warm",
     JobEnd: "job.end",
 }
 _KINDS: dict[str, type[Record]] = {name: kind for kind, name in EVENTS.items()}
 # the free text cut in the JSON, and to how many characters: a restart's reason repeats the failure's exception,
 # which its ``failure`` event already carries whole (to TEXT_LIMIT), so a node's file stays small; a straggler's line
-# holds a host name, which a user's machines choose
+# holds a host name, which a user's machines choose; a preload's why may hold an import error's last line
 _CUT = {(Failure, "exception"): TEXT_LIMIT, (Stall, "title"): TEXT_LIMIT, (StragglerEvent, "line"): TEXT_LIMIT,
-        (Restart, "reason"): REASON_LIMIT}
+        (Preload, "why"): TEXT_LIMIT, (Restart, "reason"): REASON_LIMIT}
 
 
 def keys(kind: type[Stamp]) -> tuple[str, ...]:
