@@ -183,6 +183,8 @@ def test_before_any_event_the_counters_are_zero_and_the_unknown_gauges_absent() 
         assert value(m, name) is None, name
     assert value(m, "rankrun_nodes", state="member") is None
     assert value(m, "rankrun_nodes", state="excluded") == 0
+    assert starts(m) == {"forked": 0, "exec": 0}  # every job has both series, from its start
+    assert value(m, "rankrun_preload_import_seconds") is None
 
 
 def test_events_it_does_not_show_or_cannot_read_leave_the_series_alone() -> None:
@@ -270,7 +272,7 @@ def test_the_number_of_series_does_not_grow_with_the_ranks() -> None:
         assert set(few) == set(many)  # the same series, whatever the ranks: no pid or host in a label, 8 ranks at most
         assert len(few) <= 60
         stragglers = {"rank"} if upto is None else set()
-        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", *stragglers}
+        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", "how", *stragglers}
     print(f"series: {len(few)} for 8 workers a node, {len(many)} for 512")
     many = series(512, failed)
     assert many[("rankrun_workers", frozenset({"run": RUN, "state": "stopped"}.items()))] == 511
@@ -338,3 +340,69 @@ def test_every_failure_and_restart_counts_rank_0_can_straggle_and_an_unread_rang
     assert lags(m) == {"0": 0.041}
     m.on_event(event("workers.start", attempt=2, ranks="0-x", pids=[]))
     assert value(m, "rankrun_attempt") == 2
+
+
+# ---- --preload: the import, and how the workers started
+
+
+def starts(metrics: Metrics) -> dict[str, float | None]:
+    return {how: value(metrics, "rankrun_worker_starts_total", how=how) for how in ("forked", "exec")}
+
+
+def preload(state: str = "ready", seconds: float = 2.31, why: str = "") -> Record:
+    return event("preload", modules="torch", seconds=seconds, state=state, why=why)
+
+
+def warm(attempt: int, forked: str, cold: str = "") -> Record:
+    p50, most = (0.004, 0.009) if forked else (None, None)
+    return event("warm", attempt=attempt, forked=forked, cold=cold, fork_p50=p50, fork_max=most)
+
+
+def test_without_preload_every_worker_started_is_an_exec_and_there_is_no_import() -> None:
+    m = fold(job(8)[:3])
+    assert starts(m) == {"forked": 0, "exec": 8}
+    fold(job(8)[3:], m)  # the restart's eight more
+    assert starts(m) == {"forked": 0, "exec": 16}
+    assert value(m, "rankrun_preload_import_seconds") is None
+    scattered = fold([event("workers.start", attempt=0, ranks="0,2,4-6,9", pids=[1, 2, 3, 4, 5, 6])])
+    assert starts(scattered) == {"forked": 0, "exec": 6}
+    text = m.render().decode()
+    assert "# TYPE rankrun_worker_starts_total counter" in text
+    assert "# TYPE rankrun_preload_import_seconds gauge" in text
+
+
+def test_with_preload_the_warm_events_tell_forked_from_exec_and_the_import_is_a_gauge() -> None:
+    events = job(8)
+    m = fold([events[0], events[1], preload(), events[2]])
+    assert value(m, "rankrun_preload_import_seconds") == 2.31
+    assert starts(m) == {"forked": 0, "exec": 0}  # its warm event says how they started
+    fold([warm(0, "0-7"), *events[3:]], m)
+    assert starts(m) == {"forked": 8, "exec": 0}
+    m.on_event(warm(1, "0-2,5", "3-4,6-7"))  # the restart's: four forked, four cold
+    assert starts(m) == {"forked": 12, "exec": 4}
+    m.on_event(preload("unsafe", why="a preloaded module left a thread running"))
+    m.on_event(event("workers.start", attempt=2, ranks="0-7", pids=list(range(8))))
+    m.on_event(warm(2, "", "0-7"))  # cold from now on
+    assert starts(m) == {"forked": 12, "exec": 12}
+    assert value(m, "rankrun_preload_import_seconds") == 2.31  # the import took what it took
+
+
+def test_a_preloading_process_that_never_got_ready_has_no_import_time() -> None:
+    m = fold([*job(8)[:2], preload("ended", seconds=0.0, why="killed by SIGKILL"), job(8)[2], warm(0, "", "0-7")])
+    assert value(m, "rankrun_preload_import_seconds") is None
+    assert starts(m) == {"forked": 0, "exec": 8}
+
+
+def test_an_attempt_counted_before_the_preload_came_is_not_counted_again() -> None:
+    events = job(8)
+    m = fold([*events[:3], preload(), warm(0, "0-7")])  # workers.start counted them: a preload came only after
+    assert starts(m) == {"forked": 0, "exec": 8}
+    fold([*events[3:], warm(1, "0-7")], m)  # from the next attempt on, the warm events count
+    assert starts(m) == {"forked": 8, "exec": 8}
+
+
+def test_a_warm_event_whose_ranks_it_cannot_read_counts_nothing() -> None:
+    m = fold([preload(), event("workers.start", attempt=0, ranks="0-7", pids=list(range(8))), warm(0, "0-x", "7-")])
+    assert starts(m) == {"forked": 0, "exec": 0}
+    m.on_event(warm(1, "0", "1-3"))
+    assert starts(m) == {"forked": 1, "exec": 3}

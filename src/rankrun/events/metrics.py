@@ -3,9 +3,9 @@
 ``Metrics`` is a consumer of the event stream: ``on_event`` takes each stamped record (``rankrun.events.records``)
 and keeps the few numbers the series show; ``render`` writes them in Prometheus's
 text exposition format 0.0.4. Every series carries the job's run id as ``run``, and a label only where its values
-are a fixed set (a worker's state, a start-up phase), never a pid or a host, and a rank only for the few stragglers
-named now (``rankrun_straggler_lag_seconds``: at most ``STRAGGLER_SERIES``, those of the largest lags): the number
-of series is bounded, the same for 8 workers as for 512.
+are a fixed set (a worker's state, a start-up phase, how a worker started), never a pid or a host, and a rank only
+for the few stragglers named now (``rankrun_straggler_lag_seconds``: at most ``STRAGGLER_SERIES``, those of the
+largest lags): the number of series is bounded, the same for 8 workers as for 512.
 
 ``MetricsServer`` answers ``GET /metrics`` (and ``HEAD``) over HTTP/1.1, one request per connection, on the socket
 ``rankrun.listen`` binds. It serves from memory on the event loop, so it answers while the job forms or fails. A
@@ -43,6 +43,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PATH = "/metrics"
 STATES = ("running", "succeeded", "failed", "stopped")
 STARTUP_PHASES = ("total", "rendezvous", "spawn", "script_p50", "script_max", "store_p50", "store_max")
+HOW = ("forked", "exec")  # how a worker started: forked from the --preload process, or a fresh interpreter
 TIMEOUT = 5.0  # seconds a connection may stay open: a scraper sends its request at once and reads a few KB
 MAX_REQUEST = 8192  # bytes of request line and headers; Prometheus sends about 300
 MAX_CONNECTIONS = 32  # open at once; one scraper or two is the usual
@@ -63,6 +64,9 @@ class _Attempt:
         self.outcome: str | None = None
         self.failed_rank: int | None = None
 
+    def size(self) -> int:
+        return sum(last - first + 1 for first, last in self.runs)
+
     def holds(self, rank: int) -> bool:
         return any(first <= rank <= last for first, last in self.runs)
 
@@ -70,13 +74,21 @@ class _Attempt:
         """How many of its workers are in each state. The job's root cause is ``failed`` when its rank is this node's,
         whatever the order of ``failure`` and ``workers.end``; the others of a failed attempt were ended by the
         launcher (or by the failure), ``stopped``, as are all of an attempt ended for any reason but success."""
-        total = sum(last - first + 1 for first, last in self.runs)
+        total = self.size()
         failed = int(self.failed_rank is not None and self.holds(self.failed_rank))
         if self.outcome is None:
             return {"running": total - failed, "succeeded": 0, "failed": failed, "stopped": 0}
         if self.outcome == _SUCCEEDED:
             return {"running": 0, "succeeded": total, "failed": 0, "stopped": 0}
         return {"running": 0, "succeeded": 0, "failed": failed, "stopped": total - failed}
+
+
+def ranks_in(text: str) -> int:
+    """How many ranks a range string names; 0 for one it cannot read (pure)."""
+    try:
+        return sum(last - first + 1 for first, last in runs(text))
+    except ValueError:
+        return 0
 
 
 def top_lags(lags: Mapping[int, float], most: int = STRAGGLER_SERIES) -> list[tuple[int, float]]:
@@ -104,6 +116,13 @@ class Metrics:
         self.group_rank: int | None = None
         self.rendezvous_seconds: float | None = None
         self.startup: dict[str, float] = {}
+        self.import_seconds: float | None = None  # the --preload process's one import, once it was ready
+        self.starts = dict.fromkeys(HOW, 0)
+        # with --preload (a preload event came, before the first workers.start) each attempt's warm event counts its
+        # starts; without, workers.start does, every one a fresh interpreter. ``counted``: the attempt workers.start
+        # counted, which a warm event must not count again
+        self.preloading = False
+        self.counted: int | None = None
         # rank -> median lag of each rank named a straggler now (all of them: when one of the shown recovers, the next
         # largest is shown); at most the job's ranks, a few bytes each
         self.stragglers: dict[int, float] = {}
@@ -132,7 +151,7 @@ class Metrics:
                 self.startup = {phase: float(value) for phase in STARTUP_PHASES
                                 if (value := getattr(event, phase)) is not None}
             case Preload() | Warm():
-                pass  # no series of theirs yet
+                self._preload(event)
             case _:
                 self._count(event)
 
@@ -149,6 +168,15 @@ class Metrics:
                 self.nodes_excluded += len(event.nodes)
                 self.nodes_lost += len(event.nodes)  # the counter's "lost or excluded": gone from the job either way
 
+    def _preload(self, event: Preload | Warm) -> None:
+        if isinstance(event, Preload):
+            self.preloading = True
+            if event.state == "ready":
+                self.import_seconds = float(event.seconds)
+        elif event.attempt != self.counted:
+            self.starts["forked"] += ranks_in(event.forked)
+            self.starts["exec"] += ranks_in(event.cold)
+
     def _job_end(self) -> None:
         self.up = False
         self.stragglers.clear()  # no worker runs: nobody holds the others back
@@ -162,6 +190,9 @@ class Metrics:
                 self.attempt = _Attempt(event.attempt, tuple(runs(event.ranks)))
             except ValueError:
                 self.attempt = _Attempt(event.attempt, ())
+            self.counted = None if self.preloading else event.attempt
+            if not self.preloading:
+                self.starts["exec"] += self.attempt.size()
         elif self.attempt is not None and event.attempt == self.attempt.number:
             self.attempt.outcome = event.outcome
             self.stragglers.clear()  # the attempt's workers are gone, and with them its stragglers
@@ -210,6 +241,10 @@ class Metrics:
              f"(they give no lag). At most {STRAGGLER_SERIES} series, those of the largest lags; a rank's series goes "
              "when it recovers or its attempt ends.",
              [({"rank": str(rank)}, lag) for rank, lag in top_lags(self.stragglers)]),
+            ("rankrun_preload_import_seconds", "gauge", "Seconds the --preload process took to import its modules, "
+             "once, when it got ready.", [({}, self.import_seconds)]),
+            ("rankrun_worker_starts_total", "counter", "Workers started on this node, by how: forked (from the "
+             "--preload process) or exec (a fresh interpreter).", [({"how": how}, self.starts[how]) for how in HOW]),
         ]
         run = _label_value(self.run)
         lines: list[str] = []
