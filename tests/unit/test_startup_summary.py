@@ -3,8 +3,8 @@ its console line, and the shim's header line read back."""
 
 from __future__ import annotations
 
-from rankrun.agent.startup import line, script_up, seconds, spread, summary
-from rankrun.events.records import Startup
+from rankrun.agent.startup import how_started, line, script_up, seconds, spread, summary
+from rankrun.events.records import Preload, Startup, Warm
 from rankrun.stacks.dump import main_thread, up_time
 
 
@@ -39,6 +39,36 @@ def test_the_console_line_has_every_phase_and_the_slowest_rank():
 def test_the_console_line_says_dash_for_what_is_not_known():
     s = Startup(3, 0.0123, 0.0, 0.0123, None, None, None, None, None, None)
     assert line(s) == "attempt 3 started in 0.012 s: rendezvous 0.000 s, spawn 0.012 s, script -, store -"
+
+
+WARM_START = Startup(1, 0.061, 0.0002, 0.012, 0.031, 0.04, 2, 0.05, 0.061, None)
+TORCH = Preload(modules="torch", seconds=2.31, state="ready")
+
+
+def test_the_console_line_says_the_workers_were_forked_and_the_import_paid_once():
+    all_forked = Warm(attempt=1, forked="0-3", cold="", fork_p50=0.004, fork_max=0.006)
+    assert line(WARM_START, all_forked, TORCH) == (
+        "attempt 1 started in 0.061 s (forked; torch imported once in 2.3 s): rendezvous 0.000 s, spawn 0.012 s, "
+        "script p50 0.031 s / max 0.040 s (rank 2), store p50 0.050 s / max 0.061 s")
+    assert line(WARM_START, all_forked).startswith("attempt 1 started in 0.061 s (forked): rendezvous ")
+
+
+def test_the_console_line_counts_the_forked_and_the_cold_when_some_started_cold():
+    mixed = Warm(attempt=1, forked="0-2", cold="3", fork_p50=0.004, fork_max=0.006)
+    assert line(WARM_START, mixed).startswith("attempt 1 started in 0.061 s (3 forked, 1 cold): rendezvous ")
+    two = Preload(modules="torch,numpy", seconds=12.5, state="ready")
+    assert how_started(Warm(1, "0,2-3,8-11", "1,4-7", 0.004, 0.006), two) == \
+        " (7 forked, 5 cold; torch, numpy imported once in 12.5 s)"
+
+
+def test_the_console_line_of_a_cold_start_is_unchanged():
+    cold = line(WARM_START)
+    assert cold == ("attempt 1 started in 0.061 s: rendezvous 0.000 s, spawn 0.012 s, "
+                    "script p50 0.031 s / max 0.040 s (rank 2), store p50 0.050 s / max 0.061 s")
+    none_forked = Warm(attempt=1, forked="", cold="0-3", fork_p50=None, fork_max=None)
+    assert line(WARM_START, none_forked, Preload("torch", 2.31, "unsafe", "a thread")) == cold
+    assert line(WARM_START, None, TORCH) == cold
+    assert line(WARM_START, Warm(1, "0-x", "", None, None), TORCH) == cold  # ranks it cannot read: none it knows forked
 
 
 def test_seconds_keep_milliseconds_when_short():

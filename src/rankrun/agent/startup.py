@@ -33,8 +33,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from rankrun.events.records import Startup
+from rankrun.events.records import Preload, Startup, Warm
 from rankrun.events.stream import EventStream
+from rankrun.ranges import runs
 from rankrun.stacks.dump import up_time
 
 BOUND = 300.0  # seconds after the spawn: the summary comes with what is known by then
@@ -64,12 +65,37 @@ def summary(attempt: int, rendezvous: float, spawn: float, script: Mapping[int, 
                    script_slowest, _r(store_p50), _r(store_max), None)
 
 
-def line(s: Startup) -> str:
+def line(s: Startup, warm: Warm | None = None, preload: Preload | None = None) -> str:
     """The console line (without ``rankrun: ``): ``attempt 0 started in 4.2 s: rendezvous 0.9 s, spawn 0.1 s, script
-    p50 2.1 s / max 3.8 s (rank 5), store p50 0.2 s / max 0.4 s``; a phase not known is ``-`` (pure)."""
-    return (f"attempt {s.attempt} started in {seconds(s.total)}: rendezvous {seconds(s.rendezvous)}, "
-            f"spawn {seconds(s.spawn)}, script {_phase(s.script_p50, s.script_max, s.script_slowest)}, "
+    p50 2.1 s / max 3.8 s (rank 5), store p50 0.2 s / max 0.4 s``; a phase not known is ``-``. Under ``--preload``,
+    ``warm`` (the attempt's) and ``preload`` (the node's, whose ``seconds`` the import took) say how the workers
+    started: ``attempt 0 started in 0.061 s (forked; torch imported once in 2.3 s): ...`` (pure)."""
+    return (f"attempt {s.attempt} started in {seconds(s.total)}{how_started(warm, preload)}: "
+            f"rendezvous {seconds(s.rendezvous)}, spawn {seconds(s.spawn)}, "
+            f"script {_phase(s.script_p50, s.script_max, s.script_slowest)}, "
             f"store {_phase(s.store_p50, s.store_max, s.store_slowest)}")
+
+
+def how_started(warm: Warm | None, preload: Preload | None = None) -> str:
+    """`` (forked; torch imported once in 2.3 s)`` when every worker was forked from the preloading process,
+    `` (3 forked, 1 cold; ...)`` when some started cold; without ``preload``, no import clause; ``""`` when no
+    worker was forked (no ``--preload``, or all cold): the line is then a cold start's (pure)."""
+    if warm is None or (forked := _ranks_in(warm.forked)) == 0:
+        return ""
+    cold = _ranks_in(warm.cold)
+    words = "forked" if cold == 0 else f"{forked} forked, {cold} cold"
+    if preload is not None:
+        modules = ", ".join(name.strip() for name in preload.modules.split(",") if name.strip())
+        words += f"; {modules or 'the modules'} imported once in {seconds(preload.seconds)}"
+    return f" ({words})"
+
+
+def _ranks_in(text: str) -> int:
+    """How many ranks a range string names; 0 for one it cannot read."""
+    try:
+        return sum(last - first + 1 for first, last in runs(text))
+    except ValueError:
+        return 0
 
 
 def seconds(value: float) -> str:
