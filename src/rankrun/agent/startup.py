@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from rankrun.events.fields import ranks_in
 from rankrun.events.records import Preload, Startup, Warm
 from rankrun.events.stream import EventStream
-from rankrun.ranges import runs
 from rankrun.stacks.dump import up_time
 
 BOUND = 300.0  # seconds after the spawn: the summary comes with what is known by then
@@ -80,22 +80,14 @@ def how_started(warm: Warm | None, preload: Preload | None = None) -> str:
     """`` (forked; torch imported once in 2.3 s)`` when every worker was forked from the preloading process,
     `` (3 forked, 1 cold; ...)`` when some started cold; without ``preload``, no import clause; ``""`` when no
     worker was forked (no ``--preload``, or all cold): the line is then a cold start's (pure)."""
-    if warm is None or (forked := _ranks_in(warm.forked)) == 0:
+    if warm is None or (forked := ranks_in(warm.forked)) == 0:
         return ""
-    cold = _ranks_in(warm.cold)
+    cold = ranks_in(warm.cold)
     words = "forked" if cold == 0 else f"{forked} forked, {cold} cold"
     if preload is not None:
         modules = ", ".join(name.strip() for name in preload.modules.split(",") if name.strip())
         words += f"; {modules or 'the modules'} imported once in {seconds(preload.seconds)}"
     return f" ({words})"
-
-
-def _ranks_in(text: str) -> int:
-    """How many ranks a range string names; 0 for one it cannot read."""
-    try:
-        return sum(last - first + 1 for first, last in runs(text))
-    except ValueError:
-        return 0
 
 
 def seconds(value: float) -> str:

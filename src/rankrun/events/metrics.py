@@ -19,6 +19,7 @@ import asyncio
 import math
 from collections.abc import Mapping
 
+from rankrun.events.fields import ranks_in
 from rankrun.events.records import (
     Failure,
     JobEnd,
@@ -81,14 +82,6 @@ class _Attempt:
         if self.outcome == _SUCCEEDED:
             return {"running": 0, "succeeded": total, "failed": 0, "stopped": 0}
         return {"running": 0, "succeeded": 0, "failed": failed, "stopped": total - failed}
-
-
-def ranks_in(text: str) -> int:
-    """How many ranks a range string names; 0 for one it cannot read (pure)."""
-    try:
-        return sum(last - first + 1 for first, last in runs(text))
-    except ValueError:
-        return 0
 
 
 def top_lags(lags: Mapping[int, float], most: int = STRAGGLER_SERIES) -> list[tuple[int, float]]:
