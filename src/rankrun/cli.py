@@ -171,6 +171,9 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--numa-binding", "--numa_binding"), None,
      {"default": None, "choices": ["node", "socket", "exclusive", "core-complex"],
       "help": "bind each local rank to CPUs near its GPU: node, socket, exclusive or core-complex"}),
+    (("--preload",), "PRELOAD",
+     {"default": "", "metavar": "MODULES", "help": "import MODULES (comma list, e.g. torch) once per node and fork "
+      "every Python worker of every attempt from that process: a restart does not import them again"}),
     (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE",
      {"metavar": "SIGNALS", "default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
     (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT",
@@ -232,6 +235,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("several nodes", "how the nodes of one job meet (every node gives the same values)",
      ("--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--node-rank", "--master-addr",
       "--master-port", "--local-addr")),
+    ("start-up", "how the workers start", ("--preload",)),
     ("faults and restarts", "what a failure, a signal or a stall does",
      ("--max-restarts", "--max-node-failures", "--signals-to-handle", "--shutdown-timeout", "--hang-timeout",
       "--hang-action")),
@@ -412,6 +416,18 @@ def _entry(ns: argparse.Namespace, env: Mapping[str, str], *, legacy: bool = Fal
     python = env.get("PYTHON_EXEC") or sys.executable
     return EntrySpec(kind=kind, script=script, args=tuple(ns.training_script_args), python=python,
                      local_rank_arg=local_rank_arg)
+
+
+def preload_modules(value: str, entry: EntrySpec) -> tuple[str, ...]:
+    """``--preload``'s module names, in order, each once; ``()`` for none (pure)."""
+    names = tuple(dict.fromkeys(name.strip() for name in value.split(","))) if value.strip() else ()
+    for name in names:
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError("--preload", value, f"{name!r} is not a module name" if name else "an empty module name")
+    if names and entry.kind is EntryKind.BINARY:
+        raise UsageError("--preload", value, "needs a Python worker: --no-python runs a program, which cannot be forked "
+                         "from a Python process")
+    return names
 
 
 SLURM_SHAPE = ("standalone", "nnodes", "node_rank", "master_addr", "rdzv_endpoint")  # given: the user shapes the job
@@ -747,7 +763,8 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
     signals_text = ns.signals_to_handle
     return LaunchSpec(
         worker=WorkerSpec(nproc=nproc, role=ns.role, virtual_local_rank=ns.virtual_local_rank,
-                          entry=_entry(ns, env, legacy=legacy), cpus=_numa(ns.numa_binding, env, nproc)),
+                          entry=(entry := _entry(ns, env, legacy=legacy)), cpus=_numa(ns.numa_binding, env, nproc),
+                          preload=preload_modules(ns.preload, entry)),
         rendezvous=rdzv,
         store=store,
         restart=_restart(ns, env),

@@ -53,8 +53,13 @@ def launch(spec: LaunchSpec, catcher: EarlyCatcher, *, note: str = "") -> int:
         if unsaid:
             console.write_blocking(console.stderr_fd, f"{unsaid.pop()}\n".encode())
 
-    spawner = OsSpawner(on_spawn=on_spawn)
-    deps = AgentDeps(spawner, console, socket.gethostname(), watchdog, keep, facts)
+    spawner, preloader = OsSpawner(on_spawn=on_spawn), None
+    if spec.worker.preload:
+        from rankrun.proc.preload import PreloadSpawner  # noqa: PLC0415 - only --preload pays for its messages (json)
+
+        spawner = PreloadSpawner(on_spawn=on_spawn)
+        preloader = spawner.preloader
+    deps = AgentDeps(spawner, console, socket.gethostname(), watchdog, keep, facts, preloader=preloader)
     code = EXIT_LAUNCHER
     try:
         code = asyncio.run(_serving_stacks(run_agent(spec, deps, catcher), deps, spawner))

@@ -271,6 +271,7 @@ class WorkerSpec:
     virtual_local_rank: bool
     entry: EntrySpec
     cpus: tuple[frozenset[int], ...] = ()  # --numa-binding: the CPUs of each local rank; (): no binding
+    preload: tuple[str, ...] = ()  # --preload: the modules imported once per node, every worker forked from them
 
 
 @record

@@ -23,18 +23,26 @@ ALLOWED = {
     # api/worker.py is a worker's main (its arguments, its RANK), as run_path.py is.
     "os.environ": {"cli.py", "__main__.py", "proc/early.py", "fsutil.py", "run_path.py", "api/launch.py", "api/worker.py",
                    "stacks/shim/sitecustomize.py",  # the worker-side shim: takes its own variables out again
-                   "health/__main__.py"},  # python -m rankrun.health: LOCAL_WORLD_SIZE, PATH (nvidia-smi), its /proc seam
-    "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py", "api/worker.py"},
+                   "health/__main__.py",  # python -m rankrun.health: LOCAL_WORLD_SIZE, PATH (nvidia-smi), its /proc seam
+                   "preload/child.py"},  # a forked worker takes on its own environment, as exec would have given it
+    # the preloading process's arguments (preload/__main__.py) and a forked worker's command line (preload/child.py)
+    "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py", "api/worker.py", "preload/__main__.py",
+                 "preload/child.py"},
     # signalling and reaping processes: only rankrun.proc; the --health-check runner, which kills its check's group;
     # python -m rankrun.health's probes (health/isolate.py), each forked in a process group of its own, killed with it
     # at its timeout, reaped
-    "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "health/check.py", "health/isolate.py"},
-    "os.kill": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "proc/early.py"},
-    "os.waitpid": {"proc/watchdog.py", "health/isolate.py"},
-    "os.fork": {"proc/watchdog.py", "health/isolate.py"},
+    # The preloading process (--preload) forks each worker twice and reaps the intermediate; the launcher reaps and
+    # signals a forked worker (proc/preload.py); a forked worker ending by KeyboardInterrupt dies by SIGINT, as Python does
+    "os.killpg": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "health/check.py", "health/isolate.py",
+                  "proc/preload.py"},
+    "os.kill": {"proc/spawn.py", "proc/terminal.py", "proc/watchdog.py", "proc/early.py", "proc/preload.py",
+                "preload/child.py"},
+    "os.waitpid": {"proc/watchdog.py", "health/isolate.py", "proc/preload.py", "preload/server.py"},
+    "os.fork": {"proc/watchdog.py", "health/isolate.py", "preload/server.py"},
     # signal dispositions: the early catcher (and the watchdog's own child, which ignores them); the health command's
     # stop signals (its probes' groups killed) and its probes' backstop timer
-    "signal.signal": {"proc/early.py", "proc/watchdog.py", "health/isolate.py"},
+    # (a forked worker's KeyboardInterrupt: SIGINT's default again, to die by it as Python does)
+    "signal.signal": {"proc/early.py", "proc/watchdog.py", "health/isolate.py", "preload/child.py"},
     # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT, SIGCHLD's orphan reaping
     "add_signal_handler": {"proc/signals.py", "proc/terminal.py", "proc/watchdog.py"},
     # worker processes: started only by the spawner (asyncio's subprocess_exec, create_subprocess_exec/_shell); the
@@ -53,12 +61,17 @@ ALLOWED = {
     # python -m rankrun.timeline, no launcher, prints its one line: the page it wrote, or its bad input. python -m
     # rankrun.health prints its failures (stdout) or its bad input (stderr).
     "print": {"cli.py", "timeline/__main__.py", "health/__main__.py"},
-    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py", "timeline/__main__.py", "health/__main__.py"},
-    "sys.stdout": {"cli.py", "__main__.py", "api/launch.py"},
+    # A forked worker (--preload) is a worker, not the launcher: it says what Python says of a script it cannot open,
+    # and flushes its own streams before it dies by SIGINT, as Python does.
+    "sys.stderr": {"cli.py", "__main__.py", "api/launch.py", "timeline/__main__.py", "health/__main__.py",
+                   "preload/child.py"},
+    "sys.stdout": {"cli.py", "__main__.py", "api/launch.py", "preload/child.py"},
     # an exit code given as a number: none of the launcher's; its exit codes are named (errors.py). The watchdog's
     # forked child exits 0, as a health probe's forked child does, and an API worker whose fn raised exits 1, as Python
-    # does for an uncaught exception.
-    "exit(<int>)": {"proc/watchdog.py", "api/worker.py", "health/isolate.py"},
+    # does for an uncaught exception. The preloading process's intermediate and throwaway children exit 0 (1: a fork
+    # failed); a forked worker exits 1 without the launcher's go, 2 for a script it cannot open, 1 for an uncaught
+    # exception, as Python does.
+    "exit(<int>)": {"proc/watchdog.py", "api/worker.py", "health/isolate.py", "preload/server.py", "preload/child.py"},
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
     "create_server": {"listen.py"},
     "start_server": set(),

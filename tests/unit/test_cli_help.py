@@ -11,7 +11,7 @@ import rankrun.cli
 from rankrun.cli import build_parser, parse_args, unknown_options
 from rankrun.errors import ArgumentError
 
-HEADINGS = ["positional arguments", "options", "torchrun's options", "several nodes", "faults and restarts",
+HEADINGS = ["positional arguments", "options", "torchrun's options", "several nodes", "start-up", "faults and restarts",
             "observing", "health", "stragglers", "large jobs"]
 
 

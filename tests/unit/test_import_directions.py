@@ -9,8 +9,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 
-PACKAGES = ("agent", "api", "events", "health", "logs", "numa", "proc", "rendezvous", "report", "stacks", "store",
-            "straggler", "timeline", "workerstore")
+PACKAGES = ("agent", "api", "events", "health", "logs", "numa", "preload", "proc", "rendezvous", "report", "stacks",
+            "store", "straggler", "timeline", "workerstore")
 ENTRY_POINTS = ("__main__", "cli", "main", "launch", "run_path")
 TOP = tuple(sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__"))
 LEAVES = set(TOP) - set(ENTRY_POINTS)  # errors, spec, listen, procfs, ...: below every package
@@ -84,6 +84,11 @@ def _offenders(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...]
     ("cli.py", ("agent", "rendezvous", "store", "workerstore", "logs", "report", "api"), ()),  # main, lazily, hands it on
     ("main.py", ("cli", "api", "rendezvous", "store", "workerstore", "report"), ()),
     ("run_path.py", tuple(p for p in PACKAGES + TOP if p != "report"), ()),  # a worker's shim: its error file only
+    # the preloading process runs under the workers' interpreter, and a forked worker keeps nothing of it: it imports
+    # none of the launcher; a forked worker runs the stack shim's per-worker part, as a cold one does
+    ("preload", tuple(p for p in PACKAGES + TOP if p not in ("preload", "record", "stacks")), ()),
+    ("preload", ("stacks",), ("preload/child.py",)),
+    ("proc", ("preload.server", "preload.child", "preload.safety", "preload.__main__"), ()),  # the launcher: wire only
     *[(f"{leaf}.py", PACKAGES + ENTRY_POINTS, ()) for leaf in sorted(LEAVES)],
 ])
 def test_dependencies_point_one_way(folder, forbidden, allowed):

@@ -8,4 +8,5 @@ identities, pure), ``env`` (a worker's torchrun variables, pure), ``race`` (raci
 (``--store-relays``). An attempt's seam is ``watch`` (``AttemptWatch``); its observers are ``stall``
 (``--hang-timeout``), ``startup`` (the start-up timeline) and ``stragglers/`` (``--straggler-window``: the attempt's
 watch; several nodes' round adds the job's, ``JobView``'s). The job's event stream: ``facts`` (the lifecycle facts,
-pure), ``observers`` (the consumers the options ask for), ``lines`` (the console's lines that say a fact)."""
+pure), ``observers`` (the consumers the options ask for), ``lines`` (the console's lines that say a fact). The job's
+preloading process (``--preload``), from its start to its end and its events: ``preload``."""

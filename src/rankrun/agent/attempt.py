@@ -18,6 +18,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from rankrun.agent import preload
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, worker_env
 from rankrun.agent.plan import AttemptPlan, attempt_context
@@ -164,6 +165,7 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                         relays.append(_relay(handle.terminal_fd, workers, deps))
                     workers.append(_pumped(spec, layout, who, error_file, handle, group=group, activity=watch.activity))
                 watch.started(workers)
+                preload.told(deps, plan.attempt, workers)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
                                           deps.clock.wall, _group_end(moved_on, watch.stalled))
             finally:

@@ -19,6 +19,8 @@ from rankrun.proc.watchdog import Watchdog, reap_orphans
 from rankrun.workerstore.tcpstore import TCPStoreServer
 
 if TYPE_CHECKING:  # one node never imports the rendezvous (rankrun.agent.loop imports multinode only for several)
+    from rankrun.agent.preload import PreloadNews
+    from rankrun.proc.preload import Preloader
     from rankrun.rendezvous.session import Backend
 
 
@@ -36,6 +38,8 @@ class AgentDeps:
     on_demand: OnDemand = field(default_factory=OnDemand)  # the running workers, for rankrun --stacks
     # the job's lifecycle facts (run_agent names the run and node, and adds --events/--metrics-port's consumers)
     events: EventStream = field(default_factory=lambda: EventStream("", ""))
+    preloader: Preloader | None = None  # --preload: the node's preloading process (the spawner forks from it)
+    preload_news: PreloadNews | None = None  # --preload: its events not emitted yet (agent.preload.preloading's)
 
     @property
     def console_facts(self) -> ConsoleFacts:
@@ -50,7 +54,8 @@ class AgentDeps:
         the stores), then stop watching its process groups."""
         if self.watchdog is None:
             return
-        exclude = {self.watchdog.pid, *self.keep, *(h.pid for h in handles)}
+        resident = self.preloader.pid if self.preloader is not None else None  # lives on, for the next attempt
+        exclude = {self.watchdog.pid, *self.keep, *(h.pid for h in handles), *((resident,) if resident else ())}
         await asyncio.to_thread(reap_orphans, exclude)
         for h in handles:
             self.watchdog.unregister(h.pid)

@@ -90,3 +90,16 @@ def _visible_device(parent: str | None, local_rank: int) -> str:
         if local_rank < len(entries):
             return entries[local_rank]
     return str(local_rank)
+
+
+def preload_env(base: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+    """The preloading process's environment (``--preload``): what every worker of every attempt has alike, so that a
+    module reads at import what a worker would, and nothing of one rank's or one attempt's (each forked worker gets
+    its whole ``worker_env`` with its request). ``OMP_NUM_THREADS`` is read when OpenMP loads, at the import."""
+    env = dict(base)
+    env.pop("TORCHELASTIC_ERROR_FILE", None)
+    env.pop("RANKRUN_REPORT_JSON", None)
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if "OMP_NUM_THREADS" not in base and local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return env

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 
-from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
+from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt, worker_argv
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
 from rankrun.agent.gate import HealthGate, excluded, unhealthy
 from rankrun.agent.lines import ConsoleLines, interrupted_line, received
 from rankrun.agent.observers import JobObservers
 from rankrun.agent.plan import AttemptPlan, Membership, single_node
+from rankrun.agent.preload import preloading
 from rankrun.agent.round import NewsEvents, OpenFiles, Round, Rounds, formed
 from rankrun.agent.watch import DONE, STARTING
 from rankrun.errors import LauncherError, NodeExcluded, RankrunError, exit_code
@@ -87,29 +88,36 @@ async def _run(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, observers: 
         deps.watchdog.own_dir(str(logs.base))  # removed by the watchdog if we are killed -9
     if deps.watchdog is not None and (caller_dir := api_dir(spec.base_env)) is not None:
         deps.watchdog.own_dir(caller_dir)  # rankrun.launch's: we die with its caller, which then cleans up nothing
-    held: asyncio.Server | None = None
     try:
-        if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
-            # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
-            held = await hold(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
-        if spec.multi_node:
-            from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
-
-            final = await run_multinode(spec, deps, stops, logs, begin=observers.begin)
-        else:
-            await observers.begin(spec.local_addr or LOCAL_ADDRESS)
-            port = await deps.worker_store.start(spec.store.host, spec.store.port)
-            final = await _attempts(spec, deps, stops, logs, single_node(spec, port))
+        final = await _preloaded(spec, deps, stops, logs, observers)
     finally:
         deps.on_demand.idle(spec.rendezvous.run_id, DONE)
-        await deps.worker_store.close()
-        if held is not None:
-            held.close()
         kept = logs.finish(keep=logs.base is not None and has_dumps(logs.base))
         if kept is not None and spec.logs.log_dir is None:
             deps.console.say(f"worker logs kept in {kept}")
     return final, kept is not None
 
+
+async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs,
+                     observers: JobObservers) -> Outcome:
+    """The job's rounds, with ``--preload``'s process (``agent.preload``) around them, started first."""
+    held: asyncio.Server | None = None
+    async with preloading(spec, deps, worker_argv(spec.worker.entry, 0)):
+        try:
+            if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
+                # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
+                held = await hold(spec.rendezvous.endpoint_host, spec.rendezvous.endpoint_port)
+            if spec.multi_node:
+                from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
+
+                return await run_multinode(spec, deps, stops, logs, begin=observers.begin)
+            await observers.begin(spec.local_addr or LOCAL_ADDRESS)
+            port = await deps.worker_store.start(spec.store.host, spec.store.port)
+            return await _attempts(spec, deps, stops, logs, single_node(spec, port))
+        finally:
+            await deps.worker_store.close()
+            if held is not None:
+                held.close()
 
 
 def group_ended(outcome: GroupOutcome) -> GroupEnded:

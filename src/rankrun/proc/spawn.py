@@ -106,6 +106,11 @@ class WorkerHandle(Protocol):
         """Stop reading its output (readers see EOF) and release OS resources. Idempotent."""
         ...
 
+    @property
+    def forked_in(self) -> float | None:
+        """Seconds its fork from the preloading process took (``--preload``); ``None``: started cold, by exec."""
+        ...
+
 
 @record
 class Command:
@@ -115,6 +120,7 @@ class Command:
     stdin_null: bool = False
     attempt: int = 0  # which of this node's worker groups it belongs to (a tag, for logs and fakes)
     cpus: frozenset[int] | None = None  # bind the worker to these CPUs before it runs (--numa-binding); None: don't
+    pass_fds: tuple[int, ...] = ()  # descriptors it inherits besides stdio (the preloading process's control socket)
 
 
 class Spawner(Protocol):
@@ -215,6 +221,10 @@ class _OsWorker:
     def terminal_fd(self) -> int | None:
         return self._terminal_fd
 
+    @property
+    def forked_in(self) -> float | None:
+        return None
+
     async def wait(self) -> int:
         await asyncio.shield(self._exited)
         code = self._transport.get_returncode()
@@ -257,7 +267,7 @@ class OsSpawner:
         """``wrapper``: the exec prefix that sets the death signal (default ``pdeathsig_exec()``; ``()``: a hook)."""
         self._hooks = {tty: _preexec_hook(controlling_tty=tty) for tty in (False, True)}
         self._wrapper = pdeathsig_exec() if wrapper is None else wrapper
-        self._on_spawn = on_spawn
+        self.on_spawn = on_spawn
         self.spawning = 0  # spawns under way: a fresh worker's pid is not in ``live`` yet
         self.live: set[int] = set()  # workers not yet reaped by the event loop's child watcher
 
@@ -285,7 +295,7 @@ class OsSpawner:
     async def spawn(self, command: Command) -> WorkerHandle:
         loop = asyncio.get_running_loop()
         argv, hook = self._how_to_start(command)
-        fds = _open_stdio(command.stdio)
+        fds = open_stdio(command.stdio)
         stdin: int | None = fds.child[0] if command.stdio is Stdio.TERMINAL else None
         if command.stdin_null:
             stdin = subprocess.DEVNULL
@@ -300,6 +310,7 @@ class OsSpawner:
                 stderr=fds.child[2],
                 start_new_session=True,
                 preexec_fn=hook,
+                pass_fds=command.pass_fds,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             fds.close_ours()
@@ -310,9 +321,9 @@ class OsSpawner:
         pid = transport.get_pid()
         self.live.add(pid)
         protocol.exited.add_done_callback(lambda _: self.live.discard(pid))  # reaped by the loop's child watcher
-        if self._on_spawn is not None:
-            self._on_spawn(pid)
-        readers = [await _reader(loop, fd) for fd in fds.read]
+        if self.on_spawn is not None:
+            self.on_spawn(pid)
+        readers = [await output_reader(loop, fd) for fd in fds.read]
         return _OsWorker(transport, protocol.exited, (readers[0], readers[1] if len(readers) > 1 else None), fds.terminal)
 
     def _how_to_start(self, command: Command) -> tuple[tuple[str, ...], Callable[[], None] | None]:
@@ -338,7 +349,7 @@ def _start_failed(command: Command, exc: OSError | subprocess.SubprocessError) -
 
 
 @dataclass
-class _Fds:
+class Fds:
     read: tuple[int, ...]  # our read ends: stdout (or everything), then stderr if separate
     child: tuple[int, int, int]  # the child's stdin (-1: inherit), stdout, stderr
     terminal: int | None = None  # our write end of the pseudo-terminal (the input relay's)
@@ -352,20 +363,21 @@ class _Fds:
             os.close(fd)
 
 
-def _open_stdio(stdio: Stdio) -> _Fds:
+def open_stdio(stdio: Stdio) -> Fds:
+    """A worker's stdio: ours to read (and write, a terminal's), its own to pass it."""
     if stdio is Stdio.TERMINAL:
         master, slave = os.openpty()
         os.set_inheritable(master, False)
         _copy_terminal(0, slave)
         writer = os.dup(master)  # the input relay's own fd: the reader's transport owns ``master``
         os.set_blocking(writer, False)
-        return _Fds((master,), (slave, slave, slave), writer)
+        return Fds((master,), (slave, slave, slave), writer)
     if stdio is Stdio.MERGED:
         r, w = os.pipe2(os.O_CLOEXEC)
-        return _Fds((r,), (-1, w, w))
+        return Fds((r,), (-1, w, w))
     r_out, w_out = os.pipe2(os.O_CLOEXEC)
     r_err, w_err = os.pipe2(os.O_CLOEXEC)
-    return _Fds((r_out, r_err), (-1, w_out, w_err))
+    return Fds((r_out, r_err), (-1, w_out, w_err))
 
 
 def _copy_terminal(source: int, target: int) -> None:
@@ -376,7 +388,7 @@ def _copy_terminal(source: int, target: int) -> None:
         fcntl.ioctl(target, termios.TIOCSWINSZ, fcntl.ioctl(source, termios.TIOCGWINSZ, b"\0" * 8))
 
 
-async def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> OutputReader:
+async def output_reader(loop: asyncio.AbstractEventLoop, fd: int) -> OutputReader:
     pipe = open(fd, "rb", buffering=0)  # noqa: SIM115 - owned (and closed) by the transport
     _, reader = await loop.connect_read_pipe(OutputReader, pipe)
     return reader

@@ -40,7 +40,16 @@ import time  # builtin, and already imported by the interpreter's start-up (zipi
 
 
 def _install() -> None:
+    attach()
     here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    _chain()
+
+
+def attach() -> None:
+    """The per-worker part: the variables removed, ``PYTHONPATH`` put back, the dump channel and the arrivals thread.
+    A worker forked by ``--preload`` (``rankrun.preload.child``) runs only this: its ``sitecustomize`` ran once in the
+    preloading process, and this folder was never on its path."""
     path = os.environ.pop("RANKRUN_STACKS_FILE", "")
     signum = os.environ.pop("RANKRUN_STACKS_SIGNAL", "")
     user_path = os.environ.pop("RANKRUN_USER_PYTHONPATH", None)
@@ -48,7 +57,6 @@ def _install() -> None:
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = user_path
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     if path and signum:
         try:
             import _thread  # noqa: PLC0415 - builtin; threading would cost every worker a millisecond
@@ -71,7 +79,6 @@ def _install() -> None:
                 _thread.start_new_thread(_arrivals, (arrivals, period))
         except (ValueError, RuntimeError):
             pass  # no arrivals from this worker: the straggler watch goes by its other signals
-    _chain()
 
 
 def _arrivals(path: str, every: float) -> None:
@@ -129,4 +136,5 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
-_install()
+if __name__ == "sitecustomize":  # run by site; imported by its full name (a forked worker), it only defines
+    _install()

@@ -1,0 +1,109 @@
+"""The job's preloading process (``--preload MODULES``), from the job's start to its end: sequencing only.
+
+``preloading`` starts it before anything else of the job (a module that cannot be imported is the user's error, exit
+2, before the node joins a round or starts a worker), pumps its output to the console (``[preload]``: a module's
+import-time warning, said once per node), says a state that sends the node's workers back to cold starts, and closes
+it at the end. The ``preload`` events wait for the first attempt's start (``job.start`` comes first in every events
+file, and several nodes' observers begin only once the session is open); ``told`` emits them, then the attempt's
+``warm`` event. The process itself is ``rankrun.proc.preload``'s; what runs in it is ``rankrun.preload``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from rankrun.agent.deps import AgentDeps
+from rankrun.agent.env import WorkerIdentity, preload_env
+from rankrun.errors import UsageError
+from rankrun.events.records import Preload, Warm
+from rankrun.logs.pump import Route, pump
+from rankrun.proc.spawn import WorkerHandle
+from rankrun.ranges import range_string
+from rankrun.spec import LaunchSpec
+
+PREFIX = b"[preload] "
+
+
+class Started(Protocol):
+    @property
+    def who(self) -> WorkerIdentity: ...
+
+    @property
+    def handle(self) -> WorkerHandle: ...
+
+
+class PreloadNews:
+    """The ``preload`` events not emitted yet, and the modules' names (for the lines)."""
+
+    def __init__(self, modules: str) -> None:
+        self.modules = modules
+        self.unsaid: list[Preload] = []
+
+
+@contextlib.asynccontextmanager
+async def preloading(spec: LaunchSpec, deps: AgentDeps, argv: Sequence[str]) -> AsyncIterator[PreloadNews | None]:
+    """The preloading process for the job's length (``None``: no ``--preload``); ``argv``: the first worker's cold
+    command line (``agent.attempt.worker_argv``)."""
+    preloader = deps.preloader
+    if preloader is None or not spec.worker.preload:
+        yield None
+        return
+    names = ",".join(spec.worker.preload)
+    news = PreloadNews(names)
+    entry = spec.worker.entry
+
+    def changed(state: str, why: str) -> None:
+        deps.console.say(f"--preload {names}: {why}; starting this node's workers cold")
+        news.unsaid.append(Preload(names, 0.0, "ended" if state == "ended" else "unsafe", why))
+
+    preloader.on_change = changed
+    output: asyncio.Task[None] | None = None
+    try:
+        ready = await preloader.start(spec.worker.preload, entry.python, preload_env(spec.base_env, spec.worker.nproc),
+                                      argv)
+        if preloader.handle is not None:
+            route = Route(deps.console.source(deps.console.stderr_fd, PREFIX))
+            output = asyncio.ensure_future(pump(preloader.handle.stdout, route))
+        if ready.error is not None:
+            module, line = ready.error
+            raise UsageError("--preload", module, f"cannot be imported: {line}")
+        if ready.unsafe is not None:
+            deps.console.say(f"--preload {names}: {ready.unsafe}; starting this node's workers cold")
+            news.unsaid.append(Preload(names, ready.seconds, "unsafe", ready.unsafe))
+        else:
+            news.unsaid.append(Preload(names, ready.seconds, "ready"))
+        deps.preload_news = news
+        yield news
+    finally:
+        deps.preload_news = None
+        await preloader.close()
+        if output is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(output, 5.0)
+        if preloader.handle is not None:
+            preloader.handle.close()
+            if deps.watchdog is not None:
+                deps.watchdog.unregister(preloader.handle.pid)
+
+
+def warm(attempt: int, workers: Sequence[Started]) -> Warm:
+    """The attempt's ``warm`` event: which ranks were forked, which started cold, how long the forks took (pure)."""
+    forked = sorted((w.handle.forked_in, w.who.rank) for w in workers if w.handle.forked_in is not None)
+    cold = [w.who.rank for w in workers if w.handle.forked_in is None]
+    times = [t for t, _ in forked]
+    return Warm(attempt, range_string(sorted(rank for _, rank in forked)), range_string(sorted(cold)),
+                times[(len(times) - 1) // 2] if times else None, times[-1] if times else None)
+
+
+def told(deps: AgentDeps, attempt: int, workers: Sequence[Started]) -> None:
+    """Emit the ``preload`` events not emitted yet, then the attempt's ``warm`` (nothing without ``--preload``)."""
+    news = deps.preload_news
+    if news is None:
+        return
+    for record in news.unsaid:
+        deps.events.emit(record)
+    news.unsaid.clear()
+    deps.events.emit(warm(attempt, workers))

@@ -1,0 +1,45 @@
+"""The preloading process: ``python -u -m rankrun.preload CONTROL PATH0 MODULES [ARGV...]``.
+
+Started by the launcher (``rankrun.proc.preload``) under the workers' interpreter, with their environment (less each
+rank's variables) and working directory: ``CONTROL`` is its end of the socket pair, ``PATH0`` the workers'
+``sys.path[0]`` (so a module beside the script preloads from where the worker would import it), ``MODULES`` the
+comma-separated names, ``ARGV`` what the first worker's ``sys.argv`` will be (a module reading it at import sees the
+worker's). It records what the interpreter had loaded, imports the modules (first: nothing of rankrun's but what
+``-m`` itself loaded precedes them), tells the launcher how it went, and serves forks until the launcher closes the
+socket. A forked worker returns out of ``serve`` and becomes the cold worker here (``child.run``), so its exit is the
+interpreter's own: ``SystemExit``'s code, atexit, non-daemon threads joined.
+"""
+
+import sys
+import time
+
+_BASE = frozenset(sys.modules)  # what the interpreter and -m loaded: rankrun's part is not the worker's
+
+
+def _main() -> None:
+    control, path0, names = int(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
+    if not sys.flags.safe_path:
+        sys.path[0] = path0
+    sys.argv[:] = sys.argv[4:] or [""]
+    began = time.monotonic()
+    for name in names:
+        try:
+            __import__(name)
+        except BaseException as exc:
+            from rankrun.preload import server  # noqa: PLC0415 - after the user's modules, always
+
+            server.failed(control, name, exc)
+            return
+    seconds = time.monotonic() - began
+    loaded = frozenset(sys.modules)
+    from rankrun.preload import server  # noqa: PLC0415 - after the user's modules: see the docstring
+
+    forked = server.serve(control, seconds)
+    if forked is None:
+        return  # the launcher closed the socket: the job is over on this node
+    from rankrun.preload import child  # noqa: PLC0415
+
+    child.run(forked, _BASE, loaded)
+
+
+_main()

@@ -1,0 +1,143 @@
+"""What a forked worker does before the user's code: become the worker a cold start would have started.
+
+In order: its own session and process group (pgid = pid, what the watchdog registers); the launcher's descriptors
+on 0, 1 and 2 (and the terminal, for a rank on a pseudo-terminal), nothing else of the preloading process's kept but
+what a preloaded module opened (a cold worker opens it too); its CPUs (``--numa-binding``: one thread now, so the mask
+covers the process); then it waits for the launcher's go, which comes once the launcher holds its pidfd and the
+watchdog knows its group, so no user code runs unwatched; ``PR_SET_PDEATHSIG`` (set now, after the re-parenting,
+it fires when the launcher's main thread dies, as a cold worker's); the worker's working directory, environment and
+command line; the random generators a fork copies reseeded (``random`` does so itself at a fork; numpy's global
+state and torch's default generator do not: every rank would draw the same numbers); the stack shim's per-worker part
+(``rankrun.stacks.shim.sitecustomize.attach``); rankrun's own modules forgotten; then the script or module runs as
+``__main__``, as ``python -u SCRIPT`` or ``python -u -m MODULE`` runs it.
+
+What still tells a forked worker from a cold one is listed in docs/design.md ("Warm starts"): the preloaded modules
+in ``sys.modules``, ``/proc/<pid>/cmdline``, the hash seed, import-time work done once per node.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import signal
+import sys
+import termios
+import types
+from collections.abc import Set
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def run(forked: tuple[dict[str, Any], list[int], Any], base: Set[str], loaded: Set[str]) -> None:
+    """Become the worker the request describes and run its code; returns when it ends normally."""
+    request, fds, prctl = forked
+    _attach(request, fds, prctl)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv: list[str] = request["argv"]
+    sys.orig_argv[:] = argv
+    _reseed()
+    if "RANKRUN_STACKS_FILE" in os.environ or "RANKRUN_FR_FILE" in os.environ:
+        from rankrun.stacks.shim import sitecustomize  # noqa: PLC0415 - the worker's shim, as a cold one runs it
+
+        sitecustomize.attach()
+    _forget(base, loaded)
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = sys.modules["builtins"]
+    sys.modules["__main__"] = main
+    try:
+        if argv[2] == "-m":
+            sys.argv[:] = ["-m", *argv[4:]]
+            if not sys.flags.safe_path:
+                sys.path[0] = os.getcwd()
+            sys.modules["runpy"]._run_module_as_main(argv[3])
+        else:
+            _run_script(main, argv[2], argv[3:])
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        _uncaught(exc)
+
+
+def _attach(request: dict[str, Any], fds: list[int], prctl: Any) -> None:
+    os.setsid()
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    for fd in set(fds[:3]):
+        os.close(fd)
+    go = fds[3]
+    if request.get("tty"):
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    if request.get("cpus") is not None:
+        try:
+            os.sched_setaffinity(0, request["cpus"])
+        except OSError:
+            os._exit(126)
+    said = os.read(go, 1)
+    os.close(go)
+    if said != b"g":
+        os._exit(1)  # the launcher gave up on it, or died: nothing of the user's ran
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != request["launcher"]:
+        os._exit(1)  # the launcher died between the go and prctl: follow it now
+
+
+def _reseed() -> None:
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        generator.seed()  # not torch.seed(): that also seeds CUDA's generators, which a fresh interpreter leaves alone
+
+
+def _forget(base: Set[str], loaded: Set[str]) -> None:
+    """Drop the modules a cold worker would not have: what rankrun loaded after the user's imports, and rankrun's own
+    from before them (unless a preloaded module is rankrun's: then only this package)."""
+    users = any(name.split(".")[0] == "rankrun" for name in loaded - base)
+    for name in list(sys.modules):
+        ours = name in base and name.split(".")[0] == "rankrun" and (not users or name.startswith("rankrun.preload"))
+        if name not in loaded or ours:
+            del sys.modules[name]
+
+
+def _run_script(main: types.ModuleType, script: str, args: list[str]) -> None:
+    sys.argv[:] = [script, *args]
+    path = os.path.abspath(script)
+    if not sys.flags.safe_path:
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+    try:
+        with open(path, "rb") as source:
+            text = source.read()
+    except OSError as exc:
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}\n")
+        raise SystemExit(2) from None
+    loader = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", path)
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=loader, __spec__=None, __package__=None)
+    exec(compile(text, path, "exec"), main.__dict__)  # noqa: S102 - what `python SCRIPT` does
+
+
+def _uncaught(exc: BaseException) -> None:
+    """Print ``exc`` as Python does for an uncaught exception, from the user's frames on, and end as Python would:
+    exit 1, or death by SIGINT for ``KeyboardInterrupt`` (after the exit handlers)."""
+    tb, start = exc.__traceback__, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(_HERE):
+            start = tb.tb_next
+        tb = tb.tb_next
+    sys.excepthook(type(exc), exc, start)
+    if not isinstance(exc, KeyboardInterrupt):
+        raise SystemExit(1)
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()  # what Python does first on its way out
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)

@@ -1,0 +1,319 @@
+"""The launcher's side of warm starts (``--preload MODULES``): the preloading process, and workers forked from it.
+
+``PreloadSpawner`` is an ``OsSpawner`` that starts a worker by asking the node's preloading process to fork it
+(``rankrun.preload``) where it can, and cold (``OsSpawner``'s exec) where it cannot: a worker that is not the workers'
+interpreter running a script or module (``preload.wire.forkable``), a process that was found unsafe to fork or has
+died (said once, through ``Preloader.on_change``), a request too large for one message. The preloading process itself
+is started through ``OsSpawner.spawn``, like a worker: its own session, the death signal, the watchdog, reaped by the
+event loop's child watcher.
+
+A forked worker is the launcher's child (the preloading process double-forks it, and the launcher is a subreaper), so
+``ForkedWorker`` waits for it on a pidfd (``waitpid`` once it is readable: the exact status, ``-N`` for a signal, as a
+cold worker's), signals it by that pidfd (never a recycled pid), and signals its group by its pid, which is its
+process group's id. The launcher makes its descriptors as ``OsSpawner`` does (pipes, or a pseudo-terminal) and
+passes the child's ends with the request, then closes its copies, so its output ends when the worker's does. The
+worker waits on a pipe for the launcher's go, which comes once the launcher holds its pidfd and the watchdog knows its
+group. One request is in flight at a time: the process forks one at a time anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rankrun import procfs
+from rankrun.preload import wire
+from rankrun.proc.output import OutputReader, StreamSource
+from rankrun.proc.spawn import Command, OsSpawner, Stdio, WorkerHandle, open_stdio, output_reader
+from rankrun.record import record
+
+_PF_EXITING = 0x4
+CLOSE_TIMEOUT = 5.0  # seconds the preloading process has to leave once the socket is closed, before SIGKILL
+
+
+@record
+class Ready:
+    """How the import went: ``seconds`` it took; ``error``: the module that failed and the error's last line;
+    ``unsafe``: why the process may not fork (its workers start cold)."""
+
+    seconds: float = 0.0
+    error: tuple[str, str] | None = None
+    unsafe: str | None = None
+
+
+class Preloader:
+    """One node's preloading process: started once (``start``), asked to ``fork`` each worker, closed at the end."""
+
+    def __init__(self, spawner: OsSpawner) -> None:
+        self._spawner = spawner
+        self._sock: socket.socket | None = None
+        self._replies: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._lock = asyncio.Lock()
+        self._asked = 0
+        self.handle: WorkerHandle | None = None  # the process, for its output and its exit
+        self.python = ""
+        self.usable = False  # ready and safe: workers are forked
+        self.on_change: Callable[[str, str], None] = lambda _state, _why: None  # "unsafe"/"ended", why: said once
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid if self.handle is not None else None
+
+    async def start(self, modules: Sequence[str], python: str, env: Mapping[str, str], argv: Sequence[str]) -> Ready:
+        """Start the process and wait until it has imported ``modules`` (or failed to). ``argv``: the first worker's
+        cold command line (its interpreter, ``sys.path[0]`` and ``sys.argv`` are the process's too)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for sock in (ours, theirs):
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, option, wire.LIMIT)
+        self.python = python
+        path0 = wire.path0(argv, os.getcwd())
+        shown = ["-m", *argv[4:]] if argv[2] == "-m" else list(argv[2:])
+        command = Command((python, "-u", "-m", "rankrun.preload", str(theirs.fileno()), path0, ",".join(modules),
+                           *shown), env, Stdio.MERGED, stdin_null=True, pass_fds=(theirs.fileno(),))
+        try:
+            self.handle = await self._spawner.spawn(command)
+        finally:
+            theirs.close()
+        self._sock = ours
+        ours.setblocking(False)
+        asyncio.get_running_loop().add_reader(ours.fileno(), self._readable)
+        kind, body = await self._replies.get()
+        if kind == "error":
+            return Ready(error=(str(body.get("module", "")), str(body.get("line", ""))))
+        if kind == "unsafe":
+            return Ready(float(body.get("seconds", 0.0)), unsafe=str(body.get("why", "")))
+        if kind != "ready":
+            return Ready(unsafe=await self._ended_words())
+        self.usable = True
+        return Ready(float(body.get("seconds", 0.0)))
+
+    async def fork(self, command: Command) -> ForkedWorker | None:
+        """The worker ``command`` describes, forked; ``None``: start it cold (and, but for a too large request,
+        every later one: ``on_change`` was told why)."""
+        async with self._lock:
+            if not self.usable or self._sock is None:
+                return None
+            return await self._fork(self._sock, command)
+
+    async def _fork(self, sock: socket.socket, command: Command) -> ForkedWorker | None:
+        loop = asyncio.get_running_loop()
+        fds = open_stdio(command.stdio)
+        go_read, go = os.pipe2(os.O_CLOEXEC)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if command.stdin_null else None
+        stdin = fds.child[0] if command.stdio is Stdio.TERMINAL else devnull if devnull is not None else 0
+        self._asked += 1
+        request = {"id": self._asked, "argv": list(command.argv), "env": dict(command.env), "cwd": os.getcwd(),
+                   "tty": command.stdio is Stdio.TERMINAL, "launcher": os.getpid(),
+                   "cpus": sorted(command.cpus) if command.cpus is not None else None}
+        asked = time.monotonic()
+        self._spawner.spawning += 1  # until its pid is in ``live``: the stray reaper leaves it alone
+        try:
+            try:
+                socket.send_fds(sock, [wire.encode("fork", request)], [stdin, fds.child[1], fds.child[2], go_read])
+            except OSError as exc:
+                fds.close_ours()
+                os.close(go)
+                if exc.errno == errno.EMSGSIZE:
+                    return None  # this worker's request is too large for one message: it alone starts cold
+                self._lost(f"the preloading process cannot be reached ({exc.strerror})")
+                return None
+            finally:
+                fds.close_child()
+                os.close(go_read)
+                if devnull is not None:
+                    os.close(devnull)
+            kind, body = await self._replies.get()
+            pid = int(body.get("pid", 0)) if kind == "forked" else 0
+            pidfd = _pidfd(pid)
+            if pidfd is None:
+                fds.close_ours()
+                os.close(go)  # the worker, if any, reads no go and exits 1; the stray reaper reaps it
+                if kind == "refused":
+                    self._lost(str(body.get("why", "")), state="unsafe")
+                elif kind == "forked":
+                    self._lost("the launcher cannot open a pidfd for a forked worker")
+                else:
+                    self._lost(await self._ended_words())
+                return None
+            self._spawner.live.add(pid)
+        finally:
+            self._spawner.spawning -= 1
+        forked_in = time.monotonic() - asked
+        worker = ForkedWorker(pid, pidfd, self._spawner.live, fds.terminal, forked_in)
+        if self._spawner.on_spawn is not None:
+            self._spawner.on_spawn(pid)
+        os.write(go, b"g")
+        os.close(go)
+        readers = [await output_reader(loop, fd) for fd in fds.read]
+        worker.readers = (readers[0], readers[1] if len(readers) > 1 else None)
+        return worker
+
+    def _readable(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                data = sock.recv(wire.LIMIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+                self._replies.put_nowait(("eof", {}))
+                return
+            try:
+                self._replies.put_nowait(wire.decode(data))
+            except ValueError:
+                continue
+
+    def _lost(self, why: str, *, state: str = "ended") -> None:
+        if self.usable:
+            self.usable = False
+            self.on_change(state, why)
+
+    async def _ended_words(self) -> str:
+        handle = self.handle
+        if handle is None:
+            return "the preloading process ended"
+        try:
+            status = await asyncio.wait_for(handle.wait(), CLOSE_TIMEOUT)
+        except TimeoutError:
+            return "the preloading process stopped answering"
+        how = f"exit code {status}" if status >= 0 else f"signal {signal.Signals(-status).name}"
+        return f"the preloading process ended ({how})"
+
+    async def close(self) -> None:
+        """Close the socket (the process leaves), wait for it (bounded: then SIGKILL), and reap it."""
+        self.usable = False
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
+        handle = self.handle
+        if handle is None:
+            return
+        try:
+            await asyncio.wait_for(handle.wait(), CLOSE_TIMEOUT)
+        except TimeoutError:
+            handle.signal_group(signal.SIGKILL)
+            await handle.wait()
+
+
+def _pidfd(pid: int) -> int | None:
+    if pid <= 0:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+class ForkedWorker:
+    """A worker forked from the preloading process: the launcher's child, watched through a pidfd."""
+
+    def __init__(self, pid: int, pidfd: int, live: set[int], terminal_fd: int | None, forked_in: float) -> None:
+        self._pid = pid
+        self._pidfd: int | None = pidfd
+        self._live = live
+        self._terminal_fd = terminal_fd
+        self._forked_in = forked_in
+        self._code: int | None = None
+        self.readers: tuple[OutputReader, OutputReader | None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+        self._loop.add_reader(pidfd, self._reap)
+
+    def _reap(self) -> None:
+        try:
+            pid, status = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else: the status is lost
+            pid, status = self._pid, None
+        if pid == 0:
+            return
+        self._code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
+        self._live.discard(self._pid)
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self._exited.done():
+            self._exited.set_result(self._code)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def stdout(self) -> StreamSource:
+        assert self.readers is not None
+        return self.readers[0]
+
+    @property
+    def stderr(self) -> StreamSource | None:
+        assert self.readers is not None
+        return self.readers[1]
+
+    @property
+    def terminal_fd(self) -> int | None:
+        return self._terminal_fd
+
+    @property
+    def forked_in(self) -> float | None:
+        return self._forked_in
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pid, signum)
+
+    def ended(self) -> bool:
+        if self._code is not None:
+            return True
+        fields = procfs.stat(self._pid)  # not reaped yet, so the pid is still the worker's
+        return fields is None or fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
+
+    def signal(self, signum: int) -> bool:
+        if self._pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._pidfd, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def close(self) -> None:
+        for reader in self.readers or ():
+            if reader is not None:
+                reader.close()
+        if self._terminal_fd is not None:
+            os.close(self._terminal_fd)
+            self._terminal_fd = None
+
+
+class PreloadSpawner(OsSpawner):
+    """``OsSpawner``, forking each worker it can from the node's preloading process (``preloader``)."""
+
+    def __init__(self, on_spawn: Callable[[int], None] | None = None, wrapper: tuple[str, ...] | None = None) -> None:
+        super().__init__(on_spawn, wrapper)
+        self.preloader = Preloader(self)
+
+    async def spawn(self, command: Command) -> WorkerHandle:
+        preloader = self.preloader
+        if preloader.usable and wire.forkable(command.argv, preloader.python):
+            forked = await preloader.fork(command)
+            if forked is not None:
+                return forked
+        return await super().spawn(command)
