@@ -58,6 +58,10 @@ class FakeHandle:
         return None
 
     @property
+    def forked_in(self) -> float | None:
+        return None  # a cold start
+
+    @property
     def env(self) -> dict[str, str]:
         return dict(self.command.env)
 
