@@ -206,3 +206,17 @@ def test_the_header_is_the_jobs_ending_whatever_the_order_of_the_files_in_a_real
         headers.append(re.search(r'<p id="summary"><b>(.*?)</b></p>', out.read_text()).group(1))
     assert headers[0] == headers[1]
     assert html.unescape(headers[0]).endswith(" · succeeded (exit 0) after 19.1 s; excluded, exit 4: 127.0.0.5")
+
+
+def test_a_preload_jobs_file_is_drawn_in_a_real_process(tmp_path):
+    """A ``--preload`` job's preload and warm events, as the launcher writes them, read back and drawn: each attempt
+    forked or cold, the one import a bar, the preloading process's end a mark."""
+    events = job.write(tmp_path / "warm.jsonl", job.warm_events())
+    done = timeline(events)
+    out = tmp_path / "warm.html"
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"rankrun.timeline: wrote {out} (20 events, 1 lane)\n"
+    text = html.unescape(out.read_text())
+    for words in ("attempt 0 · ranks 0-1 · forked · failed", "attempt 2 · ranks 0-1 · cold · succeeded",
+                  "import torch 2.31 s", "preload ended, workers cold: killed by SIGKILL"):
+        assert f"<title>{words}</title>" in text, words

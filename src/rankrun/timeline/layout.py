@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rankrun.errors import excluded
+from rankrun.events.fields import ranks_in
 from rankrun.timeline.read import Event
 
 # what a label costs on the page, to stack marks' labels in rows that do not overlap (the renderer draws 11 px text)
@@ -27,14 +28,15 @@ class Bar:
     start: float
     end: float
     label: str
-    style: str  # the attempt's outcome ("succeeded", ..., "open" with no end seen), the phase's name, "round"
+    style: str  # the attempt's outcome ("succeeded", ..., "open" with no end seen), the phase's name ("import": the
+    # --preload process's one import), "round"
     events: tuple[Event, ...]
 
 
 @dataclass(frozen=True)
 class Mark:
-    """A moment: a failure, a restart, a stall, a straggler named or recovered, a lost node, the job's start and end, or an
-    event this reader does not know."""
+    """A moment: a failure, a restart, a stall, a straggler named or recovered, a lost node, a preloading process
+    turned unsafe or ended, the job's start and end, or an event this reader does not know."""
 
     kind: str  # the event's name
     t: float
@@ -111,6 +113,26 @@ def _lag(seconds: float) -> str:
     return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
 
 
+def warm_words(e: Event) -> str:
+    """How an attempt's workers started, from its ``warm`` event: ``forked`` (every one from the preloading process),
+    ``cold`` (none), or ``3 forked, 1 cold``."""
+    forked, cold = ranks_in(e.text("forked") or ""), ranks_in(e.text("cold") or "")
+    if forked == 0:
+        return "cold"
+    return "forked" if cold == 0 else f"{forked} forked, {cold} cold"
+
+
+def preload_words(e: Event) -> str:
+    """``import torch, numpy 2.31 s`` (a ready preloading process's one import), or what became of it: ``preload
+    unsafe, workers cold: a module left a thread``, ``preload ended, workers cold: ...``."""
+    modules = ", ".join(m.strip() for m in (e.text("modules") or "").split(",") if m.strip()) or "?"
+    state = e.text("state")
+    if state == "ready":
+        return f"import {modules} {_secs(e.number('seconds'))}"
+    text = f"preload {state}, workers cold" if state in ("unsafe", "ended") else f"preload {state}"
+    return text + (f": {why}" if (why := e.text("why")) else "")
+
+
 def mark_label(e: Event) -> str:
     """What a mark says next to it (the whole event is shown on hover)."""
     name = e.name
@@ -129,6 +151,10 @@ def mark_label(e: Event) -> str:
     elif name == "node.excluded":
         nodes = e.data.get("nodes")
         text = "excluded: " + ", ".join(nodes) if isinstance(nodes, list) and nodes else "node excluded"
+    elif name == "preload":
+        text = preload_words(e)
+    elif name == "warm":  # one whose attempt has no bar on the lane to carry it
+        text = f"attempt {e.integer('attempt')} {warm_words(e)}"
     elif name == "job.start":
         text = "job start"
     elif name == "job.end":
@@ -142,6 +168,17 @@ def mark_label(e: Event) -> str:
 # others, so that a job of many nodes does not repeat them lane after lane; the root cause is labelled on its node too
 JOB_WIDE = ("failure", "restart", "node.lost", "node.excluded", "straggler")
 DRAWN_AS_BARS = ("rdzv.round", "workers.start", "workers.end", "startup")
+
+
+def drawn_on_a_bar(e: Event, attempts: set[int]) -> bool:
+    """Whether ``e`` is drawn as, or carried by, a bar rather than a mark: a round, an attempt's start and end, its
+    start-up, a ready preloading process (its import's bar), a ``warm`` event (on the bar of its attempt, one of
+    ``attempts``, when the lane has it)."""
+    if e.name == "preload":
+        return e.text("state") == "ready"
+    if e.name == "warm":
+        return e.integer("attempt") in attempts
+    return e.name in DRAWN_AS_BARS
 
 
 def stack_labels(items: Sequence[tuple[float, int]], width_px: float) -> list[tuple[int, bool]]:
@@ -198,9 +235,19 @@ def _attempt_bars(events: Sequence[Event], at: dict[Event, float]) -> list[Bar]:
             stop, outcome = at[end], end.text("outcome") or "unknown"
             tail = outcome
         ranks = start.text("ranks")
-        label = f"attempt {attempt}" + (f" · ranks {ranks}" if ranks else "") + f" · {tail}"
-        bars.append(Bar("attempt", at[start], stop, label, outcome, (start,) if end is None else (start, end)))
+        # under --preload, its warm event: how its workers started, said in its label and shown with it on hover
+        warm = next((e for e in events if e.name == "warm" and e.integer("attempt") == attempt), None)
+        how = f" · {warm_words(warm)}" if warm is not None else ""
+        label = f"attempt {attempt}" + (f" · ranks {ranks}" if ranks else "") + how + f" · {tail}"
+        carried = (start, *(() if warm is None else (warm,)), *(() if end is None else (end,)))
+        bars.append(Bar("attempt", at[start], stop, label, outcome, carried))
     return bars
+
+
+def _import_bar(e: Event, t: float) -> Bar:
+    """A ready preloading process's one import: it ended when it said so, as long as it took."""
+    took = max(e.number("seconds") or 0.0, 0.0)
+    return Bar("phase", t - took, t, preload_words(e), "import", (e,))
 
 
 def _round_bar(e: Event, t: float) -> Bar:
@@ -259,9 +306,10 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
     for (source, node), lane_events in groups.items():
         started = {a: wall[e] for e in lane_events if e.name == "workers.start" and (a := e.integer("attempt")) is not None}
         rounds = [_round_bar(e, wall[e]) for e in lane_events if e.name == "rdzv.round"]
-        phases = [b for e in lane_events if e.name == "startup" for b in _phase_bars(e, wall[e], started)]
+        imports = [_import_bar(e, wall[e]) for e in lane_events if e.name == "preload" and e.text("state") == "ready"]
+        phases = imports + [b for e in lane_events if e.name == "startup" for b in _phase_bars(e, wall[e], started)]
         attempts = _attempt_bars(lane_events, wall)
-        marked = [e for e in lane_events if e.name not in DRAWN_AS_BARS]
+        marked = [e for e in lane_events if not drawn_on_a_bar(e, set(started))]
         ranks = next((e.text("ranks") or "" for e in reversed(lane_events) if e.name == "workers.start"), "")
         raw_lanes.append((source, node, ranks, rounds, attempts, phases, marked))
 

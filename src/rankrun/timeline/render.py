@@ -29,10 +29,11 @@ LANE_MIN_H = 112  # the lane label's three lines above the rows' names
 COLORS = {
     "succeeded": "#2e9d5b", "failed": "#d64541", "stopped": "#8d949c", "interrupted": "#8e6bbf",
     "moved_on": "#5b8def", "stalled": "#e08a1e", "open": "#b7bcc2", "unknown": "#b7bcc2",
-    "round": "#9dbbe8", "rendezvous": "#9dbbe8", "spawn": "#b99be3", "workers": "#f2c869",
+    "round": "#9dbbe8", "rendezvous": "#9dbbe8", "spawn": "#b99be3", "workers": "#f2c869", "import": "#7cc7bd",
 }
 MARK_COLORS = {"failure": "#d64541", "restart": "#1f5fbf", "stall": "#e08a1e", "straggler": "#9c5a12", "node.lost": "#222222",
-               "node.excluded": "#7a1f1f", "job.start": "#555555", "job.end": "#555555"}
+               "node.excluded": "#7a1f1f", "preload": "#1f7a70", "warm": "#1f7a70", "job.start": "#555555",
+               "job.end": "#555555"}
 
 CSS = """
 body{margin:0;font:13px/1.4 "DejaVu Sans",system-ui,sans-serif;color:#1d2125;background:#fff}
@@ -136,9 +137,13 @@ def _bar(bar: Bar, y: float, height: int, drawing: Drawing) -> str:
 
 
 def _shorter(label: str) -> list[str]:
-    """``attempt 0 · ranks 0-1 · failed``, ``attempt 0 · failed``, ``attempt 0``: what a narrower bar can still say."""
+    """``attempt 0 · ranks 0-1 · forked · failed``, ``attempt 0 · forked · failed`` (no ranks), ``attempt 0 · failed``,
+    ``attempt 0``: what a narrower bar can still say."""
     parts = label.split(" · ")
-    return [label, f"{parts[0]} · {parts[-1]}", parts[0]] if len(parts) > 2 else [label, parts[0]]
+    if len(parts) <= 2:
+        return [label, parts[0]]
+    middle = [" · ".join([parts[0], *parts[2:]])] if len(parts) > 3 else []
+    return [label, *middle, f"{parts[0]} · {parts[-1]}", parts[0]]
 
 
 def _symbol(kind: str, x: float, y: float, hollow: bool = False) -> str:  # noqa: PLR0911 - one return per shape
@@ -240,7 +245,7 @@ LEGEND = [
     ("round (rendezvous)", COLORS["round"], "rect"), ("attempt succeeded", COLORS["succeeded"], "rect"),
     ("failed", COLORS["failed"], "rect"), ("stopped", COLORS["stopped"], "rect"), ("stalled", COLORS["stalled"], "rect"),
     ("start-up: rendezvous", COLORS["rendezvous"], "rect"), ("spawn", COLORS["spawn"], "rect"),
-    ("workers up", COLORS["workers"], "rect"),
+    ("workers up", COLORS["workers"], "rect"), ("preload import", COLORS["import"], "rect"),
     ("failure", MARK_COLORS["failure"], "circle"), ("restart", MARK_COLORS["restart"], "circle"),
     ("stall", MARK_COLORS["stall"], "tri"), ("straggler", MARK_COLORS["straggler"], "diamond"),
     ("node lost", MARK_COLORS["node.lost"], "rect"),
