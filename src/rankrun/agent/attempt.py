@@ -165,7 +165,8 @@ async def run_attempt(  # noqa: PLR0917 - the attempt's inputs, each from a diff
                         relays.append(_relay(handle.terminal_fd, workers, deps))
                     workers.append(_pumped(spec, layout, who, error_file, handle, group=group, activity=watch.activity))
                 watch.started(workers)
-                preload.told(deps, plan.attempt, workers)
+                if (how := preload.told(deps, plan.attempt, workers)) is not None:
+                    watch.preloaded(*how)
                 outcome = await supervise([w.handle for w in workers], stops.next, spec.restart.shutdown_timeout,
                                           deps.clock.wall, _group_end(moved_on, watch.stalled))
             finally:

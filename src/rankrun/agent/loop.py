@@ -102,6 +102,8 @@ async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
                      observers: JobObservers) -> Outcome:
     """The job's rounds, with ``--preload``'s process (``agent.preload``) around them, started first."""
     held: asyncio.Server | None = None
+    if not spec.multi_node:  # job.start at the job's start, the import included (several nodes: once the session is open)
+        await observers.begin(spec.local_addr or LOCAL_ADDRESS)
     async with preloading(spec, deps, worker_argv(spec.worker.entry, 0)):
         try:
             if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
@@ -111,7 +113,6 @@ async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
                 from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
 
                 return await run_multinode(spec, deps, stops, logs, begin=observers.begin)
-            await observers.begin(spec.local_addr or LOCAL_ADDRESS)
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
             return await _attempts(spec, deps, stops, logs, single_node(spec, port))
         finally:

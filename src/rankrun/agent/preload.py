@@ -41,6 +41,7 @@ class PreloadNews:
     def __init__(self, modules: str) -> None:
         self.modules = modules
         self.unsaid: list[Preload] = []
+        self.ready: Preload | None = None  # the import, once it went well
 
 
 @contextlib.asynccontextmanager
@@ -74,7 +75,8 @@ async def preloading(spec: LaunchSpec, deps: AgentDeps, argv: Sequence[str]) -> 
             deps.console.say(f"--preload {names}: {ready.unsafe}; starting this node's workers cold")
             news.unsaid.append(Preload(names, ready.seconds, "unsafe", ready.unsafe))
         else:
-            news.unsaid.append(Preload(names, ready.seconds, "ready"))
+            news.ready = Preload(names, ready.seconds, "ready")
+            news.unsaid.append(news.ready)
         deps.preload_news = news
         yield news
     finally:
@@ -98,12 +100,13 @@ def warm(attempt: int, workers: Sequence[Started]) -> Warm:
                 times[(len(times) - 1) // 2] if times else None, times[-1] if times else None)
 
 
-def told(deps: AgentDeps, attempt: int, workers: Sequence[Started]) -> None:
-    """Emit the ``preload`` events not emitted yet, then the attempt's ``warm`` (nothing without ``--preload``)."""
+def told(deps: AgentDeps, attempt: int, workers: Sequence[Started]) -> tuple[Warm, Preload | None] | None:
+    """Emit the ``preload`` events not emitted yet, then the attempt's ``warm``; returns it with the node's import,
+    for the start-up line (``None`` without ``--preload``)."""
     news = deps.preload_news
     if news is None:
-        return
+        return None
     for record in news.unsaid:
         deps.events.emit(record)
     news.unsaid.clear()
-    deps.events.emit(warm(attempt, workers))
+    return deps.events.emit(warm(attempt, workers)), news.ready

@@ -140,6 +140,7 @@ class StartupWatch:
         self._ranks = 0
         self._task: asyncio.Task[None] | None = None
         self._done = False
+        self.how: tuple[Warm | None, Preload | None] = (None, None)  # --preload: how the workers started (the line's)
 
     def spawning(self) -> None:
         if self._begin is None:
@@ -193,4 +194,4 @@ class StartupWatch:
         script = self._script if self._python else {}
         fact = self._events.emit(summary(self._attempt, self._rendezvous, self._spawn, script, store))
         if say:
-            self._say(line(fact))
+            self._say(line(fact, *self.how))

@@ -36,7 +36,7 @@ from rankrun.agent.env import WorkerIdentity
 from rankrun.agent.facts import workers_outcome
 from rankrun.agent.startup import StartupWatch
 from rankrun.errors import StoreUnavailable
-from rankrun.events.records import WorkersEnd, WorkersStart
+from rankrun.events.records import Preload, Warm, WorkersEnd, WorkersStart
 from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.layout import RunLogs
@@ -117,6 +117,11 @@ class AttemptWatch:
                 job=self._on_demand.job, recorder=self._recorder, events=self._events))
         if spec.straggler.window > 0 and self._python and self._attempt_dir is not None:
             self._straggling = asyncio.ensure_future(self._straggler_watch(workers, targets).run())
+
+    def preloaded(self, warm: Warm, preload: Preload | None) -> None:
+        """Under ``--preload``: how the workers started (``warm``) and the node's one import (``preload``), for the
+        start-up line."""
+        self._startup.how = (warm, preload)
 
     def _straggler_watch(self, workers: Sequence[StartedWorker], targets: Sequence[Target]) -> StragglerWatch:
         """``--straggler-window``: one node judges its windows itself; several send them to the host (the round's

@@ -10,6 +10,7 @@ socket. A forked worker returns out of ``serve`` and becomes the cold worker her
 interpreter's own: ``SystemExit``'s code, atexit, non-daemon threads joined.
 """
 
+import os
 import sys
 import time
 
@@ -29,14 +30,19 @@ def _main() -> None:
             from rankrun.preload import server  # noqa: PLC0415 - after the user's modules, always
 
             server.failed(control, name, exc)
-            return
+            sys.stderr.flush()
+            os._exit(0)  # the same: the launcher says the import's last line
     seconds = time.monotonic() - began
     loaded = frozenset(sys.modules)
     from rankrun.preload import server  # noqa: PLC0415 - after the user's modules: see the docstring
 
     forked = server.serve(control, seconds)
-    if forked is None:
-        return  # the launcher closed the socket: the job is over on this node
+    if forked is None:  # the launcher closed the socket: the job is over on this node
+        # Leave without the interpreter's finalization (a torch-loaded one takes a second here): nothing of the
+        # user's ran in this process, and the exit handlers its imports registered run in every worker.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     from rankrun.preload import child  # noqa: PLC0415
 
     child.run(forked, _BASE, loaded)
