@@ -13,18 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.env import WorkerIdentity, preload_env
 from rankrun.errors import UsageError
-from rankrun.events.records import Preload, Warm
+from rankrun.events.records import Preload, PreloadState, Warm
 from rankrun.logs.pump import Route, pump
+from rankrun.proc.signals import StopStream
 from rankrun.proc.spawn import WorkerHandle
 from rankrun.ranges import range_string
 from rankrun.spec import LaunchSpec
 
+if TYPE_CHECKING:
+    from rankrun.proc.preload import Preloader, Ready
+
 PREFIX = b"[preload] "
+OUTPUT_DRAIN = 5.0  # seconds the preloading process's last output may take to arrive once it is gone
 
 
 class Started(Protocol):
@@ -45,50 +50,73 @@ class PreloadNews:
 
 
 @contextlib.asynccontextmanager
-async def preloading(spec: LaunchSpec, deps: AgentDeps, argv: Sequence[str]) -> AsyncIterator[PreloadNews | None]:
-    """The preloading process for the job's length (``None``: no ``--preload``); ``argv``: the first worker's cold
-    command line (``agent.attempt.worker_argv``)."""
+async def preloading(spec: LaunchSpec, deps: AgentDeps, argv: Sequence[str],
+                     stops: StopStream) -> AsyncIterator[PreloadNews | None]:
+    """The preloading process for the job's length (``None``: no ``--preload``, or a stop came during the import: it
+    is left pending for the job, which stops as before any worker); ``argv``: the first worker's cold command line
+    (``agent.attempt.worker_argv``)."""
     preloader = deps.preloader
     if preloader is None or not spec.worker.preload:
         yield None
         return
-    names = ",".join(spec.worker.preload)
-    news = PreloadNews(names)
-    entry = spec.worker.entry
-
-    def changed(state: str, why: str) -> None:
-        deps.console.say(f"--preload {names}: {why}; starting this node's workers cold")
-        news.unsaid.append(Preload(names, 0.0, "ended" if state == "ended" else "unsafe", why))
-
-    preloader.on_change = changed
+    news = PreloadNews(",".join(spec.worker.preload))
+    preloader.on_change = lambda state, why: _changed(deps, news, "ended" if state == "ended" else "unsafe", why)
     output: asyncio.Task[None] | None = None
     try:
-        ready = await preloader.start(spec.worker.preload, entry.python, preload_env(spec.base_env, spec.worker.nproc),
-                                      argv)
-        if preloader.handle is not None:
-            route = Route(deps.console.source(deps.console.stderr_fd, PREFIX))
-            output = asyncio.ensure_future(pump(preloader.handle.stdout, route))
+        handle = await preloader.start(spec.worker.preload, spec.worker.entry.python,
+                                       preload_env(spec.base_env, spec.worker.nproc), argv)
+        output = asyncio.ensure_future(pump(handle.stdout, Route(deps.console.source(deps.console.stderr_fd, PREFIX))))
+        ready = await _ready(preloader, stops)
+        if ready is None:
+            yield None
+            return
         if ready.error is not None:
             module, line = ready.error
             raise UsageError("--preload", module, f"cannot be imported: {line}")
         if ready.unsafe is not None:
-            deps.console.say(f"--preload {names}: {ready.unsafe}; starting this node's workers cold")
-            news.unsaid.append(Preload(names, ready.seconds, "unsafe", ready.unsafe))
+            _changed(deps, news, "unsafe", ready.unsafe, ready.seconds)
         else:
-            news.ready = Preload(names, ready.seconds, "ready")
+            news.ready = Preload(news.modules, ready.seconds, "ready")
             news.unsaid.append(news.ready)
         deps.preload_news = news
         yield news
     finally:
         deps.preload_news = None
-        await preloader.close()
-        if output is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(output, 5.0)
-        if preloader.handle is not None:
-            preloader.handle.close()
-            if deps.watchdog is not None:
-                deps.watchdog.unregister(preloader.handle.pid)
+        await _closed(preloader, deps, output)
+
+
+def _changed(deps: AgentDeps, news: PreloadNews, state: PreloadState, why: str, seconds: float = 0.0) -> None:
+    """The node's workers start cold from now on: one line, and its event (emitted with the next attempt's)."""
+    deps.console.say(f"--preload {news.modules}: {why}; starting this node's workers cold")
+    news.unsaid.append(Preload(news.modules, seconds, state, why))
+
+
+async def _ready(preloader: Preloader, stops: StopStream) -> Ready | None:
+    """How the import went; ``None`` when a stop came first (the process is killed, the stop left pending)."""
+    ready = asyncio.ensure_future(preloader.ready())
+    stop = asyncio.ensure_future(stops.arrived())
+    try:
+        await asyncio.wait({ready, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not ready.done():
+            ready.cancel()
+            preloader.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ready
+    return None if ready.cancelled() else ready.result()
+
+
+async def _closed(preloader: Preloader, deps: AgentDeps, output: asyncio.Task[None] | None) -> None:
+    """The process gone and reaped, its last output delivered (bounded), the watchdog told."""
+    await preloader.close()
+    if output is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(output, OUTPUT_DRAIN)
+    if preloader.handle is not None:
+        preloader.handle.close()
+        if deps.watchdog is not None:
+            deps.watchdog.unregister(preloader.handle.pid)
 
 
 def warm(attempt: int, workers: Sequence[Started]) -> Warm:

@@ -66,8 +66,9 @@ class Preloader:
     def pid(self) -> int | None:
         return self.handle.pid if self.handle is not None else None
 
-    async def start(self, modules: Sequence[str], python: str, env: Mapping[str, str], argv: Sequence[str]) -> Ready:
-        """Start the process and wait until it has imported ``modules`` (or failed to). ``argv``: the first worker's
+    async def start(self, modules: Sequence[str], python: str, env: Mapping[str, str],
+                    argv: Sequence[str]) -> WorkerHandle:
+        """Start the process, which imports ``modules`` (``ready`` tells how it went). ``argv``: the first worker's
         cold command line (its interpreter, ``sys.path[0]`` and ``sys.argv`` are the process's too)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for sock in (ours, theirs):
@@ -86,6 +87,10 @@ class Preloader:
         self._sock = ours
         ours.setblocking(False)
         asyncio.get_running_loop().add_reader(ours.fileno(), self._readable)
+        return self.handle
+
+    async def ready(self) -> Ready:
+        """Once the process has imported the modules, or failed to."""
         kind, body = await self._replies.get()
         if kind == "error":
             return Ready(error=(str(body.get("module", "")), str(body.get("line", ""))))
@@ -191,6 +196,12 @@ class Preloader:
             return "the preloading process stopped answering"
         how = f"exit code {status}" if status >= 0 else f"signal {signal.Signals(-status).name}"
         return f"the preloading process ended ({how})"
+
+    def stop(self) -> None:
+        """Kill the process now (a stop came while it imports): ``close`` then reaps it at once."""
+        self.usable = False
+        if self.handle is not None:
+            self.handle.signal_group(signal.SIGKILL)
 
     async def close(self) -> None:
         """Close the socket (the process leaves), wait for it (bounded: then SIGKILL), and reap it."""
