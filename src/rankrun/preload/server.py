@@ -8,6 +8,12 @@ waits for it, signals it by pidfd and reads its exact exit status as a cold work
 takes no running worker with it. (The standard library's forkserver stays the parent and reports exit statuses over
 its socket instead: the launcher could not ``waitpid``, and the server's death would end every worker.)
 
+After the imports, everything they made is frozen out of the garbage collector's sight (``gc.freeze``, after one
+collection): a worker's collections then never write to those objects' pages, so the workers keep sharing them with
+this process (measured: 4 workers' unique memory after ``import torch`` and a collection, 168 MiB without, 23 MiB with;
+cold, 570 MiB). What was frozen is never collected, in the workers either, as CPython's documentation advises for a
+process that forks.
+
 Right after the imports, one throwaway fork lets every library's at-fork handler run once: a thread pool that takes
 itself down at a fork (OpenBLAS's, which ``import numpy`` starts) is gone, so the safety check can demand one thread.
 """
@@ -15,6 +21,7 @@ itself down at a fork (OpenBLAS's, which ``import numpy`` starts) is gone, so th
 from __future__ import annotations
 
 import ctypes
+import gc
 import fcntl  # noqa: F401 - loaded here, before any fork: the child takes its terminal with it
 import os
 import socket
@@ -40,6 +47,8 @@ def serve(control: int, seconds: float) -> Forked | None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     _throwaway()
+    gc.collect()
+    gc.freeze()  # what the imports made, out of the collector's sight: a worker's collections never write to its pages
     why = safety.verdict(safety.facts(control))
     if why is not None:
         sock.send(wire.encode("unsafe", {"why": why, "seconds": seconds}))
