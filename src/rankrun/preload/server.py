@@ -21,8 +21,8 @@ itself down at a fork (OpenBLAS's, which ``import numpy`` starts) is gone, so th
 from __future__ import annotations
 
 import ctypes
-import gc
 import fcntl  # noqa: F401 - loaded here, before any fork: the child takes its terminal with it
+import gc
 import os
 import socket
 import termios  # noqa: F401 - the same
