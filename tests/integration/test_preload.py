@@ -23,7 +23,13 @@ import marked
 with open(os.path.join(os.environ["TEST_PID_DIR"], f"w{os.getpid()}"), "w") as f:
     f.write(str(os.getpid()))
 print("rank", os.environ["RANK"], "attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], "pid", os.getpid(), flush=True)
+open(os.path.join(os.environ["TEST_PID_DIR"], f"r{os.environ['RANK']}a{os.environ['TORCHELASTIC_RESTART_COUNT']}"),
+     "w").close()
 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(os.environ["TEST_PID_DIR"], "r0a0")) and time.monotonic() < deadline:
+        time.sleep(0.01)  # rank 0 has imported and said its pid before this one fails (bounded)
     sys.exit(3)
 """
 
