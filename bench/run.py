@@ -40,6 +40,7 @@ import startup_bench
 import store_bench
 import store_storm
 import straggler_bench
+import warm_bench
 from harness import (
     DIRECT,
     PYTHON,
@@ -58,7 +59,7 @@ from harness import (
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe",
-           "health", "netcheck", "straggler", "store_scale")
+           "health", "netcheck", "straggler", "store_scale", "warm")
 
 
 @dataclass(frozen=True)
@@ -85,18 +86,21 @@ class Plan:
     straggler_reps: int  # rotations of torchrun / the watch off / on, a 30 s balanced 8-rank gloo loop each
     straggler_detect_reps: int  # runs with one rank slowed, timed to the straggler's line
     store_scale_reps: int  # runs per size (1,024 / 4,096 / 16,384 clients) of each workers' store server
+    warm_reps: int  # rotations of rankrun cold / --preload torch / torchrun, each size of warm_sizes but 32
+    warm_reps_32: int  # the same at 32 ranks (32 cold interpreters importing torch: about 2 minutes a rotation on 2 cores)
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
+    warm_sizes: tuple[int, ...] = (2, 8, 32)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
             rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
             health_reps=21, hole_reps=3, gate_scale_reps=5, netcheck_reps=21, netcheck_round_reps=5, netcheck_real_reps=5,
-            straggler_reps=3, straggler_detect_reps=2, store_scale_reps=3)
+            straggler_reps=3, straggler_detect_reps=2, store_scale_reps=3, warm_reps=5, warm_reps_32=2)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
              rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
              health_reps=5, hole_reps=1, gate_scale_reps=2, netcheck_reps=5, netcheck_round_reps=2, netcheck_real_reps=2,
-             straggler_reps=1, straggler_detect_reps=1, store_scale_reps=1)
+             straggler_reps=1, straggler_detect_reps=1, store_scale_reps=1, warm_reps=2, warm_reps_32=0, warm_sizes=(2, 8))
 
 
 @dataclass
@@ -240,9 +244,15 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         relayed = relay_storm.run_reps(plan.store_scale_reps)  # 25,000 ranks: past this machine's hard limit
         return store_storm.rows(r) + relay_storm.rows(relayed), store_storm.details(r) + relay_storm.details(relayed)
 
+    def warm() -> tuple[list[Row], list[str]]:
+        reps = {n: plan.warm_reps_32 if n >= 32 else plan.warm_reps for n in plan.warm_sizes}
+        r = warm_bench.run({n: count for n, count in reps.items() if count})
+        return warm_bench.rows(r), warm_bench.details(r)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
-            "observe": observe, "health": health, "netcheck": netcheck, "straggler": straggler, "store_scale": store_scale}
+            "observe": observe, "health": health, "netcheck": netcheck, "straggler": straggler, "store_scale": store_scale,
+            "warm": warm}
 
 
 def warm_up() -> None:
@@ -345,7 +355,9 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"observe {plan.observe_reps} (its 512-rank failure {plan.observe_fail_reps}), health {plan.health_reps} "
         f"(its black hole {plan.hole_reps}, its 512 simulated nodes {plan.gate_scale_reps}), netcheck {plan.netcheck_reps} "
         f"(512 simulated nodes {plan.netcheck_round_reps}, 8 agents in namespaces {plan.netcheck_real_reps}), "
-        f"straggler {plan.straggler_reps} (detection {plan.straggler_detect_reps}), store scale {plan.store_scale_reps}",
+        f"straggler {plan.straggler_reps} (detection {plan.straggler_detect_reps}), store scale {plan.store_scale_reps}, "
+        f"warm {plan.warm_reps} (" + ", ".join(f"N={n}" for n in plan.warm_sizes if n < 32)
+        + (f"; N=32 {plan.warm_reps_32}" if 32 in plan.warm_sizes else "") + ")",
         "",
         "## Summary (medians)",
         "",
