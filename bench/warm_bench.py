@@ -12,9 +12,12 @@ interleaved in rotating order. One job gives every figure:
 - **the launcher's own cost**: its CPU (``utime + stime`` of its own pid, workers excluded) up to that moment and at
   its exit, its VmRSS then and its VmHWM over the whole job, and whether its ``/proc/<pid>/maps`` holds libtorch.
 - **restart**: the harness then lets one rank fail (it writes ``time.time()`` right before ``os._exit(1)``); the time
-  from that failure to the last rank of attempt 1 past ``init_process_group``, split into the failure → the last rank
-  entering ``init_process_group`` (the launcher's part and the worker's start-up) and the process group's own
-  set-up (the last rank entering → the last rank past it).
+  from that failure to the last rank of attempt 1 past ``init_process_group``, and its steps: attempt 0's workers all
+  gone (the harness polls their ``/proc/<pid>/stat`` while it waits), the first and the last rank of attempt 1
+  entering ``init_process_group`` (the launcher's part and the workers' start-up), and the process group's own set-up
+  (the last rank entering → the last rank past it).
+
+torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: without it its restart fails (see ``EXTRA_ENV``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,8 +70,6 @@ TORCH = Launcher("torchrun", "torchrun", TORCHRUN.argv, ("--standalone", "--max-
 # reused by every attempt, still holds the previous attempt's keys (shared/reference/torchrun.md §6.3.4, pytorch#135712).
 # This setting is its workaround: rank 0 of each attempt hosts a fresh store.
 EXTRA_ENV = {TORCH.key: {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}}
-KEYS = ("first_start", "restart", "restart_enter", "pg_setup", "uss_workers", "pss_workers", "pss_helpers", "pss_all",
-        "launcher_cpu_first", "launcher_cpu_job", "launcher_rss_first", "launcher_hwm")
 TARGET_RESTART_MS = 100.0  # on top of the process group's own set-up
 TARGET_SPEEDUP = 10.0
 TARGET_FIRST_START_MS = 100.0  # on top of one `import torch`
@@ -183,7 +184,7 @@ def _memory(pids: Sequence[int]) -> tuple[int, int]:
 
 @dataclass
 class Job:
-    """What one job measured: ``values`` in ms or MB (see ``KEYS``), whether its launcher mapped libtorch."""
+    """What one job measured: ``values`` in ms or MB (see ``_LABELS``), whether its launcher mapped libtorch."""
 
     values: dict[str, float]
     launcher_torch: bool
@@ -212,8 +213,14 @@ def measure(launcher: Launcher, nproc: int) -> Job:
 
 
 def _all_past_init(proc: subprocess.Popen[bytes], folder: Path, attempt: int, nproc: int, *, timeout: float,
-                   what: str) -> list[tuple[float, float, int]]:
-    wait_until(lambda: proc.poll() is not None or len(stamps(folder, attempt)) >= nproc, timeout, what)
+                   what: str, meanwhile: Callable[[], object] = lambda: None) -> list[tuple[float, float, int]]:
+    """Wait for every rank of ``attempt`` past init (calling ``meanwhile`` at each look); their stamps."""
+
+    def done() -> bool:
+        meanwhile()
+        return proc.poll() is not None or len(stamps(folder, attempt)) >= nproc
+
+    wait_until(done, timeout, what)
     found = stamps(folder, attempt)
     if len(found) < nproc:
         raise BenchError(f"launcher exited {proc.returncode} with {len(found)} of {nproc} ranks past init ({what})")
@@ -239,21 +246,37 @@ def _observe(proc: subprocess.Popen[bytes], tmp: Path, nproc: int, *, t0: float,
         "launcher_rss_first": (status_kib(proc.pid, "VmRSS") or 0) / 1024,
     }
     launcher_torch = maps_torch(_read(f"/proc/{proc.pid}/maps") or "")
-    (tmp / "fail").touch()
-    wait_until(lambda: (tmp / "fail_ts").exists() or proc.poll() is not None, 60, "the failing rank")
-    if not (tmp / "fail_ts").exists():
-        raise BenchError(f"launcher exited {proc.returncode} before the failure")
-    again = _all_past_init(proc, tmp / "init", 1, nproc, timeout=timeout, what="attempt 1 past init_process_group")
-    identity |= _identity([pid for _, _, pid in again])
-    fail_ts = float((tmp / "fail_ts").read_text())
-    last_entered, last_done = max(e for e, _, _ in again), max(d for _, d, _ in again)
-    out |= {"restart": (last_done - fail_ts) * 1000, "restart_enter": (last_entered - fail_ts) * 1000,
-            "pg_setup": (last_done - last_entered) * 1000}
+    restart, again = _restart(proc, tmp, workers, timeout=timeout)
+    identity |= _identity(again)
+    out |= restart
     hwm, cpu_ticks, rc = _until_exit(proc, timeout)
     if rc != 0:
         raise BenchError(f"launcher exited {rc} (expected 0 after the restart)")
     out |= {"launcher_hwm": hwm / 1024, "launcher_cpu_job": cpu_ticks * 1000 / tick}
     return Job(out, launcher_torch)
+
+
+def _restart(proc: subprocess.Popen[bytes], tmp: Path, workers: Sequence[int], *,
+             timeout: float) -> tuple[dict[str, float], list[int]]:
+    """Let rank FAIL_RANK fail; ms from its failure to each step of the restart, and the pids of attempt 1."""
+    (tmp / "fail").touch()
+    wait_until(lambda: (tmp / "fail_ts").exists() or proc.poll() is not None, 60, "the failing rank")
+    if not (tmp / "fail_ts").exists():
+        raise BenchError(f"launcher exited {proc.returncode} before the failure")
+    gone: list[float] = []
+
+    def note_gone() -> None:  # attempt 0's workers all gone (exited or zombies), checked at each look for attempt 1
+        if not gone and not any(alive(p) for p in workers):
+            gone.append(time.time())
+
+    again = _all_past_init(proc, tmp / "init", 1, len(workers), timeout=timeout, what="attempt 1 past init_process_group",
+                           meanwhile=note_gone)
+    fail_ts = float((tmp / "fail_ts").read_text())
+    entered, done = [e for e, _, _ in again], [d for _, d, _ in again]
+    ms = {"restart": max(done) - fail_ts, "restart_gone": (gone[0] if gone else math.nan) - fail_ts,
+          "restart_first": min(entered) - fail_ts, "restart_enter": max(entered) - fail_ts,
+          "pg_setup": max(done) - max(entered)}
+    return {k: v * 1000 for k, v in ms.items()}, [pid for _, _, pid in again]
 
 
 def _until_exit(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, int, int]:
@@ -393,8 +416,10 @@ def rows(result: Result) -> list[Row]:
 _LABELS = {
     "first_start": "launch → every rank past init (ms)",
     "restart": "failure → every rank of attempt 1 past init (ms)",
-    "restart_enter": "  of which failure → the last rank enters init (ms)",
-    "pg_setup": "  of which the process group's set-up: last rank enters → last past (ms)",
+    "restart_gone": "  failure → attempt 0's workers all gone (ms)",
+    "restart_first": "  failure → the first rank of attempt 1 enters init (ms)",
+    "restart_enter": "  failure → the last rank of attempt 1 enters init (ms)",
+    "pg_setup": "  the process group's own set-up: the last rank enters init → the last past it (ms)",
     "uss_workers": "workers' USS, summed (MB)",
     "pss_workers": "workers' PSS, summed (MB)",
     "pss_helpers": "helpers' PSS, summed: watchdog, preloading process (MB)",
