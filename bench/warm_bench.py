@@ -377,9 +377,9 @@ def run(reps: dict[int, int]) -> Result:
 def _row(result: Result, key: str, n: int, metric: str, unit: str, *, target: Target | None = None,
          decimals: int = 0) -> Row:
     """rankrun's column is the warm one, the baseline the cold one: *vs base* is warm ÷ cold."""
-    return Row(metric, unit, rankrun=result.median(key, n, WARM.key), torchrun=result.median(key, n, TORCH.key),
-               baseline=result.median(key, n, COLD.key), baseline_label="rankrun cold", target=target if result.preload
-               else None, decimals=decimals)
+    return Row(f"warm (--preload torch): {metric}", unit, rankrun=result.median(key, n, WARM.key),
+               torchrun=result.median(key, n, TORCH.key), baseline=result.median(key, n, COLD.key),
+               baseline_label="rankrun cold", target=target if result.preload else None, decimals=decimals)
 
 
 def rows(result: Result) -> list[Row]:
@@ -392,7 +392,7 @@ def rows(result: Result) -> list[Row]:
                             f"≥ {TARGET_SPEEDUP:.0f}x faster than cold",
                             lambda r: r.rankrun <= TARGET_RESTART_MS + setup
                             and r.baseline is not None and r.rankrun * TARGET_SPEEDUP <= r.baseline)
-        out.append(_row(result, "restart", n, f"warm: restart, failure → every rank of attempt 1 past init_process_group "
+        out.append(_row(result, "restart", n, f"restart, failure → every rank of attempt 1 past init_process_group "
                         f"(N={n}, gloo)", "ms", target=target))
     n = HEADLINE_N
     if n not in result.reps:
@@ -400,14 +400,14 @@ def rows(result: Result) -> list[Row]:
     torch_ms = statistics.median(result.import_torch) if result.import_torch else float("nan")
     torch_free = not any(result.launcher_torch.get(WARM.key, [True]))
     out += [
-        _row(result, "first_start", n, f"warm: first start, launch → every rank past init_process_group (N={n})", "ms",
+        _row(result, "first_start", n, f"first start, launch → every rank past init_process_group (N={n})", "ms",
              target=Target(f"--preload ≤ one import torch ({torch_ms:.0f} ms) + {TARGET_FIRST_START_MS:.0f} ms",
                     lambda r: r.rankrun <= torch_ms + TARGET_FIRST_START_MS)),
-        _row(result, "uss_workers", n, f"warm: workers' total USS after import torch + init (N={n})", "MB"),
-        _row(result, "pss_workers", n, f"warm: workers' total PSS after import torch + init (N={n})", "MB"),
-        _row(result, "pss_all", n, f"warm: PSS of every process of the job: launcher, helpers, workers (N={n})", "MB"),
-        _row(result, "launcher_cpu_first", n, f"warm: the launcher's own CPU, launch → every rank past init (N={n})", "ms"),
-        _row(result, "launcher_hwm", n, f"warm: the launcher's peak RSS (VmHWM), whole job with its restart (N={n})", "MB",
+        _row(result, "uss_workers", n, f"workers' total USS after import torch + init (N={n})", "MB"),
+        _row(result, "pss_workers", n, f"workers' total PSS after import torch + init (N={n})", "MB"),
+        _row(result, "pss_all", n, f"PSS of every process of the job: launcher, helpers, workers (N={n})", "MB"),
+        _row(result, "launcher_cpu_first", n, f"the launcher's own CPU, launch → every rank past init (N={n})", "ms"),
+        _row(result, "launcher_hwm", n, f"the launcher's peak RSS (VmHWM), whole job with its restart (N={n})", "MB",
              target=Target("--preload: the launcher maps no libtorch", lambda _r: torch_free), decimals=1),
     ]
     return out
