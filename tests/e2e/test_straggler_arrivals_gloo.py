@@ -22,11 +22,11 @@ STEPS = 20
 SLOW_S = 0.2  # rank 1's sleep before each all_reduce: rank 0 waits in it, and enters the next one at once
 
 
-def _job(tmp_path: Path, window: str, steps: int = STEPS) -> tuple[Path, str]:
+def _job(tmp_path: Path, window: str, steps: int = STEPS, preload: tuple[str, ...] = ()) -> tuple[Path, str]:
     logs = tmp_path / f"logs_{window}"
     env = clean_environ() | {"SLOW_RANK": "1", "SLOW_S": str(SLOW_S), "STEPS": str(steps),
                             "ARRIVALS_WAIT": "0" if window == "0" else "20"}  # bounded: up to 20 s for the last dump
-    done = run_cli("--standalone", "--nproc-per-node", "2", "--straggler-window", window, "--log-dir", str(logs),
+    done = run_cli("--standalone", "--nproc-per-node", "2", "--straggler-window", window, "--log-dir", str(logs), *preload,
                    payload("gloo_straggler.py"), env=env, cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stderr
     assert sorted(line for line in done.stdout.splitlines() if line.startswith("[default")) == [
@@ -35,8 +35,9 @@ def _job(tmp_path: Path, window: str, steps: int = STEPS) -> tuple[Path, str]:
     return attempt, done.stderr
 
 
-def test_each_rank_writes_its_arrivals_and_the_slow_rank_enters_each_collective_later(tmp_path):
-    attempt, _ = _job(tmp_path, "6")  # a dump a second
+@pytest.mark.parametrize("preload", [(), ("--preload", "torch")], ids=["cold", "forked"])  # a forked worker's shim too
+def test_each_rank_writes_its_arrivals_and_the_slow_rank_enters_each_collective_later(tmp_path, preload):
+    attempt, _ = _job(tmp_path, "6", preload=preload)  # a dump a second
     times = {}
     for rank in (0, 1):
         arrivals, _ = read_new(attempt / "straggler" / f"rank_{rank}.fr", 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import signal
 
+import pytest
+
 from conftest import clean_environ, payload
 
 STALLED = r"rankrun: job \S+ stalled: "
@@ -43,9 +45,10 @@ def test_the_odd_rank_is_shown_first_and_the_job_keeps_running(launch, tmp_path)
     assert sum(1 for err_line in run.err if re.search(STALLED, err_line)) == 1  # the same stacks are reported once
 
 
-def test_a_rank_holding_the_gil_in_a_regex_is_shown_in_it(launch):
+@pytest.mark.parametrize("preload", [(), ("--preload", "re")], ids=["cold", "forked"])  # the shim of a forked worker
+def test_a_rank_holding_the_gil_in_a_regex_is_shown_in_it(launch, preload):
     env = clean_environ() | {"PAYLOAD_STALL": "regex"}
-    run = launch("--nproc-per-node", "2", "--hang-timeout", "1", payload("stall.py"), env=env)
+    run = launch("--nproc-per-node", "2", "--hang-timeout", "1", *preload, payload("stall.py"), env=env)
     (line,) = run.wait_for(STALLED, timeout=30)
     run.wait_for(r"re/__init__\.py:\d+ in match$")  # the last group's innermost frame
     text = "\n".join(_report(run, line))
