@@ -92,13 +92,20 @@ def _visible_device(parent: str | None, local_rank: int) -> str:
     return str(local_rank)
 
 
+# What worker_env gives one worker of one attempt (or takes away from it): never the preloading process's, not even a
+# value inherited from a launcher that started this one (its worker's RANK is no worker's of this job).
+_ONE_WORKERS = frozenset({
+    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "RANKRUN_REPORT_JSON"})
+
+
 def preload_env(base: Mapping[str, str], local_world_size: int) -> dict[str, str]:
     """The preloading process's environment (``--preload``): what every worker of every attempt has alike, so that a
     module reads at import what a worker would, and nothing of one rank's or one attempt's (each forked worker gets
     its whole ``worker_env`` with its request). ``OMP_NUM_THREADS`` is read when OpenMP loads, at the import."""
-    env = dict(base)
-    env.pop("TORCHELASTIC_ERROR_FILE", None)
-    env.pop("RANKRUN_REPORT_JSON", None)
+    env = {key: value for key, value in base.items() if key not in _ONE_WORKERS}  # an outer launcher's too
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if "OMP_NUM_THREADS" not in base and local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
