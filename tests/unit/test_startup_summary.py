@@ -59,6 +59,8 @@ def test_the_console_line_counts_the_forked_and_the_cold_when_some_started_cold(
     two = Preload(modules="torch,numpy", seconds=12.5, state="ready")
     assert how_started(Warm(1, "0,2-3,8-11", "1,4-7", 0.004, 0.006), two) == \
         " (7 forked, 5 cold; torch, numpy imported once in 12.5 s)"
+    assert how_started(Warm(1, "0", "", 0.004, 0.004), Preload(modules=" ,", seconds=0.5, state="ready")) == \
+        " (forked; the modules imported once in 0.5 s)"  # no name to give (--preload always has one)
 
 
 def test_the_console_line_of_a_cold_start_is_unchanged():
