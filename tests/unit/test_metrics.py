@@ -373,18 +373,25 @@ def test_without_preload_every_worker_started_is_an_exec_and_there_is_no_import(
 
 def test_with_preload_the_warm_events_tell_forked_from_exec_and_the_import_is_a_gauge() -> None:
     events = job(8)
-    m = fold([events[0], events[1], preload(), events[2]])
+    m = fold([events[0], events[1], events[2], preload()])  # as the launcher emits them: the preload with attempt 0
     assert value(m, "rankrun_preload_import_seconds") == 2.31
-    assert starts(m) == {"forked": 0, "exec": 0}  # its warm event says how they started
-    fold([warm(0, "0-7"), *events[3:]], m)
-    assert starts(m) == {"forked": 8, "exec": 0}
-    m.on_event(warm(1, "0-2,5", "3-4,6-7"))  # the restart's: four forked, four cold
+    fold([warm(0, "0-7"), *events[3:]], m)  # the restart's workers.start: 8 more, until its warm event
+    assert starts(m) == {"forked": 8, "exec": 8}
+    m.on_event(warm(1, "0-2,5", "3-4,6-7"))  # four of them forked, four cold
     assert starts(m) == {"forked": 12, "exec": 4}
-    m.on_event(preload("unsafe", why="a preloaded module left a thread running"))
     m.on_event(event("workers.start", attempt=2, ranks="0-7", pids=list(range(8))))
+    m.on_event(preload("unsafe", why="a preloaded module left a thread running"))
     m.on_event(warm(2, "", "0-7"))  # cold from now on
     assert starts(m) == {"forked": 12, "exec": 12}
     assert value(m, "rankrun_preload_import_seconds") == 2.31  # the import took what it took
+
+
+@pytest.mark.parametrize("preload_first", [True, False])
+def test_the_starts_are_the_same_whether_the_preload_event_comes_before_the_workers_or_after(preload_first: bool) -> None:
+    started = event("workers.start", attempt=0, ranks="0-3,8-11", pids=list(range(8)))
+    m = fold([preload(), started] if preload_first else [started, preload()])
+    m.on_event(warm(0, "0-2,8-11", "3"))
+    assert starts(m) == {"forked": 7, "exec": 1}
 
 
 def test_a_preloading_process_that_never_got_ready_has_no_import_time() -> None:
@@ -393,16 +400,15 @@ def test_a_preloading_process_that_never_got_ready_has_no_import_time() -> None:
     assert starts(m) == {"forked": 0, "exec": 8}
 
 
-def test_an_attempt_counted_before_the_preload_came_is_not_counted_again() -> None:
-    events = job(8)
-    m = fold([*events[:3], preload(), warm(0, "0-7")])  # workers.start counted them: a preload came only after
+def test_a_warm_event_moves_only_what_its_own_workers_start_counted_and_once() -> None:
+    m = fold([event("workers.start", attempt=0, ranks="0-7", pids=list(range(8))), warm(1, "0-7")])
+    assert starts(m) == {"forked": 0, "exec": 8}  # another attempt's: not these workers
+    m.on_event(warm(0, "0-x"))  # ranks it cannot read: none known forked
     assert starts(m) == {"forked": 0, "exec": 8}
-    fold([*events[3:], warm(1, "0-7")], m)  # from the next attempt on, the warm events count
-    assert starts(m) == {"forked": 8, "exec": 8}
-
-
-def test_a_warm_event_whose_ranks_it_cannot_read_counts_nothing() -> None:
-    m = fold([preload(), event("workers.start", attempt=0, ranks="0-7", pids=list(range(8))), warm(0, "0-x", "7-")])
+    m.on_event(warm(0, "0-7"))  # a second warm event of the attempt moves nothing more
+    assert starts(m) == {"forked": 0, "exec": 8}
+    m.on_event(event("workers.start", attempt=1, ranks="0-1", pids=[1, 2]))
+    m.on_event(warm(1, "0-7"))  # more than its workers.start counted: never a negative exec
+    assert starts(m) == {"forked": 2, "exec": 8}
+    m = fold([warm(0, "0-7")])  # no workers.start: nothing started here
     assert starts(m) == {"forked": 0, "exec": 0}
-    m.on_event(warm(1, "0", "1-3"))
-    assert starts(m) == {"forked": 1, "exec": 3}

@@ -111,11 +111,10 @@ class Metrics:
         self.startup: dict[str, float] = {}
         self.import_seconds: float | None = None  # the --preload process's one import, once it was ready
         self.starts = dict.fromkeys(HOW, 0)
-        # with --preload (a preload event came, before the first workers.start) each attempt's warm event counts its
-        # starts; without, workers.start does, every one a fresh interpreter. ``counted``: the attempt workers.start
-        # counted, which a warm event must not count again
-        self.preloading = False
-        self.counted: int | None = None
+        # each workers.start counts its ranks as exec; under --preload its attempt's warm event, which the launcher
+        # emits right after it in the same step of its loop (no scrape is answered between them), moves those it says
+        # were forked to forked. ``unsorted``: the latest workers.start's (attempt, ranks counted), until its warm event
+        self.unsorted: tuple[int, int] | None = None
         # rank -> median lag of each rank named a straggler now (all of them: when one of the shown recovers, the next
         # largest is shown); at most the job's ranks, a few bytes each
         self.stragglers: dict[int, float] = {}
@@ -163,12 +162,13 @@ class Metrics:
 
     def _preload(self, event: Preload | Warm) -> None:
         if isinstance(event, Preload):
-            self.preloading = True
             if event.state == "ready":
                 self.import_seconds = float(event.seconds)
-        elif event.attempt != self.counted:
-            self.starts["forked"] += ranks_in(event.forked)
-            self.starts["exec"] += ranks_in(event.cold)
+        elif self.unsorted is not None and self.unsorted[0] == event.attempt:
+            forked = min(ranks_in(event.forked), self.unsorted[1])  # never more than its workers.start counted
+            self.starts["exec"] -= forked
+            self.starts["forked"] += forked
+            self.unsorted = None
 
     def _job_end(self) -> None:
         self.up = False
@@ -183,9 +183,8 @@ class Metrics:
                 self.attempt = _Attempt(event.attempt, tuple(runs(event.ranks)))
             except ValueError:
                 self.attempt = _Attempt(event.attempt, ())
-            self.counted = None if self.preloading else event.attempt
-            if not self.preloading:
-                self.starts["exec"] += self.attempt.size()
+            self.starts["exec"] += self.attempt.size()
+            self.unsorted = (event.attempt, self.attempt.size())
         elif self.attempt is not None and event.attempt == self.attempt.number:
             self.attempt.outcome = event.outcome
             self.stragglers.clear()  # the attempt's workers are gone, and with them its stragglers
