@@ -9,7 +9,7 @@ import pytest
 
 import timeline_events as job
 from rankrun.events.records import Preload, Warm, as_json, from_json
-from rankrun.timeline.layout import layout, warm_words
+from rankrun.timeline.layout import layout, preload_words, warm_words
 from rankrun.timeline.read import Event, check, parse_lines
 from rankrun.timeline.render import _shorter, page
 
@@ -117,3 +117,31 @@ def test_the_page_carries_every_event_and_a_narrow_attempt_keeps_how_it_started(
         "attempt 1 · ranks 0-1 · forked · failed", "attempt 1 · forked · failed", "attempt 1 · failed", "attempt 1"]
     assert _shorter("attempt 1 · ranks 0-1 · failed") == ["attempt 1 · ranks 0-1 · failed", "attempt 1 · failed", "attempt 1"]
     assert _shorter("round 0 · 1 node") == ["round 0 · 1 node", "round 0"]
+
+
+@pytest.mark.parametrize(("keys", "words"), [
+    ({"modules": "torch,numpy"}, "import torch, numpy 2.31 s"), ({"modules": " torch , numpy,"}, "import torch, numpy 2.31 s"),
+    ({"modules": None}, "import ? 2.31 s"), ({"seconds": None}, "import torch ?"), ({"seconds": 12.5}, "import torch 12.5 s"),
+    ({"state": "ended", "why": None}, "preload ended, workers cold"), ({"state": "resting"}, "preload resting"),
+    ({"state": None}, "preload"),
+])
+def test_what_a_preload_says(keys, words):
+    row = {**job.warm_events()[1], **keys}
+    assert preload_words(events_of(job.A, [row])[0]) == words
+
+
+@pytest.mark.parametrize("seconds", [None, -1.0])
+def test_an_import_of_unknown_or_negative_seconds_is_a_bar_of_none(seconds):
+    rows = job.warm_events()
+    rows[1] = {**rows[1], "seconds": seconds}
+    [lane] = layout(events_of(job.A, rows)).lanes
+    [bar] = [bar for bar in lane.phases if bar.style == "import"]
+    assert bar.start == bar.end == pytest.approx(2.4)
+
+
+def test_an_attempt_with_no_end_recorded_carries_its_warm_event_and_says_so():
+    rows = [r for r in job.warm_events() if not (r["event"] in ("workers.end", "job.end") and r.get("attempt", 2) == 2)]
+    [lane] = layout(events_of(job.A, rows)).lanes
+    last = lane.attempts[-1]
+    assert (last.style, last.label) == ("open", "attempt 2 · ranks 0-1 · cold · no end recorded")
+    assert [e.name for e in last.events] == ["workers.start", "warm"]

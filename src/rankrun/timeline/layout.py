@@ -129,7 +129,7 @@ def preload_words(e: Event) -> str:
     state = e.text("state")
     if state == "ready":
         return f"import {modules} {_secs(e.number('seconds'))}"
-    text = f"preload {state}, workers cold" if state in ("unsafe", "ended") else f"preload {state}"
+    text = f"preload {state}, workers cold" if state in ("unsafe", "ended") else "preload" + (f" {state}" if state else "")
     return text + (f": {why}" if (why := e.text("why")) else "")
 
 
