@@ -8,8 +8,8 @@ nodes' files exist. Each node's monotonic clock has its own origin, and 127.0.0.
 at once while the others ran on.
 
 ``warm_events`` is a node's file of another job, run with ``--preload torch``: the import takes 2.31 s, attempt 0's
-workers are forked and rank 1 fails, attempt 1's are forked too, then the preloading process is killed and attempt
-2's workers start cold and succeed.
+workers are forked and rank 1 fails, attempt 1's are forked too and rank 1 fails again, the preloading process is
+killed meanwhile, and attempt 2's workers start cold and succeed.
 """
 
 from __future__ import annotations
@@ -86,26 +86,30 @@ def write_job(folder: Path, exception: str = EXCEPTION) -> list[Path]:
 
 
 def warm_events(node: str = A) -> list[dict[str, object]]:
-    """What ``node`` writes in the ``--preload torch`` job above (one node, two ranks)."""
-    def attempt(t: float, n: int, forked: str, cold: str, outcome: str, took: float) -> list[dict[str, object]]:
+    """What ``node`` writes in the ``--preload torch`` job above (one node, two ranks), in the launcher's order: the
+    preloading process starts right after ``job.start`` and imports for 2.31 s; its ``preload`` events are told with
+    the next attempt's start, between its ``workers.start`` and its ``warm``."""
+    def attempt(t: float, n: int, forked: str, cold: str, outcome: str, took: float,
+                told: tuple[dict[str, object], ...] = ()) -> list[dict[str, object]]:
         p50, most = (0.004, 0.006) if forked else (None, None)
         return [
             event(node, t - 0.01, "rdzv.round", round=n, nodes=1, world_size=2, group_rank=0, seconds=0.0002),
             event(node, t, "workers.start", attempt=n, ranks="0-1", pids=[4101 + 10 * n, 4102 + 10 * n]),
+            *told,
             event(node, t, "warm", attempt=n, forked=forked, cold=cold, fork_p50=p50, fork_max=most),
             event(node, t + took, "workers.end", attempt=n, outcome=outcome),
         ]
 
     return [
         event(node, 0.0, "job.start", nproc_per_node=2, nnodes="1", max_restarts=3, rdzv_backend="c10d", entry="train.py"),
-        event(node, 2.4, "preload", modules="torch", seconds=2.31, state="ready", why=""),
-        *attempt(2.5, 0, "0-1", "", "failed", 1.5),
+        *attempt(2.5, 0, "0-1", "", "failed", 1.5,
+                 (event(node, 2.5, "preload", modules="torch", seconds=2.31, state="ready", why=""),)),
         event(node, 4.01, "failure", **ROOT_CAUSE),
         event(node, 4.02, "restart", attempt=1, reason="worker failed", restarts_left=2),
         *attempt(4.1, 1, "0-1", "", "failed", 1.0),
-        event(node, 5.0, "preload", modules="torch", seconds=2.31, state="ended", why="killed by SIGKILL"),
         event(node, 5.11, "failure", **{**ROOT_CAUSE, "attempt": 1}),
         event(node, 5.12, "restart", attempt=2, reason="worker failed", restarts_left=1),
-        *attempt(5.2, 2, "", "0-1", "succeeded", 5.0),
+        *attempt(5.2, 2, "", "0-1", "succeeded", 5.0,
+                 (event(node, 5.2, "preload", modules="torch", seconds=0.0, state="ended", why="killed by SIGKILL"),)),
         event(node, 10.25, "job.end", exit_code=0, outcome="succeeded"),
     ]

@@ -31,11 +31,12 @@ def test_the_events_are_read_and_checked_by_the_records_own_decoder():
         "Preload", "Warm", "Warm", "Preload", "Warm"]
     assert all(as_json(e.record) == e.data for e in read if e.record is not None)  # what as_json wrote, read back
     preload = next(e for e in read if e.name == "preload")
-    assert preload.record == from_json(rows[1])
+    assert preload.record == from_json(next(r for r in rows if r["event"] == "preload"))
     assert isinstance(preload.record, Preload) and preload.record.seconds == 2.31
-    assert check({**rows[1], "state": None}) is None  # the page draws what it can of a file with a null
-    assert check({k: v for k, v in rows[4].items() if k != "forked"}) == "no 'forked' key in a warm event"
-    assert check({**rows[4], "cold": [0, 1]}) == "'cold' is [0, 1], not a string"
+    preload_row, warm_row = (next(r for r in rows if r["event"] == name) for name in ("preload", "warm"))
+    assert check({**preload_row, "state": None}) is None  # the page draws what it can of a file with a null
+    assert check({k: v for k, v in warm_row.items() if k != "forked"}) == "no 'forked' key in a warm event"
+    assert check({**warm_row, "cold": [0, 1]}) == "'cold' is [0, 1], not a string"
     assert isinstance(next(e for e in read if e.name == "warm").record, Warm)
 
 
@@ -58,15 +59,18 @@ def test_an_attempt_without_a_warm_event_is_labelled_as_before():
     assert [e.name for e in lane.attempts[2].events] == ["workers.start", "workers.end"]
 
 
-def test_the_import_is_a_bar_once_per_node_ending_when_it_was_ready():
+def test_the_import_is_a_bar_once_per_node_from_the_jobs_start_as_long_as_it_took():
+    """The preloading process starts right after job.start; its ready event is told only with the first attempt."""
     a, b = job.warm_events(job.A), job.warm_events(job.B)
     d = layout(events_of(job.A, a) + events_of(job.B, b))
     for lane in d.lanes:
         imports = [bar for bar in lane.phases if bar.style == "import"]
         assert [bar.label for bar in imports] == ["import torch 2.31 s"]
         [bar] = imports
-        assert bar.end == pytest.approx(lane.attempts[0].start - 0.1)  # ready at 2.4 s, the workers at 2.5 s
-        assert bar.end - bar.start == pytest.approx(2.31)
+        start = next(m for m in lane.marks if m.kind == "job.start")
+        assert bar.start == pytest.approx(start.t)
+        assert bar.end == pytest.approx(start.t + 2.31)  # before the workers, at 2.5 s, with the event
+        assert bar.end < lane.attempts[0].start
         assert [e.name for e in bar.events] == ["preload"]
         assert bar.kind == "phase"
     assert d.lanes[1].phases[0].start - d.lanes[0].phases[0].start == pytest.approx(0.02)  # B's clock, 20 ms ahead
@@ -76,7 +80,7 @@ def test_the_preloading_process_ended_or_unsafe_is_a_mark_saying_the_workers_sta
     [lane] = layout(warm_job()).lanes
     [mark] = [m for m in lane.marks if m.kind == "preload"]
     assert mark.label == "preload ended, workers cold: killed by SIGKILL"
-    assert mark.t == pytest.approx(5.0)
+    assert mark.t == pytest.approx(5.2)  # told with the next attempt's start
     rows = job.warm_events()
     ended = next(i for i, r in enumerate(rows) if r["event"] == "preload" and r["state"] == "ended")
     rows[ended] = {**rows[ended], "state": "unsafe", "why": "a preloaded module left a thread running (Thread-1)"}
@@ -126,17 +130,38 @@ def test_the_page_carries_every_event_and_a_narrow_attempt_keeps_how_it_started(
     ({"state": None}, "preload"),
 ])
 def test_what_a_preload_says(keys, words):
-    row = {**job.warm_events()[1], **keys}
+    row = {**next(r for r in job.warm_events() if r["event"] == "preload"), **keys}
     assert preload_words(events_of(job.A, [row])[0]) == words
+
+
+def with_ready(**keys: object) -> list[dict[str, object]]:
+    """The job's events with its ready preload event changed."""
+    return [{**r, **keys} if r["event"] == "preload" and r["state"] == "ready" else r for r in job.warm_events()]
 
 
 @pytest.mark.parametrize("seconds", [None, -1.0])
 def test_an_import_of_unknown_or_negative_seconds_is_a_bar_of_none(seconds):
-    rows = job.warm_events()
-    rows[1] = {**rows[1], "seconds": seconds}
+    [lane] = layout(events_of(job.A, with_ready(seconds=seconds))).lanes
+    [bar] = [bar for bar in lane.phases if bar.style == "import"]
+    assert bar.start == bar.end == 0.0  # at the job's start
+
+
+def test_without_a_job_start_before_it_the_import_ends_when_it_was_told():
+    rows = [r for r in with_ready(seconds=2.0) if r["event"] != "job.start"]
     [lane] = layout(events_of(job.A, rows)).lanes
     [bar] = [bar for bar in lane.phases if bar.style == "import"]
-    assert bar.start == bar.end == pytest.approx(2.4)
+    told = next(e for e in events_of(job.A, rows) if e.name == "preload")
+    assert bar.end - bar.start == pytest.approx(2.0)
+    assert bar.end == pytest.approx(lane.attempts[0].start)  # told with attempt 0's start
+    assert [e.data for e in bar.events] == [told.data]
+
+
+def test_an_import_told_sooner_than_it_could_have_ended_still_lasts_what_it_took():
+    rows = with_ready(seconds=3.0)  # longer than from job.start to the event: it began before the job.start written
+    [lane] = layout(events_of(job.A, rows)).lanes
+    [bar] = [bar for bar in lane.phases if bar.style == "import"]
+    start = next(m for m in lane.marks if m.kind == "job.start")
+    assert (bar.start - start.t, bar.end - start.t) == (pytest.approx(-0.5), pytest.approx(2.5))  # ends when told
 
 
 def test_an_attempt_with_no_end_recorded_carries_its_warm_event_and_says_so():

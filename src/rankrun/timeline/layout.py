@@ -244,10 +244,24 @@ def _attempt_bars(events: Sequence[Event], at: dict[Event, float]) -> list[Bar]:
     return bars
 
 
-def _import_bar(e: Event, t: float) -> Bar:
-    """A ready preloading process's one import: it ended when it said so, as long as it took."""
+def _import_bar(e: Event, t: float, job_start: float | None) -> Bar:
+    """A ready preloading process's one import, as long as it took. The launcher starts that process first thing,
+    right after its ``job.start`` (``job_start``, when the lane has one before ``e``), and tells the event only with
+    the first attempt's start: the bar begins with the job, and ends by the time it was told."""
     took = max(e.number("seconds") or 0.0, 0.0)
-    return Bar("phase", t - took, t, preload_words(e), "import", (e,))
+    begin = t - took if job_start is None else min(job_start, t - took)
+    return Bar("phase", begin, begin + took, preload_words(e), "import", (e,))
+
+
+def _import_bars(events: Sequence[Event], at: dict[Event, float]) -> list[Bar]:
+    """Each ready ``preload`` event's import bar (one a node: a preloading process is ready once)."""
+    bars, job_start = [], None
+    for e in events:
+        if e.name == "job.start":
+            job_start = at[e]
+        elif e.name == "preload" and e.text("state") == "ready":
+            bars.append(_import_bar(e, at[e], job_start))
+    return bars
 
 
 def _round_bar(e: Event, t: float) -> Bar:
@@ -306,8 +320,8 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
     for (source, node), lane_events in groups.items():
         started = {a: wall[e] for e in lane_events if e.name == "workers.start" and (a := e.integer("attempt")) is not None}
         rounds = [_round_bar(e, wall[e]) for e in lane_events if e.name == "rdzv.round"]
-        imports = [_import_bar(e, wall[e]) for e in lane_events if e.name == "preload" and e.text("state") == "ready"]
-        phases = imports + [b for e in lane_events if e.name == "startup" for b in _phase_bars(e, wall[e], started)]
+        phases = [*_import_bars(lane_events, wall),
+                  *(b for e in lane_events if e.name == "startup" for b in _phase_bars(e, wall[e], started))]
         attempts = _attempt_bars(lane_events, wall)
         marked = [e for e in lane_events if not drawn_on_a_bar(e, set(started))]
         ranks = next((e.text("ranks") or "" for e in reversed(lane_events) if e.name == "workers.start"), "")
