@@ -1,5 +1,6 @@
 """The preloading process's loop: tell the launcher the import's outcome, then for each ``fork`` request check that
-the state is safe to fork (``safety``) and fork the worker, one request at a time.
+the state is safe to fork (``safety``) and fork the worker's intermediate; the next request is served while it forks
+the worker.
 
 The worker is forked twice (the process forks an intermediate, which forks the worker and exits at once): orphaned,
 the worker is re-parented to the nearest subreaper, the launcher (``rankrun.proc.watchdog.become_subreaper``), before
@@ -24,6 +25,7 @@ import ctypes
 import fcntl  # noqa: F401 - loaded here, before any fork: the child takes its terminal with it
 import gc
 import os
+import select
 import socket
 import termios  # noqa: F401 - the same
 import traceback
@@ -46,38 +48,80 @@ def serve(control: int, seconds: float) -> Forked | None:
     sock = socket.socket(fileno=control)
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if not _ready(sock, control, seconds):
+        return None
+    pending: dict[int, tuple[object, int]] = {}  # an intermediate's pid pipe → (the request's id, its pid)
+    while True:
+        ready = select.select([control, *pending], [], [])[0]
+        for fd in ready:
+            if fd in pending:
+                _answer(sock, fd, *pending.pop(fd))
+        if control not in ready:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, wire.LIMIT, wire.FDS)
+        except OSError:
+            data, fds = b"", []
+        if not data:  # the launcher is done: answer what is under way (it reaps those workers), then leave
+            for fd, (asked, first) in list(pending.items()):
+                _answer(sock, fd, asked, first)
+            return None
+        request = _request(data, fds)
+        if request is not None and _fork(sock, control, request, fds, pending):
+            sock.close()  # the worker's: nothing of the control socket
+            return request, fds, prctl
+
+
+def _request(data: bytes, fds: list[int]) -> dict[str, Any] | None:
+    """A fork request, or ``None`` (its descriptors closed) for anything else."""
+    try:
+        kind, body = wire.decode(data)
+    except ValueError:
+        kind, body = "", {}
+    if kind == "fork" and len(fds) == wire.FDS:
+        return body
+    _close(fds)
+    return None
+
+
+def _fork(sock: socket.socket, control: int, request: dict[str, Any], fds: list[int],
+          pending: dict[int, tuple[object, int]]) -> bool:
+    """Start the request's worker, if safe (else refuse it); True in the worker."""
+    why = safety.verdict(safety.facts(control))
+    started = _intermediate(list(pending)) if why is None else None
+    if started == (-1, 0):
+        return True
+    _close(fds)  # the intermediate has them: no later worker may inherit them (an output pipe held open)
+    if started is None:
+        sock.send(wire.encode("refused", {"id": request.get("id"), "why": why or "fork() failed"}))
+    else:
+        pending[started[0]] = (request.get("id"), started[1])
+    return False
+
+
+def _ready(sock: socket.socket, control: int, seconds: float) -> bool:
+    """Make the imports' state the one every worker is forked from, and tell the launcher whether it is safe."""
     _throwaway()
     gc.collect()
     gc.freeze()  # what the imports made, out of the collector's sight: a worker's collections never write to its pages
     why = safety.verdict(safety.facts(control))
     if why is not None:
         sock.send(wire.encode("unsafe", {"why": why, "seconds": seconds}))
-        return None
+        return False
     sock.send(wire.encode("ready", {"pid": os.getpid(), "seconds": seconds}))
-    while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, wire.LIMIT, wire.FDS)
-        except OSError:
-            return None
-        if not data:
-            return None
-        try:
-            kind, body = wire.decode(data)
-        except ValueError:
-            kind, body = "", {}
-        if kind != "fork" or len(fds) != wire.FDS:
-            _close(fds)
-            continue
-        why = safety.verdict(safety.facts(control))
-        pid = _double_fork() if why is None else -1
-        if pid == 0:
-            sock.close()  # the worker's: nothing of the control socket
-            return body, fds, prctl
-        _close(fds)
-        if pid > 0:
-            sock.send(wire.encode("forked", {"id": body.get("id"), "pid": pid}))
-        else:
-            sock.send(wire.encode("refused", {"id": body.get("id"), "why": why or "fork() failed"}))
+    return True
+
+
+def _answer(sock: socket.socket, said: int, asked: object, first: int) -> None:
+    """The intermediate ``first`` said its worker's pid on ``said`` and is gone: reap it (the worker is the
+    launcher's child by then), and tell the launcher."""
+    with open(said, "rb") as pipe:
+        data = pipe.read()  # until the intermediate has exited
+    os.waitpid(first, 0)
+    if data:
+        sock.send(wire.encode("forked", {"id": asked, "pid": int(data)}))
+    else:
+        sock.send(wire.encode("refused", {"id": asked, "why": "fork() failed"}))
 
 
 def _throwaway() -> None:
@@ -87,32 +131,32 @@ def _throwaway() -> None:
     os.waitpid(pid, 0)
 
 
-def _double_fork() -> int:
-    """0 in the worker; the worker's pid here (re-parented to the launcher by now); -1 if a fork failed."""
+def _intermediate(others: list[int]) -> tuple[int, int] | None:
+    """Fork an intermediate that forks the worker and exits at once. Here: its pid pipe and its pid (the next request
+    is served while it forks); ``(-1, 0)`` in the worker; ``None`` if the fork failed. ``others``: the pid pipes of the
+    intermediates still under way, which neither it nor its worker keeps."""
     r, w = os.pipe()
     try:
         first = os.fork()
     except OSError:
         _close([r, w])
-        return -1
-    if first == 0:  # the intermediate: fork the worker, say its pid, and go
-        os.close(r)
-        try:
-            second = os.fork()
-        except BaseException:
-            os._exit(1)
-        if second == 0:
-            os.close(w)
-            return 0
-        try:
-            os.write(w, b"%d" % second)
-        finally:
-            os._exit(0)
-    os.close(w)
-    with open(r, "rb") as said:
-        data = said.read()  # until the intermediate has exited: the worker is the launcher's by then
-    os.waitpid(first, 0)
-    return int(data) if data else -1
+        return None
+    if first:
+        os.close(w)
+        return r, first
+    os.close(r)  # the intermediate: fork the worker, say its pid, and go
+    _close(others)
+    try:
+        second = os.fork()
+    except BaseException:  # nothing of the intermediate may outlive this
+        os._exit(1)
+    if second == 0:
+        os.close(w)
+        return -1, 0
+    try:
+        os.write(w, b"%d" % second)
+    finally:
+        os._exit(0)
 
 
 def _close(fds: list[int]) -> None:
