@@ -13,7 +13,7 @@ cold worker's), signals it by that pidfd (never a recycled pid), and signals its
 process group's id. The launcher makes its descriptors as ``OsSpawner`` does (pipes, or a pseudo-terminal) and
 passes the child's ends with the request, then closes its copies, so its output ends when the worker's does. The
 worker waits on a pipe for the launcher's go, which comes once the launcher holds its pidfd and the watchdog knows its
-group. One request is in flight at a time: the process forks one at a time anyway.
+group. An attempt's requests go out together; the process answers each once its worker is the launcher's child.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class Preloader:
     def __init__(self, spawner: OsSpawner) -> None:
         self._spawner = spawner
         self._sock: socket.socket | None = None
-        self._replies: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        self._lock = asyncio.Lock()
+        self._first: asyncio.Future[tuple[str, dict[str, Any]]] | None = None  # ready, unsafe or error
+        self._waiting: dict[int, asyncio.Future[tuple[str, dict[str, Any]]]] = {}  # each fork request's answer, by id
+        self._gone = False  # the process closed its end: every answer from now on is "eof"
         self._asked = 0
         self.handle: WorkerHandle | None = None  # the process, for its output and its exit
         self.python = ""
@@ -86,12 +87,15 @@ class Preloader:
             theirs.close()
         self._sock = ours
         ours.setblocking(False)
-        asyncio.get_running_loop().add_reader(ours.fileno(), self._readable)
+        loop = asyncio.get_running_loop()
+        self._first = loop.create_future()
+        loop.add_reader(ours.fileno(), self._readable)
         return self.handle
 
     async def ready(self) -> Ready:
         """Once the process has imported the modules, or failed to."""
-        kind, body = await self._replies.get()
+        assert self._first is not None
+        kind, body = await self._first
         if kind == "error":
             return Ready(error=(str(body.get("module", "")), str(body.get("line", ""))))
         if kind == "unsafe":
@@ -104,10 +108,9 @@ class Preloader:
     async def fork(self, command: Command) -> ForkedWorker | None:
         """The worker ``command`` describes, forked; ``None``: start it cold (and, but for a too large request,
         every later one: ``on_change`` was told why)."""
-        async with self._lock:
-            if not self.usable or self._sock is None:
-                return None
-            return await self._fork(self._sock, command)
+        if not self.usable or self._sock is None:
+            return None
+        return await self._fork(self._sock, command)
 
     async def _fork(self, sock: socket.socket, command: Command) -> ForkedWorker | None:
         loop = asyncio.get_running_loop()
@@ -116,15 +119,18 @@ class Preloader:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if command.stdin_null else None
         stdin = fds.child[0] if command.stdio is Stdio.TERMINAL else devnull if devnull is not None else 0
         self._asked += 1
-        request = {"id": self._asked, "argv": list(command.argv), "env": dict(command.env), "cwd": os.getcwd(),
+        ident = self._asked
+        answer = self._waiting[ident] = loop.create_future()
+        request = {"id": ident, "argv": list(command.argv), "env": dict(command.env), "cwd": os.getcwd(),
                    "tty": command.stdio is Stdio.TERMINAL, "launcher": os.getpid(),
                    "cpus": sorted(command.cpus) if command.cpus is not None else None}
         asked = time.monotonic()
         self._spawner.spawning += 1  # until its pid is in ``live``: the stray reaper leaves it alone
         try:
             try:
-                socket.send_fds(sock, [wire.encode("fork", request)], [stdin, fds.child[1], fds.child[2], go_read])
+                await _send(sock, wire.encode("fork", request), [stdin, fds.child[1], fds.child[2], go_read])
             except OSError as exc:
+                self._waiting.pop(ident, None)
                 fds.close_ours()
                 os.close(go)
                 if exc.errno == errno.EMSGSIZE:
@@ -136,18 +142,12 @@ class Preloader:
                 os.close(go_read)
                 if devnull is not None:
                     os.close(devnull)
-            kind, body = await self._replies.get()
-            pid = int(body.get("pid", 0)) if kind == "forked" else 0
-            pidfd = _pidfd(pid)
+            if self._gone and not answer.done():
+                answer.set_result(("eof", {}))
+            pid, pidfd = await self._answered(*await answer)
             if pidfd is None:
                 fds.close_ours()
                 os.close(go)  # the worker, if any, reads no go and exits 1; the stray reaper reaps it
-                if kind == "refused":
-                    self._lost(str(body.get("why", "")), state="unsafe")
-                elif kind == "forked":
-                    self._lost("the launcher cannot open a pidfd for a forked worker")
-                else:
-                    self._lost(await self._ended_words())
                 return None
             self._spawner.live.add(pid)
         finally:
@@ -162,6 +162,20 @@ class Preloader:
         worker.readers = (readers[0], readers[1] if len(readers) > 1 else None)
         return worker
 
+    async def _answered(self, kind: str, body: dict[str, Any]) -> tuple[int, int | None]:
+        """The forked worker's pid and pidfd; no pidfd: it starts cold, and so does every later one (said once)."""
+        pid = int(body.get("pid", 0)) if kind == "forked" else 0
+        pidfd = _pidfd(pid)
+        if pidfd is not None:
+            return pid, pidfd
+        if kind == "refused":
+            self._lost(str(body.get("why", "")), state="unsafe")
+        elif kind == "forked":
+            self._lost("the launcher cannot open a pidfd for a forked worker")
+        else:
+            self._lost(await self._ended_words())
+        return pid, None
+
     def _readable(self) -> None:
         sock = self._sock
         assert sock is not None
@@ -174,12 +188,21 @@ class Preloader:
                 data = b""
             if not data:
                 asyncio.get_running_loop().remove_reader(sock.fileno())
-                self._replies.put_nowait(("eof", {}))
+                self._gone = True
+                for waiting in [self._first, *self._waiting.values()]:
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(("eof", {}))
+                self._waiting.clear()
                 return
             try:
-                self._replies.put_nowait(wire.decode(data))
+                kind, body = wire.decode(data)
             except ValueError:
                 continue
+            ident = body.get("id")
+            waiting = self._waiting.pop(ident, None) if isinstance(ident, int) and kind in ("forked", "refused") \
+                else self._first if kind not in ("forked", "refused") else None
+            if waiting is not None and not waiting.done():
+                waiting.set_result((kind, body))
 
     def _lost(self, why: str, *, state: str = "ended") -> None:
         if self.usable:
@@ -219,6 +242,32 @@ class Preloader:
         except TimeoutError:
             handle.signal_group(signal.SIGKILL)
             await handle.wait()
+
+
+async def _send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    """One message with its descriptors, waiting while the socket's buffer is full (requests of one attempt's workers
+    go out together: the process forks one while the last one's intermediate forks its worker)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            socket.send_fds(sock, [data], fds)
+            return
+        except BlockingIOError:
+            await _writable(loop, sock)
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    room: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not room.done():
+            room.set_result(None)
+
+    loop.add_writer(sock.fileno(), ready)
+    try:
+        await room
+    finally:
+        loop.remove_writer(sock.fileno())
 
 
 def _pidfd(pid: int) -> int | None:
