@@ -12,13 +12,16 @@ state and torch's default generator do not: every rank would draw the same numbe
 ``__main__``, as ``python -u SCRIPT`` or ``python -u -m MODULE`` runs it.
 
 What still tells a forked worker from a cold one is listed in docs/design.md ("Warm starts"): the preloaded modules
-in ``sys.modules``, ``/proc/<pid>/cmdline``, the hash seed, import-time work done once per node.
+in ``sys.modules`` (and what ``python -m rankrun.preload`` itself loaded first: runpy, typing), ``/proc/<pid>/cmdline``,
+the hash seed, import-time work done once per node, and the preloading process's frames under the user's
+(``traceback.print_stack``, ``rankrun --stacks``). ``tests/integration/test_preload_parity.py`` compares the rest.
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import io
 import os
 import signal
 import sys
@@ -35,19 +38,26 @@ def run(forked: tuple[dict[str, Any], list[int], Any], base: Set[str], loaded: S
     """Become the worker the request describes and run its code; returns when it ends normally."""
     request, fds, prctl = forked
     _attach(request, fds, prctl)
+    _fresh_stdin()
     os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    _environ(request["env"])
     argv: list[str] = request["argv"]
     sys.orig_argv[:] = argv
     _reseed()
     if "RANKRUN_STACKS_FILE" in os.environ or "RANKRUN_FR_FILE" in os.environ:
+        before = frozenset(sys.modules)
         from rankrun.stacks.shim import sitecustomize  # noqa: PLC0415 - the worker's shim, as a cold one runs it
 
         sitecustomize.attach()
+        # What the shim imported stays, as in a cold worker: faulthandler, once out of sys.modules, is collected with
+        # the channel it holds, which closes the stacks file's descriptor (a later open() would take its number)
+        loaded = loaded | {name for name in sys.modules.keys() - before if name.split(".")[0] != "rankrun"}
+        if "sitecustomize" not in sys.modules:  # a cold worker's shim is ``sitecustomize`` (or the user's, chained)
+            sys.modules["sitecustomize"] = sitecustomize
+            loaded = loaded | {"sitecustomize"}
     _forget(base, loaded)
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = sys.modules["builtins"]
+    main.__dict__.update(__builtins__=sys.modules["builtins"], __annotations__={})  # as the interpreter's __main__
     sys.modules["__main__"] = main
     try:
         if argv[2] == "-m":
@@ -84,6 +94,41 @@ def _attach(request: dict[str, Any], fds: list[int], prctl: Any) -> None:
     prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != request["launcher"]:
         os._exit(1)  # the launcher died between the go and prctl: follow it now
+
+
+def _environ(env: dict[str, str]) -> None:
+    """The worker's environment, with what the preloaded modules changed in it at import (a cold worker's import
+    makes the same change): the process's changes since its start, whose environment ``/proc/self/environ`` still
+    shows (Python's writes go to new memory), put over ``env``."""
+    with open("/proc/self/environ", "rb") as source:
+        started = dict(item.partition(b"=")[::2] for item in source.read().split(b"\0") if b"=" in item)
+    now = os.environb
+    changed = {k: v for k, v in now.items() if started.get(k) != v}
+    gone = started.keys() - now.keys()
+    os.environ.clear()
+    os.environ.update(env)
+    os.environb.update(changed)
+    for key in gone:
+        os.environb.pop(key, None)
+
+
+def _fresh_stdin() -> None:
+    """``sys.stdin`` made again on the worker's descriptor 0, as the interpreter makes it at start: the preloading
+    process's was made on ``/dev/null``, and its layers keep what they learnt of it (seekable, the block size), so a
+    pipe or a terminal would say ``seekable()``. Left alone if a preloaded module replaced it (it wraps the old one,
+    which reads the new descriptor 0 too). stdout and stderr are the same kind as the process's (pipes, or a terminal
+    where stdin is one too: it is remade): nothing of theirs differs."""
+    old = sys.stdin
+    if old is not sys.__stdin__ or old is None:
+        return
+    buffered: Any = open(0, "rb", closefd=False)  # noqa: SIM115 - the interpreter's own stdin, never closed
+    buffered.raw.name = "<stdin>"
+    # line_buffering and write_through as the process's: under -u (every forked worker's, ``wire.forkable``) they
+    # do not depend on what the descriptor is
+    stdin = io.TextIOWrapper(buffered, old.encoding, old.errors, "\n", old.line_buffering, old.write_through)
+    stdin.mode = "r"  # type: ignore[misc]
+    sys.stdin = stdin
+    setattr(sys, "__stdin__", stdin)  # noqa: B010 - typeshed calls it Final: the interpreter sets it, as here
 
 
 def _reseed() -> None:
@@ -130,7 +175,7 @@ def _uncaught(exc: BaseException) -> None:
         if tb.tb_frame.f_code.co_filename.startswith(_HERE):
             start = tb.tb_next
         tb = tb.tb_next
-    sys.excepthook(type(exc), exc, start)
+    sys.excepthook(type(exc), exc.with_traceback(start), start)  # the hook prints the exception's own traceback
     if not isinstance(exc, KeyboardInterrupt):
         raise SystemExit(1)
     threading = sys.modules.get("threading")
