@@ -15,7 +15,10 @@ socket), every signal's disposition, the blocked, ignored and caught masks, the 
 threads, the terminal; how a worker ends (exit codes, ``os._exit``, an uncaught exception's traceback, death by SIGINT
 after ``KeyboardInterrupt``, atexit handlers, non-daemon threads joined, the failure report, ``--run-path``'s error
 file); the console's per-rank prefixes; ``rankrun --stacks`` and the shim's header; stdin on a pipe; one rank on a
-pseudo-terminal (``input()``, ``breakpoint()``); ``--numa-binding``; a restart's second attempt.
+pseudo-terminal (``input()``, ``breakpoint()``); ``--numa-binding``; a restart's second attempt; ``kill -9`` of the
+launcher; what a preloaded module changed in the environment at import. Entries: a script (by a relative path, and
+through a symbolic link), ``-m``, ``--run-path``, and under ``PYTHONSAFEPATH``. The Python API's workers
+(``-m rankrun.api.worker``) are a ``-m`` worker to the preloading process; ``rankrun.launch`` has no ``preload`` yet.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, RANKRUN, Reaper, clean_environ, payload, run_cli
+from conftest import PY, RANKRUN, Reaper, clean_environ, payload, run_cli, wait_gone
 from ptyterm import PtyLauncher, awaiting_keys
 from rankrun.numa.binding import parse_ranges
 from sysfs import this_machine_split
@@ -42,8 +45,14 @@ from sysfs import this_machine_split
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
 PRELOAD = ("--preload", "json,decimal")
-ENTRIES = {"script": ("preload_probe.py",), "module": ("-m", "preload_probe"),
-           "run_path": ("--run-path", "preload_probe.py")}
+ENTRIES = {  # how the worker is started: its arguments, and the environment's part that matters
+    "script": (("preload_probe.py",), {}),
+    "module": (("-m", "preload_probe"), {}),
+    "run_path": (("--run-path", "preload_probe.py"), {}),
+    "linked_script": (("linked/preload_probe.py",), {}),  # sys.path[0]: the link's target's folder
+    "safe_path_script": (("preload_probe.py",), {"PYTHONSAFEPATH": "1"}),  # no sys.path[0] at all
+    "safe_path_module": (("-m", "preload_probe"), {"PYTHONSAFEPATH": "1", "PYTHONPATH": "mods"}),
+}
 PER_LAUNCH = ("TORCHELASTIC_RUN_ID", "MASTER_PORT")  # a fresh run id and port each launch, cold or warm
 RUN_DIR = re.compile(r"rankrun_[0-9a-f-]+_[0-9a-z_]+")  # the run's temp folder, in the error file's and stacks' paths
 # What the preloading process's own start (``python -m rankrun.preload``: runpy, and rankrun's package) loaded before
@@ -68,13 +77,20 @@ class Run:
 def probe(tmp_path: Path) -> Path:
     """The probe beside the job (a script by a relative path, a module found from the working directory)."""
     shutil.copy(payload("preload_probe.py"), tmp_path / "preload_probe.py")
+    (tmp_path / "mods").mkdir()  # a module found on PYTHONPATH only
+    shutil.copy(payload("preload_probe.py"), tmp_path / "mods" / "preload_probe.py")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "preload_probe.py").symlink_to(tmp_path / "preload_probe.py")
     out = tmp_path / "out"
     out.mkdir()
     return out
 
 
 def _start_env(out: Path, **extra: str) -> dict[str, str]:
-    return clean_environ() | {"PROBE_OUT": str(out)} | extra
+    env = clean_environ()
+    if "PYTHONPATH" in extra and env.get("PYTHONPATH"):  # before the test's own (the rankrun under test)
+        extra["PYTHONPATH"] += os.pathsep + env["PYTHONPATH"]
+    return env | {"PROBE_OUT": str(out)} | extra
 
 
 def _collect(out: Path, reaper: Reaper) -> tuple[dict[str, dict[str, object]], dict[str, list[str]]]:
@@ -154,14 +170,21 @@ def _assert_same(cold: Run, warm: Run) -> None:
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
 def test_a_forked_worker_sees_what_a_cold_one_sees(launch, reaper, probe, entry):
-    cold = _job(launch, reaper, probe, *ENTRIES[entry], warm=False)
-    warm = _job(launch, reaper, probe, *ENTRIES[entry], warm=True)
+    args, env = ENTRIES[entry]
+    cold = _job(launch, reaper, probe, *args, warm=False, **env)
+    warm = _job(launch, reaper, probe, *args, warm=True, **env)
     assert cold.rc == 0, cold.err
     assert sorted(cold.seen) == ["0.0", "1.0"]
     assert sorted(cold.out) == ["[default0]:probe 0", "[default1]:probe 1"]
     assert cold.marks == {"0": ["thread joined", "atexit ran"], "1": ["thread joined", "atexit ran"]}
     _assert_same(cold, warm)
     assert warm.seen["0.0"]["random"] != warm.seen["1.0"]["random"]  # each rank its own random state
+    path = cold.seen["0.0"]["path"]
+    assert isinstance(path, list)
+    if entry == "safe_path_script":
+        assert str(probe.parent) not in path
+    elif entry in ("script", "module", "linked_script"):  # rankrun.run_path's -m puts the working directory there, as torchrun's does
+        assert path[0] == str(probe.parent)
 
 
 def test_a_restarted_attempt_is_forked_with_that_attempts_environment(launch, reaper, probe):
@@ -261,6 +284,23 @@ def test_the_stack_shim_is_attached_to_a_forked_worker(launch, reaper, probe):
     assert [line for line in warm_report if not PRELOAD_FRAMES.match(line)] == cold_report
     assert warm_report[0] == "rankrun: job ID stacks on request: N distinct stack across N ranks"
     assert any("preload_probe.py" in line and "_end" in line for line in warm_report), warm_report
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_kill_9_of_the_launcher_ends_its_workers(launch, reaper, probe, warm):
+    """PR_SET_PDEATHSIG, set in a forked worker after its re-parenting, fires as a cold worker's does; the preloading
+    process goes too."""
+    run = launch("--nproc-per-node", "2", *(PRELOAD if warm else ()), "preload_probe.py",
+                 env=_start_env(probe, PROBE_END="wait"))
+    run.wait_for(r"WAITING \d", count=2)
+    children = [int(c) for c in Path(f"/proc/{run.proc.pid}/task/{run.proc.pid}/children").read_text().split()]
+    workers = [int(json.loads(p.read_text())["pid"]) for p in probe.glob("*.json")]
+    reaper.pids.update(children + workers)
+    assert set(workers) <= set(children)  # and the watchdog, and the preloading process
+    run.proc.kill()
+    run.proc.wait(timeout=30)
+    assert wait_gone(children, 10.0) == []
+    _collect(probe, reaper)
 
 
 def test_stdin_on_a_pipe_is_a_single_ranks_as_cold(launch, reaper, probe):
