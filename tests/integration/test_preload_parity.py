@@ -17,8 +17,9 @@ after ``KeyboardInterrupt``, atexit handlers, non-daemon threads joined, the fai
 file); the console's per-rank prefixes; ``rankrun --stacks`` and the shim's header; stdin on a pipe; one rank on a
 pseudo-terminal (``input()``, ``breakpoint()``); ``--numa-binding``; a restart's second attempt; ``kill -9`` of the
 launcher; what a preloaded module changed in the environment at import. Entries: a script (by a relative path, and
-through a symbolic link), ``-m``, ``--run-path``, and under ``PYTHONSAFEPATH``. The Python API's workers
-(``-m rankrun.api.worker``) are a ``-m`` worker to the preloading process; ``rankrun.launch`` has no ``preload`` yet.
+through a symbolic link), ``-m``, ``--run-path``, under ``PYTHONSAFEPATH``, and the Python API's worker (``-m
+rankrun.api.worker`` started by the CLI with a payload made as ``rankrun.launch`` makes it: ``rankrun.launch`` has no
+``preload`` argument yet).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import copy
 import functools
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+import rankrun.api.worker
 from conftest import PY, RANKRUN, Reaper, clean_environ, payload, run_cli, wait_gone
 from ptyterm import PtyLauncher, awaiting_keys
 from rankrun.numa.binding import parse_ranges
@@ -185,6 +188,38 @@ def test_a_forked_worker_sees_what_a_cold_one_sees(launch, reaper, probe, entry)
         assert str(probe.parent) not in path
     elif entry in ("script", "module", "linked_script"):  # rankrun.run_path's -m puts the working directory there, as torchrun's does
         assert path[0] == str(probe.parent)
+
+
+SHIP = """\
+import pickle, sys
+sys.path.insert(0, ".")
+import preload_probe
+from rankrun.api.ship import dumps
+with open("payload", "wb") as fh:
+    pickle.dump(([], dumps((preload_probe.observe, ()))), fh)
+"""
+
+
+def test_the_python_apis_worker_sees_what_a_cold_one_sees(launch, reaper, probe):
+    """``rankrun.launch``'s workers run ``python -m rankrun.api.worker PAYLOAD RESULTS NAME``: here with the probe's
+    ``observe`` as the function, its value (what the probe writes) returned through the results folder."""
+    subprocess.run([PY, "-c", SHIP], cwd=probe.parent, env=clean_environ(), check=True, timeout=60)
+    results = probe.parent / "results"
+    results.mkdir()
+    runs = []
+    for warm in (False, True):
+        run = _job(launch, reaper, probe, "-m", "rankrun.api.worker", "payload", str(results), "observe", warm=warm)
+        assert run.rc == 0, run.err
+        run.seen = {p.stem: pickle.loads(p.read_bytes()) for p in results.glob("*.value")}
+        reaper.pids.update(int(s["pid"]) for s in run.seen.values())  # type: ignore[call-overload]
+        runs.append(run)
+    cold, warm = runs
+    assert sorted(cold.seen) == ["0", "1"]
+    for rank in cold.seen:
+        assert _comparable(warm.seen[rank]) == _comparable(cold.seen[rank])
+        _assert_modules(cold.seen[rank], warm.seen[rank])
+        assert warm.seen[rank]["ppid"] == warm.launcher and warm.seen[rank]["pdeathsig"] == signal.SIGKILL
+    assert cold.seen["0"]["argv"][:1] == [rankrun.api.worker.__file__]  # type: ignore[index]
 
 
 def test_a_restarted_attempt_is_forked_with_that_attempts_environment(launch, reaper, probe):
