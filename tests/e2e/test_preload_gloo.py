@@ -1,6 +1,7 @@
 """``--preload torch`` with real torch and gloo: forked workers draw their own random numbers (a fork copies torch's
 and numpy's generators: every rank would draw the same), a gloo job and a restart after ``init_process_group`` pass
-with both attempts forked, and ``@record``'s error file from a forked worker is the one a cold worker writes."""
+with both attempts forked, ``@record``'s error file from a forked worker is the one a cold worker writes, and a forked
+worker's shim writes the straggler watch's arrivals from torch's Flight Recorder."""
 
 from __future__ import annotations
 
@@ -75,3 +76,22 @@ def test_records_error_file_from_a_forked_worker_is_a_cold_ones(tmp_path):
     assert _normal(report) == _normal(cold[cold.index("=" * 72):])
     assert "rankrun/preload" not in warm
     assert re.search(r'File "[^"]*/preload_gloo\.py", line \d+, in main\n', report), report
+
+
+def test_a_forked_workers_shim_writes_its_arrivals_for_the_straggler_watch(tmp_path):
+    """The stack shim's per-worker part, attached in a forked worker, starts the Flight Recorder reader: each rank's
+    arrivals file holds every collective, as a cold worker's does (``test_straggler_arrivals_gloo``)."""
+    from rankrun.straggler.frfile import read_new  # noqa: PLC0415 - only here
+
+    steps = 5
+    logs = tmp_path / "logs"
+    env = clean_environ() | {"SLOW_RANK": "1", "SLOW_S": "0.05", "STEPS": str(steps), "ARRIVALS_WAIT": "20"}
+    done = run_cli("--nproc-per-node", "2", "--preload", "torch", "--straggler-window", "6", "--log-dir", str(logs),
+                   "--events", str(tmp_path / "events.jsonl"), payload("gloo_straggler.py"), env=env, cwd=tmp_path,
+                   timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert [(w["forked"], w["cold"]) for w in _events(tmp_path / "events.jsonl", "warm")] == [("0-1", "")]
+    (attempt,) = logs.glob("*/attempt_0")
+    for rank in (0, 1):
+        arrivals, _ = read_new(attempt / "straggler" / f"rank_{rank}.fr", 0)
+        assert set(range(1, steps + 1)) <= {a.seq for a in arrivals}, arrivals
