@@ -480,3 +480,32 @@ def test_what_a_preloaded_module_does_to_the_environment_at_import_the_worker_se
         outs.append(sorted(run.out))
     assert outs[0] == ["[default0]:yes by the module None 0", "[default1]:yes by the module None 1"]
     assert outs[1] == outs[0]
+
+
+POOLS = """\
+import multiprocessing
+
+
+def square(x):
+    return x * x
+
+
+if __name__ == "__main__":
+    for method in ("spawn", "forkserver", "fork"):  # spawn and forkserver import __main__ again, by file or module
+        with multiprocessing.get_context(method).Pool(1) as pool:
+            print(method, *pool.map(square, [3]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("entry", [("pools.py",), ("-m", "pools")], ids=["script", "module"])
+def test_multiprocessing_pools_work_in_a_forked_worker(launch, tmp_path, entry):
+    """A pool's spawned and forkserver processes find the worker's ``__main__`` (its file, or its module's spec) and
+    the function defined there, as from a cold worker."""
+    (tmp_path / "pools.py").write_text(POOLS)
+    outs = []
+    for preload in ((), PRELOAD):
+        run = launch("--nproc-per-node", "1", *preload, *entry)
+        assert run.finish() == 0, run.err
+        outs.append(run.out)
+    assert outs[0] == ["spawn 9", "forkserver 9", "fork 9"]
+    assert outs[1] == outs[0]
