@@ -455,30 +455,34 @@ def test_the_stacks_of_a_forked_worker_hold_no_frame_of_rankruns(launch, reaper,
 
 
 SETS_ENV = """\
-import os
+import os, sys
 os.environ["SET_AT_IMPORT"] = "yes"
 os.environ["OVERRIDDEN_AT_IMPORT"] = "by the module"
 os.environ.pop("DROPPED_AT_IMPORT", None)
+sys.path.insert(0, "/nonexistent/put-first-at-import")
 """
 READS_ENV = """\
-import os
+import os, sys
 import sets_env
 print(*(os.environ.get(k) for k in ("SET_AT_IMPORT", "OVERRIDDEN_AT_IMPORT", "DROPPED_AT_IMPORT", "RANK")))
+print(*sys.path[:2])
 """
 
 
-def test_what_a_preloaded_module_does_to_the_environment_at_import_the_worker_sees(launch, tmp_path):
-    """A cold worker's import changes its environment; a forked worker's import ran once in the preloading process,
-    whose changes it keeps over its own environment."""
+@pytest.mark.parametrize("entry", [("reads_env.py",), ("-m", "reads_env")], ids=["script", "module"])
+def test_what_a_preloaded_module_changed_at_import_the_worker_sees(launch, tmp_path, entry):
+    """A cold worker's import changes its environment and ``sys.path``; a forked worker's import ran once in the
+    preloading process, whose changes it keeps (over its own environment; before its script's folder)."""
     (tmp_path / "sets_env.py").write_text(SETS_ENV)
     (tmp_path / "reads_env.py").write_text(READS_ENV)
     env = clean_environ() | {"OVERRIDDEN_AT_IMPORT": "by the user", "DROPPED_AT_IMPORT": "by the user"}
     outs = []
     for preload in ((), ("--preload", "sets_env")):
-        run = launch("--nproc-per-node", "2", *preload, "reads_env.py", env=dict(env))
+        run = launch("--nproc-per-node", "2", *preload, *entry, env=dict(env))
         assert run.finish() == 0, run.err
         outs.append(sorted(run.out))
-    assert outs[0] == ["[default0]:yes by the module None 0", "[default1]:yes by the module None 1"]
+    assert outs[0] == sorted([f"[default{r}]:{line}" for r in (0, 1) for line in (
+        f"yes by the module None {r}", f"/nonexistent/put-first-at-import {tmp_path}")])
     assert outs[1] == outs[0]
 
 

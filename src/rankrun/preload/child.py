@@ -42,6 +42,7 @@ def run(forked: tuple[dict[str, Any], list[int], Any], base: Set[str], loaded: S
     os.chdir(request["cwd"])
     _environ(request["env"])
     argv: list[str] = request["argv"]
+    process_path0 = _process_path0()
     sys.orig_argv[:] = argv
     _reseed()
     if "RANKRUN_STACKS_FILE" in os.environ or "RANKRUN_FR_FILE" in os.environ:
@@ -62,11 +63,10 @@ def run(forked: tuple[dict[str, Any], list[int], Any], base: Set[str], loaded: S
     try:
         if argv[2] == "-m":
             sys.argv[:] = ["-m", *argv[4:]]
-            if not sys.flags.safe_path:
-                sys.path[0] = os.getcwd()
+            _path0(process_path0, os.getcwd())
             sys.modules["runpy"]._run_module_as_main(argv[3])
         else:
-            _run_script(main, argv[2], argv[3:])
+            _run_script(main, argv[2], argv[3:], process_path0)
     except SystemExit:
         raise
     except BaseException as exc:
@@ -151,11 +151,24 @@ def _forget(base: Set[str], loaded: Set[str]) -> None:
             del sys.modules[name]
 
 
-def _run_script(main: types.ModuleType, script: str, args: list[str]) -> None:
+def _process_path0() -> str | None:
+    """The ``sys.path[0]`` the preloading process was given (``python -u -m rankrun.preload CONTROL PATH0 ...``)."""
+    argv = sys.orig_argv
+    at = argv.index("rankrun.preload") if "rankrun.preload" in argv else -1
+    return argv[at + 2] if 0 <= at < len(argv) - 2 else None
+
+
+def _path0(process: str | None, worker: str) -> None:
+    """The worker's script folder (or, for -m, working directory) where the process's is in ``sys.path``, not at
+    index 0: a preloaded module may have put an entry before it at import, as it does in a cold worker."""
+    if not sys.flags.safe_path and process != worker and process in sys.path:
+        sys.path[sys.path.index(process)] = worker
+
+
+def _run_script(main: types.ModuleType, script: str, args: list[str], process_path0: str | None) -> None:
     sys.argv[:] = [script, *args]
     path = os.path.abspath(script)
-    if not sys.flags.safe_path:
-        sys.path[0] = os.path.dirname(os.path.realpath(script))
+    _path0(process_path0, os.path.dirname(os.path.realpath(script)))
     try:
         with open(path, "rb") as source:
             text = source.read()
