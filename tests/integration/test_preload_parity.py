@@ -513,3 +513,22 @@ def test_multiprocessing_pools_work_in_a_forked_worker(launch, tmp_path, entry):
         outs.append(run.out)
     assert outs[0] == ["spawn 9", "forkserver 9", "fork 9"]
     assert outs[1] == outs[0]
+
+
+AT_EXIT = """\
+import atexit, os
+atexit.register(lambda: open(os.path.join(os.path.dirname(__file__), "exits"), "a").write(f"{os.getpid()}\\n"))
+"""
+
+
+def test_a_preloaded_modules_exit_handler_runs_once_per_worker(launch, tmp_path):
+    """Not once more in the preloading process, at the job's end."""
+    (tmp_path / "at_exit.py").write_text(AT_EXIT)
+    (tmp_path / "job.py").write_text("import at_exit\n")
+    counts = []
+    for preload in ((), ("--preload", "at_exit")):
+        run = launch("--nproc-per-node", "2", *preload, "job.py")
+        assert run.finish() == 0, run.err
+        counts.append(len((tmp_path / "exits").read_text().split()))
+        (tmp_path / "exits").unlink()
+    assert counts == [2, 2]
