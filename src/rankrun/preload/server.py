@@ -27,10 +27,9 @@ import gc
 import os
 import select
 import socket
-import sys
 import termios  # noqa: F401 - the same
 import traceback
-from typing import Any, NoReturn
+from typing import Any
 
 from rankrun.preload import safety, wire
 
@@ -45,13 +44,12 @@ def failed(control: int, module: str, exc: BaseException) -> None:
 
 
 def serve(control: int, seconds: float) -> Forked | None:
-    """Serve until the launcher closes the socket (then leave: ``_leave``), or return in a forked worker, with its
-    request."""
+    """Serve until the launcher closes the socket (``None``), or return in a forked worker, with its request."""
     sock = socket.socket(fileno=control)
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     if not _ready(sock, control, seconds):
-        _leave()
+        return None
     pending: dict[int, tuple[object, int]] = {}  # an intermediate's pid pipe → (the request's id, its pid)
     while True:
         ready = select.select([control, *pending], [], [])[0]
@@ -67,7 +65,7 @@ def serve(control: int, seconds: float) -> Forked | None:
         if not data:  # the launcher is done: answer what is under way (it reaps those workers), then leave
             for fd, (asked, first) in list(pending.items()):
                 _answer(sock, fd, asked, first)
-            _leave()
+            return None
         request = _request(data, fds)
         if request is not None and _fork(sock, control, request, fds, pending):
             sock.close()  # the worker's: nothing of the control socket
@@ -124,16 +122,6 @@ def _answer(sock: socket.socket, said: int, asked: object, first: int) -> None:
         sock.send(wire.encode("forked", {"id": asked, "pid": int(data)}))
     else:
         sock.send(wire.encode("refused", {"id": asked, "why": "fork() failed"}))
-
-
-def _leave() -> NoReturn:
-    """End the process now, as a forked worker's intermediate does: the exit handlers a preloaded module registered
-    at import are the workers' (each runs them at its own exit, as a cold worker does), and a thread it started (the
-    reason the process was found unsafe) is not waited for."""
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()
-    os._exit(0)
 
 
 def _throwaway() -> None:
