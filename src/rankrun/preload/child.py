@@ -12,7 +12,8 @@ state and torch's default generator do not: every rank would draw the same numbe
 ``__main__``, as ``python -u SCRIPT`` or ``python -u -m MODULE`` runs it.
 
 What still tells a forked worker from a cold one is listed in docs/design.md ("Warm starts"): the preloaded modules
-in ``sys.modules`` (and what ``python -m rankrun.preload`` itself loaded first: runpy, typing), ``/proc/<pid>/cmdline``,
+in ``sys.modules`` (and what ``python -m rankrun.preload`` itself loaded first: runpy, typing), ``/proc/<pid>/cmdline``
+and ``/proc/<pid>/environ`` (the process's: what ``_environ`` reads),
 the hash seed, import-time work done once per node, and the preloading process's frames under the user's
 (``traceback.print_stack``, ``rankrun --stacks``). ``tests/integration/test_preload_parity.py`` compares the rest.
 """
