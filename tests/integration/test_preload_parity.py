@@ -41,7 +41,7 @@ import pytest
 
 import rankrun.api.worker
 from conftest import PY, RANKRUN, Reaper, clean_environ, payload, run_cli, wait_gone
-from ptyterm import PtyLauncher, awaiting_keys
+from ptyterm import PtyLauncher, awaiting_keys, reading
 from rankrun.numa.binding import parse_ranges
 from sysfs import this_machine_split
 
@@ -532,3 +532,17 @@ def test_a_preloaded_modules_exit_handler_runs_once_per_worker(launch, tmp_path)
         counts.append(len((tmp_path / "exits").read_text().split()))
         (tmp_path / "exits").unlink()
     assert counts == [2, 2]
+
+
+def test_ctrl_c_on_a_forked_interactive_worker_goes_through_the_launcher(pty_launch, reaper, tmp_path):
+    """As ``test_console``'s cold one: the worker waits in input() on its terminal; Ctrl-C stops it, exit 130."""
+    env = clean_environ() | {"TEST_PID_DIR": str(reaper.watch_dir(tmp_path / "pids"))}
+    term = pty_launch("--nproc-per-node", "1", *PRELOAD, payload("interactive.py"), env=env)
+    term.wait_screen(r"^name\?$")
+    worker = _worker_of(term.proc.pid)
+    reaper.pids.add(worker)
+    term.wait_until("the worker to read its terminal", lambda: reading(worker), 10.0)
+    term.send(b"\x03")
+    assert term.finish() == 128 + signal.SIGINT
+    term.wait_screen(r"rankrun: received SIGINT: forwarded to 1 worker\(s\) and stopped them")
+    assert term.modes_now() == term.initial_modes
