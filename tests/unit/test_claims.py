@@ -63,15 +63,17 @@ ALLOWED = {
     "print": {"cli.py", "timeline/__main__.py", "health/__main__.py"},
     # A forked worker (--preload) is a worker, not the launcher: it says what Python says of a script it cannot open,
     # and flushes its own streams before it dies by SIGINT, as Python does.
+    # The preloading process (preload/__main__.py) flushes its streams before it leaves by os._exit.
     "sys.stderr": {"cli.py", "__main__.py", "api/launch.py", "timeline/__main__.py", "health/__main__.py",
-                   "preload/child.py"},
-    "sys.stdout": {"cli.py", "__main__.py", "api/launch.py", "preload/child.py"},
+                   "preload/child.py", "preload/__main__.py"},
+    "sys.stdout": {"cli.py", "__main__.py", "api/launch.py", "preload/child.py", "preload/__main__.py"},
     # an exit code given as a number: none of the launcher's; its exit codes are named (errors.py). The watchdog's
     # forked child exits 0, as a health probe's forked child does, and an API worker whose fn raised exits 1, as Python
     # does for an uncaught exception. The preloading process's intermediate and throwaway children exit 0 (1: a fork
     # failed); a forked worker exits 1 without the launcher's go, 2 for a script it cannot open, 1 for an uncaught
-    # exception, as Python does.
-    "exit(<int>)": {"proc/watchdog.py", "api/worker.py", "health/isolate.py", "preload/server.py", "preload/child.py"},
+    # exception, as Python does; the preloading process itself leaves with 0 once the launcher is done with it.
+    "exit(<int>)": {"proc/watchdog.py", "api/worker.py", "health/isolate.py", "preload/server.py", "preload/child.py",
+                    "preload/__main__.py"},
     # listening sockets: opened one way (address, SO_REUSEADDR, backlog, the error), by rankrun.listen
     "create_server": {"listen.py"},
     "start_server": set(),
