@@ -436,8 +436,6 @@ def test_breakpoint_works_in_a_forked_rank_on_a_terminal(pty_launch, reaper, tmp
     assert term.modes_now() == term.initial_modes
 
 
-@pytest.mark.xfail(strict=True, reason="the preloading process starts as `python -m rankrun.preload`: runpy, "
-                   "importlib.util and rankrun's package (typing, __future__) stay in every forked worker's sys.modules")
 def test_only_the_preloaded_modules_are_extra(launch, reaper, probe):
     """A forked worker's ``sys.modules`` holds the preloaded modules and what they imported, nothing else."""
     cold = _job(launch, reaper, probe, "preload_probe.py", warm=False, nproc=1)
@@ -446,9 +444,6 @@ def test_only_the_preloaded_modules_are_extra(launch, reaper, probe):
     assert not extra - _brought_in("json, decimal"), sorted(extra - _brought_in("json, decimal"))
 
 
-@pytest.mark.xfail(strict=True, reason="a forked worker's stack still holds the preloading process's frames under the "
-                   "user's (runpy's, rankrun/preload/__main__.py's, child.py's): `rankrun --stacks` shows them; "
-                   "rankrun.stacks.dump could leave them out as it leaves out the shim's own thread")
 def test_the_stacks_of_a_forked_worker_hold_no_frame_of_rankruns(launch, reaper, probe):
     _, report = _asked_stacks(launch, reaper, probe, warm=True)
     assert not [line for line in report if PRELOAD_FRAMES.match(line)]

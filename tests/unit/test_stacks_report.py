@@ -50,6 +50,25 @@ Thread 0x00007f75d0000000 (most recent call first):
         assert len(parse(users + DUMP, 0x7F75D588BB80).others) == 2  # the user's own: kept
 
 
+def test_a_forked_workers_outermost_preload_frames_are_left_out() -> None:
+    forked = """\
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/w/train.py", line 9 in step
+  File "/w/train.py", line 20 in <module>
+  File "/venv/site-packages/rankrun/preload/child.py", line 190 in _run_script
+  File "/venv/site-packages/rankrun/preload/child.py", line 74 in run
+  File "/venv/site-packages/rankrun/preload/__main__.py", line 50 in _main
+  File "/venv/site-packages/rankrun/preload/__main__.py", line 53 in <module>
+"""
+    (thread,) = parse(forked, 0x7F0000000001).threads
+    assert [(f.file, f.function) for f in thread.frames] == [("/w/train.py", "<module>"), ("/w/train.py", "step")]
+    setting_up = "\n".join(forked.splitlines()[:1] + forked.splitlines()[3:])  # not in the user's code yet: kept
+    (thread,) = parse(setting_up, 0x7F0000000001).threads
+    assert [f.function for f in thread.frames] == ["<module>", "_main", "run", "_run_script"]
+    mine = forked.replace("rankrun/preload", "mine/preload")  # a user's own folder of that name: kept
+    assert len(parse(mine, 0x7F0000000001).threads[0].frames) == 6
+
+
 def test_without_a_header_the_current_thread_is_taken_as_main() -> None:
     dump = parse(DUMP, None)
     assert dump.main is not None and dump.main.ident == 0x7F75D588BB80

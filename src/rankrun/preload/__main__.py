@@ -1,4 +1,6 @@
-"""The preloading process: ``python -u -m rankrun.preload CONTROL PATH0 MODULES [ARGV...]``.
+"""The preloading process: ``python -u .../rankrun/preload/__main__.py CONTROL PATH0 MODULES [ARGV...]`` (by its file:
+nothing is loaded before the user's modules but what the interpreter loads, and this file's folder leaves ``sys.path``
+at once).
 
 Started by the launcher (``rankrun.proc.preload``) under the workers' interpreter, with their environment (less each
 rank's variables) and working directory: ``CONTROL`` is its end of the socket pair, ``PATH0`` the workers'
@@ -14,7 +16,7 @@ import os
 import sys
 import time
 
-_BASE = frozenset(sys.modules)  # what the interpreter and -m loaded: rankrun's part is not the worker's
+_BASE = frozenset(sys.modules)  # what the interpreter loaded: nothing of it is dropped from a worker
 
 
 def _main() -> None:

@@ -12,7 +12,7 @@ state and torch's default generator do not: every rank would draw the same numbe
 ``__main__``, as ``python -u SCRIPT`` or ``python -u -m MODULE`` runs it.
 
 What still tells a forked worker from a cold one is listed in docs/design.md ("Warm starts"): the preloaded modules
-in ``sys.modules`` (and what ``python -m rankrun.preload`` itself loaded first: runpy, typing), ``/proc/<pid>/cmdline``
+in ``sys.modules``, ``/proc/<pid>/cmdline``
 and ``/proc/<pid>/environ`` (the process's: what ``_environ`` reads),
 the hash seed, import-time work done once per node, and the preloading process's frames under the user's
 (``traceback.print_stack``, ``rankrun --stacks``). ``tests/integration/test_preload_parity.py`` compares the rest.
@@ -65,7 +65,9 @@ def run(forked: tuple[dict[str, Any], list[int], Any], base: Set[str], loaded: S
         if argv[2] == "-m":
             sys.argv[:] = ["-m", *argv[4:]]
             _path0(process_path0, os.getcwd())
-            sys.modules["runpy"]._run_module_as_main(argv[3])
+            import runpy  # noqa: PLC0415 - after _forget: loaded as `python -m` loads it
+
+            runpy._run_module_as_main(argv[3])  # type: ignore[attr-defined]  # what `python -m` calls
         else:
             _run_script(main, argv[2], argv[3:], process_path0)
     except SystemExit:
@@ -153,9 +155,9 @@ def _forget(base: Set[str], loaded: Set[str]) -> None:
 
 
 def _process_path0() -> str | None:
-    """The ``sys.path[0]`` the preloading process was given (``python -u -m rankrun.preload CONTROL PATH0 ...``)."""
+    """The ``sys.path[0]`` the preloading process was given (``python -u .../__main__.py CONTROL PATH0 ...``)."""
     argv = sys.orig_argv
-    at = argv.index("rankrun.preload") if "rankrun.preload" in argv else -1
+    at = next((i for i, arg in enumerate(argv) if arg == os.path.join(_HERE, "__main__.py")), -1)
     return argv[at + 2] if 0 <= at < len(argv) - 2 else None
 
 

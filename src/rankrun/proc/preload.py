@@ -35,6 +35,9 @@ from rankrun.proc.spawn import Command, OsSpawner, Stdio, WorkerHandle, open_std
 from rankrun.record import record
 
 _PF_EXITING = 0x4
+# Started by its file, not as ``-m rankrun.preload``: runpy and rankrun's package (typing, __future__) would be loaded
+# before the user's modules, so every forked worker would keep them, and runpy's frames under its code.
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(wire.__file__)), "__main__.py")
 CLOSE_TIMEOUT = 5.0  # seconds the preloading process has to leave once the socket is closed, before SIGKILL
 
 
@@ -79,7 +82,7 @@ class Preloader:
         self.python = python
         path0 = wire.path0(argv, os.getcwd())
         shown = ["-m", *argv[4:]] if argv[2] == "-m" else list(argv[2:])
-        command = Command((python, "-u", "-m", "rankrun.preload", str(theirs.fileno()), path0, ",".join(modules),
+        command = Command((python, "-u", BOOTSTRAP, str(theirs.fileno()), path0, ",".join(modules),
                            *shown), env, Stdio.MERGED, stdin_null=True, pass_fds=(theirs.fileno(),))
         try:
             self.handle = await self._spawner.spawn(command)

@@ -15,7 +15,8 @@ the main thread is known (and when the interpreter came up, ``up_time``). Frames
 ``Frame`` tuples here are outermost first, the order of the report.
 A dump cut short (the process died while writing) keeps the threads it finished. The shim's own side thread (the
 straggler watch's arrivals, ``_arrivals`` in ``stacks/shim/sitecustomize.py``) is rankrun's, not the job's: it is left
-out, so a report shows the user's threads only.
+out, so a report shows the user's threads only. So are the outermost frames of a worker forked by ``--preload``
+(``rankrun/preload/__main__.py``'s and ``child.py``'s, under the user's code), unless nothing else is there yet.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)(?: up=(\d+\.
 _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _OWN_THREAD = ("/stacks/shim/sitecustomize.py", "_arrivals")  # the outermost frame of the shim's side thread
+_PRELOAD = "/rankrun/preload/"  # a forked worker's outermost frames: the preloading process's, under the user's
 
 
 @record
@@ -90,7 +92,9 @@ def parse(text: str, main_ident: int | None) -> Dump:
             if not main and outermost is not None and outermost.file.endswith(_OWN_THREAD[0]) \
                     and outermost.function == _OWN_THREAD[1]:
                 return  # rankrun's own thread
-            threads.append(ThreadStack(ident, main, tuple(reversed(frames)), truncated))
+            ordered = tuple(reversed(frames))
+            ours = next((i for i, frame in enumerate(ordered) if _PRELOAD not in frame.file), len(ordered))
+            threads.append(ThreadStack(ident, main, ordered[ours:] if ours < len(ordered) else ordered, truncated))
 
     for line in text.splitlines():
         if m := _THREAD.match(line):
