@@ -77,6 +77,10 @@ CASES: list[tuple[list[str], str]] = [
     (["--nprocs_per_node=2", "ok.py"], "unknown option --nprocs_per_node (did you mean --nproc_per_node?)"),
     (["--hlep"], "unknown option --hlep (did you mean --help?)"),  # no script either: the typo is the news
     (["--bogus", "ok.py"], "unknown option --bogus (--help lists the options)"),
+    (["--preload", "x", "--no-python", "true"],
+     "--preload 'x': needs a Python worker: --no-python runs a program, which cannot be forked from a Python process"),
+    (["--preload", "a..b", "ok.py"], "--preload 'a..b': 'a..b' is not a module name"),
+    (["--preload", ",", "ok.py"], "--preload ',': an empty module name"),
 ]
 
 
@@ -127,10 +131,12 @@ def test_bad_input_to_python_m_rankrun_launch_gets_one_clear_line_too(tmp_path, 
     _one_line_exit_2(tmp_path, LEGACY, args, message)
 
 
-def _one_line_exit_2(tmp_path: Path, command: tuple[str, ...], args: list[str], message: str) -> None:
+def _one_line_exit_2(tmp_path: Path, command: tuple[str, ...], args: list[str], message: str,
+                     environ: dict[str, str] | None = None) -> None:
     (tmp_path / "ok.py").write_text("print('should not run')\n")
     (tmp_path / "file.txt").write_text("")
     env = clean_environ() | {"CUDA_VISIBLE_DEVICES": ""} if "gpu" in args else clean_environ()
+    env |= environ or {}
     started = time.monotonic()
     proc = subprocess.Popen([*command, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -157,6 +163,23 @@ def test_pet_environment_values_are_validated_like_flags(tmp_path, command):
     res = subprocess.run([*command, "ok.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 2
     assert res.stderr == "rankrun: error: PET_STANDALONE 'true': expected 0 or 1\n"
+
+
+# values that come from the environment (PET_*) as torchrun reads them: said as the flag's, as a flag's would be
+ENV_CASES: list[tuple[dict[str, str], list[str], str]] = [
+    ({"PET_PRELOAD": "a..b"}, ["ok.py"], "--preload 'a..b': 'a..b' is not a module name"),
+    ({"PET_PRELOAD": "torch"}, ["--no-python", "true"],
+     "--preload 'torch': needs a Python worker: --no-python runs a program, which cannot be forked from a Python process"),
+]
+
+
+@pytest.mark.parametrize(("environ", "args", "message"), ENV_CASES,
+                         ids=[" ".join([*(f"{k}={v}" for k, v in e.items()), *a]) for e, a, _ in ENV_CASES])
+@pytest.mark.parametrize("command", [RANKRUN, LEGACY], ids=["rankrun", "rankrun.launch"])
+def test_bad_input_from_the_environment_gets_one_clear_line(tmp_path, command, environ, args, message):
+    if command is LEGACY:
+        args, message = _legacy(args, message)
+    _one_line_exit_2(tmp_path, command, args, message, environ)
 
 
 @pytest.mark.parametrize("command", [RANKRUN, LEGACY], ids=["rankrun", "rankrun.launch"])
