@@ -113,32 +113,29 @@ class Preloader:
         every later one: ``on_change`` was told why)."""
         if not self.usable or self._sock is None:
             return None
-        return await self._fork(self._sock, command)
+        self._asked += 1
+        data = _request(self._asked, command)
+        if data is None:
+            return None  # this worker alone starts cold
+        return await self._fork(self._sock, command, self._asked, data)
 
-    async def _fork(self, sock: socket.socket, command: Command) -> ForkedWorker | None:
+    async def _fork(self, sock: socket.socket, command: Command, ident: int, data: bytes) -> ForkedWorker | None:
         loop = asyncio.get_running_loop()
         fds = open_stdio(command.stdio)
         go_read, go = os.pipe2(os.O_CLOEXEC)
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if command.stdin_null else None
         stdin = fds.child[0] if command.stdio is Stdio.TERMINAL else devnull if devnull is not None else 0
-        self._asked += 1
-        ident = self._asked
         answer = self._waiting[ident] = loop.create_future()
-        request = {"id": ident, "argv": list(command.argv), "env": dict(command.env), "cwd": os.getcwd(),
-                   "tty": command.stdio is Stdio.TERMINAL, "launcher": os.getpid(),
-                   "cpus": sorted(command.cpus) if command.cpus is not None else None}
         asked = time.monotonic()
         self._spawner.spawning += 1  # until its pid is in ``live``: the stray reaper leaves it alone
         try:
             try:
-                await _send(sock, wire.encode("fork", request), [stdin, fds.child[1], fds.child[2], go_read])
+                await _send(sock, data, [stdin, fds.child[1], fds.child[2], go_read])
             except OSError as exc:
                 self._waiting.pop(ident, None)
                 fds.close_ours()
                 os.close(go)
-                if exc.errno == errno.EMSGSIZE:
-                    return None  # this worker's request is too large for one message: it alone starts cold
-                self._lost(f"the preloading process cannot be reached ({exc.strerror})")
+                await self._unsent(exc)
                 return None
             finally:
                 fds.close_child()
@@ -207,6 +204,14 @@ class Preloader:
             if waiting is not None and not waiting.done():
                 waiting.set_result((kind, body))
 
+    async def _unsent(self, exc: OSError) -> None:
+        if exc.errno in (errno.EMSGSIZE, errno.ENOBUFS):  # larger than the socket's buffer, or the kernel's
+            return  # this worker's request is too large for one message: it alone starts cold
+        if exc.errno in (errno.EPIPE, errno.ECONNRESET):  # it has closed its end: it died, say how
+            self._lost(await self._ended_words())
+        else:
+            self._lost(f"the preloading process cannot be reached ({exc.strerror})")
+
     def _lost(self, why: str, *, state: str = "ended") -> None:
         if self.usable:
             self.usable = False
@@ -245,6 +250,16 @@ class Preloader:
         except TimeoutError:
             handle.signal_group(signal.SIGKILL)
             await handle.wait()
+
+
+def _request(ident: int, command: Command) -> bytes | None:
+    """The fork request; ``None`` past ``wire.LIMIT``, what the process reads at once: it would get it cut short and
+    not answer (a large environment: the socket's buffer may take more than that)."""
+    request = {"id": ident, "argv": list(command.argv), "env": dict(command.env), "cwd": os.getcwd(),
+               "tty": command.stdio is Stdio.TERMINAL, "launcher": os.getpid(),
+               "cpus": sorted(command.cpus) if command.cpus is not None else None}
+    data = wire.encode("fork", request)
+    return data if len(data) <= wire.LIMIT else None
 
 
 async def _send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
