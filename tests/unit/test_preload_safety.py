@@ -4,6 +4,7 @@ order, and ``facts`` read from a real process that started a thread, opened a so
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -70,6 +71,11 @@ CASES = {
                   {"threads": 2, "thread_names": [], "sockets": 0, "gpu_files": [], "cuda": False}),
     "a listening socket": ("server = socket.create_server(('127.0.0.1', 0))\n",
                            {"threads": 1, "thread_names": [], "sockets": 1, "gpu_files": [], "cuda": False}),
+    # past the descriptor that listing /proc/self/fd uses (the lowest free one, gone when read): still counted
+    "a socket past a free descriptor": ("hole = open(sys.executable, 'rb')\n"
+                                        "server = socket.create_server(('127.0.0.1', 0))\nhole.close()\n",
+                                        {"threads": 1, "thread_names": [], "sockets": 1, "gpu_files": [],
+                                         "cuda": False}),
     "two sockets": ("pair = socket.socketpair()\n",
                     {"threads": 1, "thread_names": [], "sockets": 2, "gpu_files": [], "cuda": False}),
     "torch with CUDA": ("import types\ncuda = types.ModuleType('torch.cuda')\ncuda.is_initialized = lambda: True\n"
@@ -100,11 +106,12 @@ def test_facts_of_a_real_process(case):
 
 
 def test_facts_without_threading_loaded():
-    """A process that never imported ``threading`` (``-S``: no site either) has no thread names, and one thread."""
+    """A process where ``threading`` was never imported (as ``python -S`` with a module that needs no thread) has no
+    thread names, and one thread: ``facts`` reads ``sys.modules`` at the call, so taking it out shows that."""
     code = ("import json, sys\nfrom rankrun.preload.safety import facts\n"
-            "assert 'threading' not in sys.modules\n"
+            "sys.modules.pop('threading', None)\n"
             f"f = facts(-1)\nprint(json.dumps({{name: getattr(f, name) for name in {FIELDS!r}}}))\n")
-    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == {"threads": 1, "thread_names": [], "sockets": 0, "gpu_files": [], "cuda": False}
 
 
@@ -121,3 +128,18 @@ def test_facts_in_this_process_counts_its_threads():
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_facts_name_the_gpu_drivers_files_held_open():
+    """Only where an NVIDIA driver is installed (none on the machines without a GPU): its control device held open
+    is named, as the driver's handles a CUDA context leaves behind would be."""
+    try:
+        fd = os.open("/dev/nvidiactl", os.O_RDONLY)
+    except OSError as exc:
+        pytest.skip(f"no NVIDIA driver's device to hold open: {exc.strerror}")
+    try:
+        f = facts(-1)
+        assert "/dev/nvidiactl" in f.gpu_files and list(f.gpu_files) == sorted(set(f.gpu_files))
+        assert verdict(_facts(gpu_files=f.gpu_files)) == f"it holds the GPU driver open ({', '.join(f.gpu_files[:3])})"
+    finally:
+        os.close(fd)
