@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -280,3 +283,30 @@ def test_the_preloading_process_dies_between_attempts(launch, tmp_path):
     assert [(w["attempt"], w["forked"], w["cold"]) for w in warm] == [(0, "0-1", ""), (1, "", "0-1")]
     assert len((tmp_path / "imports").read_text().split()) == 1 + 2  # once, then attempt 1's cold workers
     assert not alive(preloader)
+
+
+# rankrun with 4.5 MB more environment (past wire.LIMIT), under an unlimited stack, which lets it through exec (ARG_MAX
+# is a quarter of the stack's limit)
+_UNDER_BIG_ENV = ("import os, resource, sys; "
+                  "resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)); "
+                  "os.environ.update({f'BIG{i}': '0' * 100_000 for i in range(45)}); "
+                  "os.execv(sys.executable, [sys.executable, '-m', 'rankrun', *sys.argv[1:]])")
+
+
+def test_a_request_too_large_for_one_message_starts_that_worker_cold(tmp_path, reaper):
+    """The fork request carries the worker's environment: past ``wire.LIMIT`` (what the process reads at once) the
+    worker starts cold, and nothing is said: the preloading process is fine, and forks what fits."""
+    if resource.getrlimit(resource.RLIMIT_STACK)[1] != resource.RLIM_INFINITY:
+        pytest.skip("the stack's hard limit is not unlimited: no environment past 4 MB can be exec'd")
+    reaper.watch_dir(tmp_path)
+    env = _job(tmp_path)
+    events = tmp_path / "events.jsonl"
+    done = subprocess.run([sys.executable, "-c", _UNDER_BIG_ENV, "--nproc-per-node", "2", "--max-restarts", "1",
+                           "--preload", "marked", "--events", str(events), "job.py"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in done.stderr.splitlines() if "--preload" in line or "Traceback" in line], done.stderr
+    assert [(p["state"], p["why"]) for p in _events(events, "preload")] == [("ready", "")]
+    warm = _events(events, "warm")
+    assert [(w["attempt"], w["forked"], w["cold"]) for w in warm] == [(0, "", "0-1"), (1, "", "0-1")]
+    assert len((tmp_path / "imports").read_text().split()) == 1 + 2 * 2
