@@ -177,10 +177,8 @@ def test_kill_dash_nine_of_the_launcher_during_the_import_takes_the_preloading_p
     assert wait_empty(private_tmpdir, 5.0) == []
 
 
-@pytest.mark.xfail(strict=True, reason="agent/preload.py: preloading() awaits Preloader.start (the import) without "
-                   "the stop stream, so SIGTERM/SIGINT during a slow or hung import is acted on only once the import "
-                   "ends ('received SIGTERM before the workers started; exiting' after it); for the lead")
 def test_a_signal_during_the_import_ends_the_launcher_at_once(launch, tmp_path):
+    """SIGTERM (test_preload_stop.py has Ctrl-C): the job stops as before any worker, without waiting for the import."""
     run, preloader = _importing(launch, tmp_path)
     run.proc.send_signal(signal.SIGTERM)
     try:

@@ -61,11 +61,9 @@ def test_every_variable_is_every_workers_and_none_is_one_ranks(nproc):
     assert env is not BASE and BASE["TORCHELASTIC_ERROR_FILE"] == "/outer/e.json"  # the base is not changed
 
 
-@pytest.mark.xfail(strict=True, reason="agent/env.py preload_env copies a launcher's inherited RANK, LOCAL_RANK, "
-                   "WORLD_SIZE, MASTER_* and TORCHELASTIC_* (rankrun started by another launcher's worker) into the "
-                   "preloading process: a module reading RANK at import sees the outer job's rank, which no worker "
-                   "of this job has (worker_env overrides each); for the lead (agent/ is not this helper's)")
 def test_an_outer_launchers_identity_is_not_handed_to_the_preloading_process():
+    """rankrun started by another launcher's worker inherits that worker's RANK, MASTER_ADDR, ...: no worker of this
+    job has those values (worker_env gives each its own), so a module reading them at import must not see them."""
     outer = dict.fromkeys(IDENTITY, "7") | {"MASTER_ADDR": "10.9.9.9"}
     env = preload_env(BASE | outer, 2)
     assert not set(env) & set(IDENTITY), sorted(set(env) & set(IDENTITY))
