@@ -89,6 +89,9 @@ def _changed(deps: AgentDeps, news: PreloadNews, state: PreloadState, why: str, 
     """The node's workers start cold from now on: one line, and its event (emitted with the next attempt's)."""
     deps.console.say(f"--preload {news.modules}: {why}; starting this node's workers cold")
     news.unsaid.append(Preload(news.modules, seconds, state, why))
+    preloader = deps.preloader
+    if state == "ended" and deps.watchdog is not None and preloader is not None and preloader.pid is not None:
+        deps.watchdog.unregister(preloader.pid)  # gone: its pid, and so its group's id, may be another's soon
 
 
 async def _ready(preloader: Preloader, stops: StopStream) -> Ready | None:

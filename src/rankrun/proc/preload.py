@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rankrun import procfs
+from rankrun.errors import SpawnError
 from rankrun.preload import wire
 from rankrun.proc.output import OutputReader, StreamSource
 from rankrun.proc.spawn import Command, OsSpawner, Stdio, WorkerHandle, open_stdio, output_reader
@@ -86,6 +87,9 @@ class Preloader:
                            *shown), env, Stdio.MERGED, stdin_null=True, pass_fds=(theirs.fileno(),))
         try:
             self.handle = await self._spawner.spawn(command)
+        except SpawnError as exc:  # the workers' interpreter cannot be run: say which process it was
+            ours.close()
+            raise SpawnError(str(exc).replace("cannot start worker", "cannot start the preloading process", 1)) from None
         finally:
             theirs.close()
         self._sock = ours
