@@ -251,7 +251,7 @@ def _preloaders(launcher: int) -> list[int]:
     found = []
     for pid in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
         try:
-            if b"rankrun.preload" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"rankrun/preload/__main__.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
         except OSError:
             continue

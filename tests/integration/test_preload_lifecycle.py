@@ -36,7 +36,7 @@ def _preloader(launcher: int, pid_dir: Path, workers: set[int]) -> int:
     """The launcher's child that is the preloading process (a forked worker has its command line too: set aside),
     written where the reaper looks, should the test fail before it is gone."""
     children = {int(p) for p in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()}
-    (preloader,) = {p for p in children - workers if b"rankrun.preload" in _cmdline(p)}
+    (preloader,) = {p for p in children - workers if b"rankrun/preload/__main__.py" in _cmdline(p)}
     (pid_dir / "preloader").write_text(str(preloader))
     return preloader
 
@@ -44,7 +44,7 @@ def _preloader(launcher: int, pid_dir: Path, workers: set[int]) -> int:
 def _forked(workers: dict[str, int]) -> None:
     """Each worker was forked from the preloading process (its command line is that process's): the test is about
     forked workers, not a silent fallback to cold ones."""
-    assert all(b"rankrun.preload" in _cmdline(pid) for pid in workers.values()), workers
+    assert all(b"rankrun/preload/__main__.py" in _cmdline(pid) for pid in workers.values()), workers
 
 
 def test_kill_dash_nine_of_the_launcher_takes_the_preloading_process_and_every_forked_worker(launch, tmp_path,

@@ -58,11 +58,6 @@ ENTRIES = {  # how the worker is started: its arguments, and the environment's p
 }
 PER_LAUNCH = ("TORCHELASTIC_RUN_ID", "MASTER_PORT")  # a fresh run id and port each launch, cold or warm
 RUN_DIR = re.compile(r"rankrun_[0-9a-f-]+_[0-9a-z_]+")  # the run's temp folder, in the error file's and stacks' paths
-# What the preloading process's own start (``python -m rankrun.preload``: runpy, and rankrun's package) loaded before
-# the user's modules, which it keeps (a preloaded module may use them): not in a cold script's ``sys.modules``.
-PRELOADER_START = frozenset({"runpy", "importlib", "importlib._abc", "importlib._bootstrap",
-                             "importlib._bootstrap_external", "importlib.machinery", "importlib.util", "typing",
-                             "typing.io", "typing.re", "_typing", "__future__", "contextlib"})
 SHIM_VARIABLES = ("RANKRUN_STACKS_", "RANKRUN_FR_", "RANKRUN_USER_PYTHONPATH")
 
 
@@ -139,7 +134,7 @@ def _assert_modules(cold: dict[str, object], warm: dict[str, object]) -> None:
     cold_modules, warm_modules = set(cold["modules"]), set(warm["modules"])  # type: ignore[call-overload]
     assert cold_modules <= warm_modules, f"a forked worker lacks {sorted(cold_modules - warm_modules)}"
     assert {"json", "decimal"} <= warm_modules
-    extra = warm_modules - cold_modules - _brought_in("json, decimal") - PRELOADER_START
+    extra = warm_modules - cold_modules - _brought_in("json, decimal")
     assert not extra, f"a forked worker has modules a cold one has not: {sorted(extra)}"
 
 
