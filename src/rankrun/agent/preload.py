@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, cast
 
 from rankrun.agent.deps import AgentDeps
-from rankrun.agent.env import WorkerIdentity, preload_env
+from rankrun.agent.env import preload_env
+from rankrun.agent.race import first_of
+from rankrun.agent.watch import StartedWorker
 from rankrun.errors import UsageError
 from rankrun.events.records import Preload, PreloadState, Warm
 from rankrun.logs.pump import Route, pump
 from rankrun.proc.signals import StopStream
-from rankrun.proc.spawn import WorkerHandle
 from rankrun.ranges import range_string
 from rankrun.spec import LaunchSpec
 
@@ -30,14 +31,6 @@ if TYPE_CHECKING:
 
 PREFIX = b"[preload] "
 OUTPUT_DRAIN = 5.0  # seconds the preloading process's last output may take to arrive once it is gone
-
-
-class Started(Protocol):
-    @property
-    def who(self) -> WorkerIdentity: ...
-
-    @property
-    def handle(self) -> WorkerHandle: ...
 
 
 class PreloadNews:
@@ -96,18 +89,11 @@ def _changed(deps: AgentDeps, news: PreloadNews, state: PreloadState, why: str, 
 
 async def _ready(preloader: Preloader, stops: StopStream) -> Ready | None:
     """How the import went; ``None`` when a stop came first (the process is killed, the stop left pending)."""
-    ready = asyncio.ensure_future(preloader.ready())
-    stop = asyncio.ensure_future(stops.arrived())
-    try:
-        await asyncio.wait({ready, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-        if not ready.done():
-            ready.cancel()
-            preloader.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ready
-    return None if ready.cancelled() else ready.result()
+    index, ready = await first_of(preloader.ready(), stops.arrived())
+    if index == 0:
+        return cast("Ready", ready)
+    preloader.stop()
+    return None
 
 
 async def _closed(preloader: Preloader, deps: AgentDeps, output: asyncio.Task[None] | None) -> None:
@@ -122,7 +108,7 @@ async def _closed(preloader: Preloader, deps: AgentDeps, output: asyncio.Task[No
             deps.watchdog.unregister(preloader.handle.pid)
 
 
-def warm(attempt: int, workers: Sequence[Started]) -> Warm:
+def warm(attempt: int, workers: Sequence[StartedWorker]) -> Warm:
     """The attempt's ``warm`` event: which ranks were forked, which started cold, how long the forks took (pure)."""
     forked = sorted((w.handle.forked_in, w.who.rank) for w in workers if w.handle.forked_in is not None)
     cold = [w.who.rank for w in workers if w.handle.forked_in is None]
@@ -131,7 +117,7 @@ def warm(attempt: int, workers: Sequence[Started]) -> Warm:
                 times[(len(times) - 1) // 2] if times else None, times[-1] if times else None)
 
 
-def told(deps: AgentDeps, attempt: int, workers: Sequence[Started]) -> tuple[Warm, Preload | None] | None:
+def told(deps: AgentDeps, attempt: int, workers: Sequence[StartedWorker]) -> tuple[Warm, Preload | None] | None:
     """Emit the ``preload`` events not emitted yet, then the attempt's ``warm``; returns it with the node's import,
     for the start-up line (``None`` without ``--preload``)."""
     news = deps.preload_news

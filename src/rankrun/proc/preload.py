@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rankrun import procfs
 from rankrun.errors import SpawnError
 from rankrun.preload import wire
-from rankrun.proc.output import OutputReader, StreamSource
-from rankrun.proc.spawn import Command, OsSpawner, Stdio, WorkerHandle, open_stdio, output_reader
+from rankrun.proc.output import OutputReader
+from rankrun.proc.spawn import Command, OsSpawner, Stdio, WorkerHandle, WorkerProcess, open_stdio, output_reader
 from rankrun.record import record
 
 _PF_EXITING = 0x4
@@ -157,13 +156,13 @@ class Preloader:
         finally:
             self._spawner.spawning -= 1
         forked_in = time.monotonic() - asked
-        worker = ForkedWorker(pid, pidfd, self._spawner.live, fds.terminal, forked_in)
+        readers = [await output_reader(loop, fd) for fd in fds.read]
+        worker = ForkedWorker(pid, pidfd, self._spawner.live, (readers[0], readers[1] if len(readers) > 1 else None),
+                              terminal_fd=fds.terminal, forked_in=forked_in)
         if self._spawner.on_spawn is not None:
             self._spawner.on_spawn(pid)
         os.write(go, b"g")
         os.close(go)
-        readers = [await output_reader(loop, fd) for fd in fds.read]
-        worker.readers = (readers[0], readers[1] if len(readers) > 1 else None)
         return worker
 
     async def _answered(self, kind: str, body: dict[str, Any]) -> tuple[int, int | None]:
@@ -301,17 +300,16 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-class ForkedWorker:
+class ForkedWorker(WorkerProcess):
     """A worker forked from the preloading process: the launcher's child, watched through a pidfd."""
 
-    def __init__(self, pid: int, pidfd: int, live: set[int], terminal_fd: int | None, forked_in: float) -> None:
-        self._pid = pid
+    def __init__(self, pid: int, pidfd: int, live: set[int], readers: tuple[OutputReader, OutputReader | None], *,
+                 terminal_fd: int | None, forked_in: float) -> None:
+        super().__init__(pid, readers, terminal_fd)
         self._pidfd: int | None = pidfd
         self._live = live
-        self._terminal_fd = terminal_fd
         self._forked_in = forked_in
         self._code: int | None = None
-        self.readers: tuple[OutputReader, OutputReader | None] | None = None
         self._loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = self._loop.create_future()
         self._loop.add_reader(pidfd, self._reap)
@@ -333,39 +331,14 @@ class ForkedWorker:
             self._exited.set_result(self._code)
 
     @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def stdout(self) -> StreamSource:
-        assert self.readers is not None
-        return self.readers[0]
-
-    @property
-    def stderr(self) -> StreamSource | None:
-        assert self.readers is not None
-        return self.readers[1]
-
-    @property
-    def terminal_fd(self) -> int | None:
-        return self._terminal_fd
-
-    @property
     def forked_in(self) -> float | None:
         return self._forked_in
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
 
-    def signal_group(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._pid, signum)
-
     def ended(self) -> bool:
-        if self._code is not None:
-            return True
-        fields = procfs.stat(self._pid)  # not reaped yet, so the pid is still the worker's
-        return fields is None or fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
+        return self._code is not None or self._exiting()
 
     def signal(self, signum: int) -> bool:
         if self._pidfd is None:
@@ -377,12 +350,7 @@ class ForkedWorker:
         return True
 
     def close(self) -> None:
-        for reader in self.readers or ():
-            if reader is not None:
-                reader.close()
-        if self._terminal_fd is not None:
-            os.close(self._terminal_fd)
-            self._terminal_fd = None
+        self._close_output()
 
 
 class PreloadSpawner(OsSpawner):

@@ -191,19 +191,15 @@ class _ExitProtocol(asyncio.SubprocessProtocol):
             self.exited.set_result(None)
 
 
-class _OsWorker:
-    def __init__(
-        self,
-        transport: asyncio.SubprocessTransport,
-        exited: asyncio.Future[None],
-        readers: tuple[OutputReader, OutputReader | None],
-        terminal_fd: int | None,
-    ) -> None:
-        self._transport = transport
-        self._exited = exited
+class WorkerProcess:
+    """What a worker's handle is whatever started it (``OsSpawner``'s exec, or ``proc.preload``'s fork): its pid,
+    which is its process group's id, its output and terminal, its group's signal, and whether its exit is under way.
+    A subclass says how it is waited for and signalled alone."""
+
+    def __init__(self, pid: int, readers: tuple[OutputReader, OutputReader | None], terminal_fd: int | None) -> None:
+        self._pid = pid
         self._readers = readers
         self._terminal_fd = terminal_fd
-        self._pid = transport.get_pid()
 
     @property
     def pid(self) -> int:
@@ -221,6 +217,36 @@ class _OsWorker:
     def terminal_fd(self) -> int | None:
         return self._terminal_fd
 
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pid, signum)
+
+    def _exiting(self) -> bool:
+        """Not reaped yet (so the pid is still the worker's): whether it is a zombie, gone, or in exit()."""
+        fields = procfs.stat(self._pid)
+        return fields is None or fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
+
+    def _close_output(self) -> None:
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
+        if self._terminal_fd is not None:
+            os.close(self._terminal_fd)
+            self._terminal_fd = None
+
+
+class _OsWorker(WorkerProcess):
+    def __init__(
+        self,
+        transport: asyncio.SubprocessTransport,
+        exited: asyncio.Future[None],
+        readers: tuple[OutputReader, OutputReader | None],
+        terminal_fd: int | None,
+    ) -> None:
+        super().__init__(transport.get_pid(), readers, terminal_fd)
+        self._transport = transport
+        self._exited = exited
+
     @property
     def forked_in(self) -> float | None:
         return None
@@ -231,15 +257,8 @@ class _OsWorker:
         assert code is not None
         return code
 
-    def signal_group(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._pid, signum)
-
     def ended(self) -> bool:
-        if self._transport.get_returncode() is not None:
-            return True
-        fields = procfs.stat(self._pid)  # not reaped yet, so the pid is still the worker's
-        return fields is None or fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
+        return self._transport.get_returncode() is not None or self._exiting()
 
     def signal(self, signum: int) -> bool:
         if self._transport.get_returncode() is not None:
@@ -251,12 +270,7 @@ class _OsWorker:
         return True
 
     def close(self) -> None:
-        for reader in self._readers:
-            if reader is not None:
-                reader.close()
-        if self._terminal_fd is not None:
-            os.close(self._terminal_fd)
-            self._terminal_fd = None
+        self._close_output()
         self._transport.close()
 
 
