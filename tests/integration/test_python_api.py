@@ -53,6 +53,16 @@ def test_a_notebook_cells_lambda_and_closure_and_the_callers_own_stdout(capsys):
     assert sorted(out.splitlines()) == ["[default0]:from 0", "[default1]:from 1"]
 
 
+def test_preload_forks_the_apis_workers_from_one_import(tmp_path):
+    events = tmp_path / "events.jsonl"
+    got = rankrun.launch(lambda: (os.getpid(), os.getppid(), "decimal" in sys.modules), nproc_per_node=2,
+                         preload="decimal", events=str(events))
+    assert {rank: seen[2] for rank, seen in got.items()} == {0: True, 1: True}  # preloaded, never imported by fn
+    assert len({seen[1] for seen in got.values()}) == 1 and os.getpid() not in {seen[1] for seen in got.values()}
+    told = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [(e["forked"], e["cold"]) for e in told if e["event"] == "warm"] == [("0-1", "")]
+
+
 def _fails_on_rank_2() -> int:
     if os.environ["RANK"] == "2":
         raise ValueError("rank two refuses")
