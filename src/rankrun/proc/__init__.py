@@ -1,4 +1,5 @@
-"""Processes: the only package that starts workers, and the only one that signals or reaps the launcher's processes.
+"""Processes: the only package of the launcher that starts workers (with ``--preload`` it asks the preloading process,
+which forks them: below), and the only one that signals or reaps the launcher's processes.
 
 Outside it, these modules run a process of their own: ``rankrun.api.launch`` starts the launcher from the caller's
 process, and interrupts, kills and waits for it there; ``rankrun.devices`` runs ``nvidia-smi -L``;
