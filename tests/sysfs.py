@@ -1,5 +1,7 @@
 """Fake machine layouts as ``--numa-binding`` reads them: the ``sys/`` and ``proc/driver/nvidia/gpus`` files under
-a test's folder (the root ``rankrun.numa.topology`` reads from; ``RANKRUN_SYSFS_ROOT`` for a whole launcher)."""
+a test's folder (the root ``rankrun.numa.topology`` reads from; ``RANKRUN_SYSFS_ROOT`` for a whole launcher); and a
+node's memory as ``rankrun.memroom`` reads it (``FakeMemory``: ``proc/meminfo``, ``proc/self/cgroup`` and the memory
+cgroup's files; ``RANKRUN_MEMROOM_ROOT`` for a whole launcher or health check)."""
 
 from __future__ import annotations
 
@@ -78,3 +80,45 @@ def this_machine_split() -> FakeMachine:
     cpus = sorted(os.sched_getaffinity(0))
     first, rest = cpus[:1], cpus[1:] or cpus[:1]
     return FakeMachine({0: ranges(first), 1: ranges(rest)}, [FakeGpu("0000:1b:00.0", 0), FakeGpu("0000:3b:00.0", 1)])
+
+
+@dataclass
+class FakeLevel:
+    """One memory cgroup's files: ``limit`` None is no limit (v2 ``max``, v1 PAGE_COUNTER_MAX pages)."""
+
+    limit: int | None
+    usage: int
+    inactive_file: int = 0
+
+
+V1_NO_LIMIT = 9223372036854771712  # what cgroup v1 says for no limit, with 4 KiB pages
+
+
+@dataclass
+class FakeMemory:
+    total: int  # bytes; written in kB as the kernel does
+    available: int
+    version: int | None = 2  # the memory controller's hierarchy; None: no memory cgroup in /proc/self/cgroup
+    path: str = "/"  # this process's cgroup, as /proc/self/cgroup names it
+    levels: Mapping[str, FakeLevel] = field(default_factory=dict)  # a cgroup's path under the mount → its files
+
+    def write(self, root: Path) -> Path:
+        """Lay ``proc/`` and ``sys/fs/cgroup/`` out under ``root`` (created); returns ``root``."""
+        _put(root / "proc/meminfo", f"MemTotal:       {self.total // 1024} kB\nMemFree:        1024 kB\n"
+                                    f"MemAvailable:   {self.available // 1024} kB\nBuffers:          512 kB\n")
+        lines = {None: "0::/\n", 2: f"0::{self.path}\n",
+                 1: f"12:pids:/\n4:memory:{self.path}\n3:cpu,cpuacct:/\n1:name=systemd:/\n0::/\n"}
+        _put(root / "proc/self/cgroup", lines[self.version])
+        mount = root / "sys/fs/cgroup" / ("memory" if self.version == 1 else "")
+        names = (("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") if self.version == 1
+                 else ("memory.max", "memory.current", "inactive_file"))
+        for path, level in self.levels.items():
+            folder = mount / path.strip("/")
+            no_limit = str(V1_NO_LIMIT) if self.version == 1 else "max"
+            _put(folder / names[0], f"{no_limit if level.limit is None else level.limit}\n")
+            _put(folder / names[1], f"{level.usage}\n")
+            # v1's memory.stat has the cgroup's own inactive_file and the hierarchy's total_: the total counts
+            local = "inactive_file 4096\n" if self.version == 1 else ""
+            _put(folder / "memory.stat", f"anon 4096\n{local}{names[2]} {level.inactive_file}\nactive_file 0\n")
+        mount.mkdir(parents=True, exist_ok=True)
+        return root
