@@ -1,7 +1,8 @@
 """``python -m rankrun.health`` run for real: real directories, real limits, real timeouts and kills.
 
 There is no GPU here: a stand-in ``nvidia-smi`` (a shell script first on PATH, printing what a driver prints) and a
-stand-in driver directory (``RANKRUN_HEALTH_PROC_ROOT``) are the seams; the counting, parsing, timeouts, process
+stand-in driver directory (``RANKRUN_HEALTH_PROC_ROOT``) are the seams, as a node's memory and cgroup files
+(``RANKRUN_MEMROOM_ROOT``) are for ``--checkpoint-room``; the counting, parsing, timeouts, process
 groups and exit codes are the command's own. A hung probe is made by a stand-in that never answers: it records its
 PID and its child's, which must be gone after the command (killed with its process group).
 """
@@ -18,9 +19,12 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, Reaper, alive, clean_environ, wait_gone
+from sysfs import FakeLevel, FakeMemory
 
 HEALTH = (PY, "-m", "rankrun.health")
 PROC_ROOT_ENV = "RANKRUN_HEALTH_PROC_ROOT"
+MEMROOM_ENV = "RANKRUN_MEMROOM_ROOT"
+GiB = 1 << 30
 
 EIGHT_GPUS = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-5d3e1c2a-0000-0000-0000-00000000000{i})\n" for i in range(8))
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -208,14 +212,46 @@ def test_without_nvidia_smi_gpus_are_the_drivers_entries(tmp_path):
     assert _run("--gpus", "0", "--nofile", "0", env=no_driver).returncode == 0  # --gpus 0: a node without GPUs
 
 
+def _node(root: Path, limit: int, used: int) -> str:
+    """A node of 128 GiB whose job's memory cgroup (v2) has ``limit`` and ``used``: the memroom root."""
+    return str(FakeMemory(128 * GiB, 100 * GiB, 2, "/job/step", {"job": FakeLevel(limit, used),
+                                                                 "job/step": FakeLevel(None, used)}).write(root))
+
+
+def test_the_checkpoint_room_is_judged_on_the_nodes_memory_cgroup(tmp_path):
+    roomy = _env(**{MEMROOM_ENV: _node(tmp_path / "roomy", 64 * GiB, 10 * GiB)})
+    assert _run("--checkpoint-room", "8G", "--nofile", "0", env=roomy).stdout == ""
+    full = _env(**{MEMROOM_ENV: _node(tmp_path / "full", 64 * GiB, 60 * GiB)})
+    proc = _run("--checkpoint-room", "8G", "--nofile", "0", env=full)
+    assert (proc.returncode, _lines(proc)) == (1, [
+        "rankrun.health: checkpoint-room: this node has 4.0 GiB of room (cgroup memory.max 64.0 GiB, 60.0 GiB used; "
+        "6.4 GiB stays free for the workers' own growth), 8.0 GiB asked"])
+
+
+def test_the_checkpoint_room_is_the_keepers_rule_to_the_byte(tmp_path):
+    env = _env(**{MEMROOM_ENV: _node(tmp_path, 20 * GiB, 10 * GiB)})  # 10 GiB of room, 2 GiB of it stays free
+    assert _run("--checkpoint-room", str(8 * GiB), "--nofile", "0", env=env).returncode == 0
+    proc = _run("--checkpoint-room", str(8 * GiB + 1), "--nofile", "0", env=env)
+    assert proc.returncode == 1, proc
+    assert _lines(proc)[0].endswith("; 2.0 GiB stays free for the workers' own growth), 8.0 GiB asked")
+
+
+def test_a_node_whose_memory_cannot_be_read_fails_the_room_check(tmp_path):
+    proc = _run("--checkpoint-room", "1M", "--nofile", "0", env=_env(**{MEMROOM_ENV: str(tmp_path)}))
+    assert (proc.returncode, _lines(proc)) == (1, [
+        f"rankrun.health: checkpoint-room: {tmp_path}/proc/meminfo: No such file or directory"])
+
+
 def test_every_failure_is_a_line_the_hardware_last(tmp_path):
     """A launcher quotes the last line as the node's reason: a GPU short says more than a setting."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    env = _env(_stand_in(tmp_path / "bin"), **{MEMROOM_ENV: _node(tmp_path / "node", 8 * GiB, 8 * GiB)})
     proc = _run("--gpus", "9", "--paths", str(tmp_path / "missing"), "--min-free", str(_free(tmp_path)[1] + 1),
-                "--min-shm", "0", "--log-dir", str(tmp_path), "--nofile", "100", env=_env(_stand_in(tmp_path / "bin")),
+                "--min-shm", "0", "--log-dir", str(tmp_path), "--nofile", "100", "--checkpoint-room", "1G", env=env,
                 limit=(99, hard))
     assert proc.returncode == 1, proc
-    assert [line.split(": ")[1] for line in _lines(proc)] == ["nofile", "free-space", f"path {tmp_path / 'missing'}", "gpus"]
+    assert [line.split(": ")[1] for line in _lines(proc)] == [
+        "nofile", "free-space", "checkpoint-room", f"path {tmp_path / 'missing'}", "gpus"]
 
 
 def test_a_hung_probe_is_killed_with_its_process_group_at_its_timeout(tmp_path, reaper: Reaper):
@@ -281,6 +317,8 @@ def test_probes_orphaned_by_a_kill_end_their_own_groups(tmp_path, reaper: Reaper
     (("--timeout", "soon"), {}, "--timeout 'soon'"),
     (("--nofile", "-3"), {}, "--nofile '-3'"),
     (("--paths", ","), {}, "--paths ','"),
+    (("--checkpoint-room", "8X"), {}, "--checkpoint-room '8X'"),
+    (("--checkpoint-room=-1G",), {}, "--checkpoint-room '-1G'"),
     (("--bogus",), {}, "--bogus"),
     ((), {"LOCAL_WORLD_SIZE": "eight"}, "LOCAL_WORLD_SIZE 'eight'"),
 ])
@@ -292,10 +330,11 @@ def test_bad_input_is_one_line_naming_the_flag_and_value_and_exit_2(args, env, n
 
 
 def test_it_starts_without_json_asyncio_or_subprocess(tmp_path):
+    env = _env(_stand_in(tmp_path / "bin"), **{MEMROOM_ENV: _node(tmp_path / "node", 64 * GiB, 0)})
     proc = subprocess.run([PY, "-X", "importtime", "-m", "rankrun.health", "--gpus", "8", "--paths", str(tmp_path),
-                           "--min-free", "1"], env=_env(_stand_in(tmp_path / "bin")), capture_output=True, text=True,
+                           "--min-free", "1", "--checkpoint-room", "1G"], env=env, capture_output=True, text=True,
                           timeout=30, check=False)
     assert proc.returncode == 0, proc
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "rankrun.health.probes" in imported
+    assert {"rankrun.health.probes", "rankrun.memroom"} <= imported
     assert imported.isdisjoint({"json", "asyncio", "subprocess", "threading", "dataclasses"}), sorted(imported)

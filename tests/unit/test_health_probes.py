@@ -1,5 +1,6 @@
-"""The pure rules of ``python -m rankrun.health``: sizes, the free space a user may write, the open-files rule, and what
-nvidia-smi's text says.
+"""The pure rules of ``python -m rankrun.health``: sizes, the free space a user may write, the open-files rule, what
+nvidia-smi's text says, and the room for kept progress on a fake node (sizes are shown as ``rankrun.memroom`` words
+them: ``tests/unit/test_memroom.py``).
 
 The ``nvidia-smi -q`` excerpts are laid out as real drivers print them (a ``GPU <bus id>`` line opens each GPU's
 section; recent drivers print ``GPU Recovery Action`` and mark the older ``GPU Reset Status`` fields deprecated).
@@ -12,7 +13,7 @@ import os
 import pytest
 
 from rankrun.health.probes import (
-    format_size,
+    checkpoint_room_probe,
     free_space_probe,
     listed_gpus,
     nofile_needed,
@@ -20,6 +21,10 @@ from rankrun.health.probes import (
     pending_recovery,
     user_free,
 )
+from rankrun.memroom import ROOT_ENV, format_size
+from sysfs import FakeLevel, FakeMemory
+
+GiB = 1 << 30
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -34,14 +39,6 @@ def test_sizes_are_binary_with_an_optional_suffix(text, size):
 def test_a_size_that_is_not_one_is_refused(text):
     with pytest.raises(ValueError, match="not a size"):
         parse_size(text)
-
-
-@pytest.mark.parametrize(("size", "shown"), [
-    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (3 * 2**29, "1.5 GiB"), (20 * 2**30, "20.0 GiB"),
-    (2**40 - 1, "1024.0 GiB"), (2**40, "1.0 TiB"),
-])
-def test_sizes_are_shown_in_binary_units(size, shown):
-    assert format_size(size) == shown
 
 
 def test_the_open_files_rule_is_64_plus_32_per_local_worker():
@@ -131,3 +128,24 @@ def test_the_free_space_probe_reads_the_filesystem_of_the_path(tmp_path):
     assert message.startswith(f"{tmp_path}: ") and message.endswith(f"free, {format_size(free + 2**40)} asked")
     assert free_space_probe(str(tmp_path / "missing"), 1) == [f"{tmp_path / 'missing'}: does not exist"]
     assert free_space_probe(str(tmp_path / "missing"), 1, optional=True) == []
+
+
+def _node(tmp_path, limit, used):
+    FakeMemory(128 * GiB, 100 * GiB, 2, "/job", {"job": FakeLevel(limit, used)}).write(tmp_path)
+    return {ROOT_ENV: str(tmp_path)}
+
+
+def test_the_checkpoint_room_is_the_keepers_rule_to_the_byte(tmp_path):
+    env = _node(tmp_path, 20 * GiB, 10 * GiB)  # 10 GiB of room, 2 GiB of it stays free
+    assert checkpoint_room_probe(8 * GiB, env) == []
+    assert checkpoint_room_probe(8 * GiB + 1, env) == [
+        "this node has 10.0 GiB of room (cgroup memory.max 20.0 GiB, 10.0 GiB used; 2.0 GiB stays free for the "
+        "workers' own growth), 8.0 GiB asked"]
+
+
+def test_a_node_whose_memory_cannot_be_read_says_which_file(tmp_path):
+    assert checkpoint_room_probe(GiB, {ROOT_ENV: str(tmp_path)}) == [
+        f"{tmp_path}/proc/meminfo: No such file or directory"]
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemFree: 1 kB\n")
+    assert checkpoint_room_probe(GiB, {ROOT_ENV: str(tmp_path)}) == ["/proc/meminfo says no MemTotal"]

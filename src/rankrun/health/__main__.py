@@ -19,6 +19,7 @@ from rankrun.errors import EXIT_SIGNAL_BASE, EXIT_SUCCESS, EXIT_USAGE
 from rankrun.fsutil import temp_root
 from rankrun.health.isolate import Probe, Stopped, run_probes
 from rankrun.health.probes import (
+    checkpoint_room_probe,
     free_space_probe,
     gpu_recovery_probe,
     gpus_probe,
@@ -48,7 +49,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=PROG, description="Check this node before it joins a rankrun round: GPUs, paths, free space, open files.",
+        prog=PROG, description="Check this node before it joins a rankrun round: GPUs, paths, free space, open files, "
+                    "memory for kept progress.",
         epilog="exit codes: 0 healthy (nothing printed), 1 unhealthy (one line per failure on stdout), "
                "2 bad input (one line on stderr), 128+N stopped by signal N")
     parser.add_argument("--gpus", metavar="N", help="at least N GPUs visible (nvidia-smi -L, else "
@@ -57,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-free", metavar="SIZE", help="at least SIZE free in --log-dir and in /dev/shm "
                         "(K, M, G, T: powers of 1024)")
     parser.add_argument("--min-shm", metavar="SIZE", help="at least SIZE free in /dev/shm (default: --min-free)")
+    parser.add_argument("--checkpoint-room", metavar="SIZE", help="SIZE of memory fits in this node's room for "
+                        "rankrun.checkpoint's kept state, as each save is judged (MemAvailable, the memory cgroup's "
+                        "limit and usage, a margin left free)")
     parser.add_argument("--log-dir", metavar="DIR", help="where --min-free is checked (default: $TMPDIR, else /tmp)")
     parser.add_argument("--nofile", metavar="N", help="the open-files soft limit is at least N (default: "
                         "64 + 32 x $LOCAL_WORLD_SIZE; 0: no check)")
@@ -118,6 +123,9 @@ def probes(args: argparse.Namespace, env: Mapping[str, str]) -> list[Probe]:
         found.append(Probe("free-space", partial(free_space_probe, log_dir, free)))
     if shm is not None:
         found.append(Probe("free-space", partial(free_space_probe, SHM, shm, optional=True)))
+    if args.checkpoint_room is not None:
+        room = _size("--checkpoint-room", args.checkpoint_room)
+        found.append(Probe("checkpoint-room", partial(checkpoint_room_probe, room, env)))
     if args.paths is not None:
         paths = [p for p in args.paths.split(",") if p]
         if not paths:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rankrun.fsutil import which
 from rankrun.health.isolate import run_program
+from rankrun.memroom import fits, format_size, read_here
 
 # K, M, G, T are binary (powers of 1024), as ``df -h``, ``ulimit`` and ``free -h`` print them
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -41,14 +42,6 @@ def parse_size(text: str) -> int:
     if match is None:
         raise ValueError(f"not a size: {text!r}")
     return int(float(match[1]) * _UNITS[match[2]])
-
-
-def format_size(size: int) -> str:
-    """Bytes as a person reads them, binary: ``1.5 GiB``, ``512 B``."""
-    for unit in ("T", "G", "M", "K"):
-        if size >= _UNITS[unit]:
-            return f"{size / _UNITS[unit]:.1f} {unit}iB"
-    return f"{size} B"
 
 
 def nofile_needed(local_world_size: int) -> int:
@@ -159,3 +152,16 @@ def nofile_probe(needed: int, why: str) -> list[str]:
         return []
     ceiling = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     return [f"open-files limit {soft} (ulimit -n; hard limit {ceiling}), this node needs {needed} ({why})"]
+
+
+def checkpoint_room_probe(asked: int, env: Mapping[str, str]) -> list[str]:
+    """Kept progress (``rankrun.checkpoint``) can take ``asked`` more bytes of this node's memory: the rule the
+    keeper judges each save by (``rankrun.memroom.fits``), on the same facts (``env``'s ``RANKRUN_MEMROOM_ROOT``,
+    else this machine's ``/proc`` and memory cgroup), so the check and the saves agree."""
+    try:
+        why = fits(read_here(env), asked)
+    except OSError as err:
+        return [f"{err.filename}: {err.strerror or err}"]
+    except ValueError as err:
+        return [str(err)]
+    return [] if why is None else [f"{why}, {format_size(asked)} asked"]
