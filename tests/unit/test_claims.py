@@ -27,7 +27,9 @@ ALLOWED = {
                    # RANKRUN_MEMROOM_ROOT, the fake node a test hands a launcher or a health check: read in one place
                    # so the keeper and the check judge the same room
                    "memroom.py",
-                   "preload/child.py"},  # a forked worker takes on its own environment, as exec would have given it
+                   "preload/child.py",  # a forked worker takes on its own environment, as exec would have given it
+                   # rankrun.checkpoint in a rank: the keeper's socket (RANKRUN_CHECKPOINT) and the rank's RANK
+                   "checkpoint/__init__.py", "checkpoint/client.py"},
     # the preloading process's arguments (preload/__main__.py) and a forked worker's command line (preload/child.py)
     "sys.argv": {"cli.py", "__main__.py", "proc/early.py", "run_path.py", "api/worker.py", "preload/__main__.py",
                  "preload/child.py"},

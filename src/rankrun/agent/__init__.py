@@ -9,4 +9,5 @@ identities, pure), ``env`` (a worker's torchrun variables, pure), ``race`` (raci
 (``--hang-timeout``), ``startup`` (the start-up timeline) and ``stragglers/`` (``--straggler-window``: the attempt's
 watch; several nodes' round adds the job's, ``JobView``'s). The job's event stream: ``facts`` (the lifecycle facts,
 pure), ``observers`` (the consumers the options ask for), ``lines`` (the console's lines that say a fact). The job's
-preloading process (``--preload``), from its start to its end and its events: ``preload``."""
+preloading process (``--preload``), from its start to its end and its events: ``preload``. Kept progress
+(``rankrun.checkpoint``): the node's keeper for the job's length, and each attempt's part: ``checkpoint``."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt, worker_argv
+from rankrun.agent.checkpoint import Keeping, KeptProgress, keeping
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure
 from rankrun.agent.gate import HealthGate, excluded, unhealthy
@@ -104,7 +105,7 @@ async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
     held: asyncio.Server | None = None
     if not spec.multi_node:  # job.start at the job's start, the import included (several nodes: once the session is open)
         await observers.begin(spec.local_addr or LOCAL_ADDRESS)
-    async with preloading(spec, deps, worker_argv(spec.worker.entry, 0), stops):
+    async with preloading(spec, deps, worker_argv(spec.worker.entry, 0), stops), keeping(spec, deps) as kept:
         try:
             if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
                 # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
@@ -114,7 +115,7 @@ async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
 
                 return await run_multinode(spec, deps, stops, logs, begin=observers.begin)
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
-            return await _attempts(spec, deps, stops, logs, single_node(spec, port))
+            return await _attempts(spec, deps, stops, logs, single_node(spec, port), kept=kept)
         finally:
             await deps.worker_store.close()
             if held is not None:
@@ -129,16 +130,18 @@ def group_ended(outcome: GroupOutcome) -> GroupEnded:
     return Failed() if outcome.failed else Succeeded()
 
 
-def _features(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> Rounds:
+def _features(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, kept: Keeping | None) -> Rounds:
     """One node's round-level features, listed once (``agent.round``): its rounds have no store; the open-files line
     comes first, before the first check."""
     news = NewsEvents(deps.events)
     gate = HealthGate(lambda: unhealthy(spec, deps, stops), first=True)
-    return Rounds([OpenFiles(deps.console.say, spec, nodes=0), gate, news], news, gate)
+    progress = [KeptProgress(kept, deps, spec.worker.nproc)] if kept is not None else []
+    return Rounds([OpenFiles(deps.console.say, spec, nodes=0), gate, news, *progress], news, gate)
 
 
-async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, membership: Membership) -> Outcome:
-    rounds = _features(spec, deps, stops)
+async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, membership: Membership, *,
+                    kept: Keeping | None) -> Outcome:
+    rounds = _features(spec, deps, stops, kept)
     restarts, attempt = 0, -1
     while True:
         attempt += 1
@@ -156,8 +159,8 @@ async def _attempts(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: 
         # one node's rendezvous is the fresh keyspace: a round per attempt, as torchrun has one per restart
         took = round(asyncio.get_running_loop().time() - formed_at, 6)
         watch.told((formed(attempt + 1, membership, took),))
-        plan = AttemptPlan(attempt, restarts, membership, rendezvous=took)
-        async with watch.serving():
+        async with watch.serving() as served:
+            plan = AttemptPlan(attempt, restarts, membership, served.env, rendezvous=took)
             result = await run_attempt(spec, plan, logs.attempt_dir(attempt, spec.worker.nproc), deps, stops)
         await watch.after(result)
         event = group_ended(result.outcome)

@@ -196,6 +196,7 @@ class OnDemand:
         self.job: Exchange | None = None
         self.stragglers: JobStragglers | None = None  # several nodes: the round's straggler watch, judged by the host
         self.recorder: Recorder | None = None  # torch's Flight Recorder, where on: asked for dumps at a stall
+        self.on_running: Callable[[list[Target]], None] | None = None  # kept progress: which pids are the workers
         self._sampler = Sampler()
         self._sampled = float("-inf")
 
@@ -221,6 +222,8 @@ class OnDemand:
         """The attempt's workers as they start (and ``[]`` once they are gone: between attempts), with their
         recorder if any."""
         self.run_id, self.targets, self.recorder = run_id, targets, recorder
+        if self.on_running is not None:
+            self.on_running(targets)
         if not targets:
             self.state = BETWEEN
 

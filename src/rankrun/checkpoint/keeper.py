@@ -1,0 +1,356 @@
+"""One node's keeper of its ranks' kept state: the memory the launcher owns, and the socket the ranks reach it by.
+
+For each local rank the keeper makes three memory files (``memfd_create``): the header and two slots
+(``checkpoint.slots``). They have no name in any filesystem, so nothing can be left behind: the kernel frees them with
+the last descriptor and mapping, whatever killed the launcher. They live for the job: every attempt's worker of that
+local rank is handed the same three, so a restarted rank finds what its predecessor kept.
+
+A rank connects to ``@rankrun-<uid>-<pid>-ckpt-<hex>`` (``RANKRUN_CHECKPOINT``); the keeper answers only a process
+that is one of the running attempt's workers (by the socket's peer pid), and hands it its files with ``SCM_RIGHTS``.
+Room is judged before it is reserved (``memroom``) and reserved with ``posix_fallocate`` before a byte goes through a
+mapping: past a memory cgroup's limit a write through a mapping is a ``SIGBUS``, and that may never be how a save
+ends. A refused save is one line, and the previous step stays kept.
+
+At each attempt's start the keeper settles which step the attempt resumes from (``rule.consistent`` over every
+local rank's complete slots and the disk's newest complete step), so every rank of the attempt loads the same one. A
+rank's ``load`` gets a copy of the slot that never changes (its tensors are mapped from it, and may stay so in an
+optimizer's state while the rank saves into that slot again). A step that every local rank has kept is copied the
+same way for ``--checkpoint-dir``'s writer (``checkpoint.disk``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import socket
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankrun.checkpoint import slots, wire
+from rankrun.checkpoint.rule import Held, Resume, consistent, why_none
+from rankrun.memroom import format_size
+
+NAME = "rankrun-ckpt"  # the memory files' names (seen in /proc/PID/maps as memfd:NAME-<launcher pid>-...)
+HELLO_WAIT = 30.0  # seconds a hello from a pid not (yet) known as a worker waits for the attempt's workers to be known
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass
+class Kept:
+    """What the ranks said of one step (``kept`` messages), until every local rank kept it."""
+
+    bytes: dict[int, int] = field(default_factory=dict)  # rank -> bytes
+    seconds: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Loaded:
+    """The ranks that loaded the attempt's resume step."""
+
+    ranks: set[int] = field(default_factory=set)
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class Files:
+    """One local rank's three memory files, and what the keeper reserved of each slot."""
+
+    def __init__(self, local_rank: int) -> None:
+        self.header = os.memfd_create(f"{NAME}-{os.getpid()}-{local_rank}-h", os.MFD_CLOEXEC)
+        os.ftruncate(self.header, slots.HEADER)
+        self.view = mmap.mmap(self.header, slots.HEADER)
+        slots.init(self.view)
+        self.slots = [os.memfd_create(f"{NAME}-{os.getpid()}-{local_rank}-{name}", os.MFD_CLOEXEC) for name in "ab"]
+        self.capacity = [0, 0]
+
+    def close(self) -> None:
+        self.view.close()
+        for fd in (self.header, *self.slots):
+            os.close(fd)
+
+
+def snapshot(fd: int, length: int) -> int:
+    """A new memory file holding the first ``length`` bytes of ``fd``: a copy that never changes (blocking: run it
+    off the event loop; the kernel copies, the GIL is released)."""
+    copy = os.memfd_create(f"{NAME}-{os.getpid()}-copy", os.MFD_CLOEXEC)
+    try:
+        done = 0
+        while done < length:
+            n = os.copy_file_range(fd, copy, length - done, done, done)
+            if n == 0:
+                raise OSError(f"a kept slot ended after {done} of {length} bytes")
+            done += n
+    except BaseException:
+        os.close(copy)
+        raise
+    return copy
+
+
+Told = Callable[[str, dict[str, Any]], None]  # what the keeper saw ("kept", "refused", "restored"), for the agent
+
+
+class Keeper:
+    """The node's keeper (from ``start``), for the job's length; ``close`` frees everything."""
+
+    def __init__(self, nproc: int, *, say: Callable[[str], None], told: Told, room: Callable[[int], str | None],
+                 disk: Callable[[], Sequence[tuple[int, int, Mapping[int, Path]]]] | None = None) -> None:
+        self._nproc, self._say, self._told, self._room = nproc, say, told, room
+        self._disk = disk  # the disk's newest complete step: (step, world, rank -> file), or none
+        self._files: list[Files] = []
+        self._server: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._conns: set[socket.socket] = set()
+        self._workers: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank), the running attempt's
+        self._known = asyncio.Event()
+        self.attempt, self.world = 0, 0
+        self.resume: Resume | None = None
+        self._resume_files: Mapping[int, Path] = {}
+        self._why_none: str | None = None
+        self._kept: dict[int, Kept] = {}
+        self._loaded = Loaded()
+        self._refused_said: set[int] = set()  # the sizes (in powers of two) already said: one line each
+        self.on_step: Callable[[int, int, dict[int, tuple[int, int]]], None] | None = None  # disk: step, world, copies
+        self.name = ""
+
+    async def start(self) -> str:
+        """Listens; the value of ``RANKRUN_CHECKPOINT`` for the workers."""
+        self.name = f"@rankrun-{os.getuid()}-{os.getpid()}-ckpt-{os.urandom(4).hex()}"
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        server.bind("\0" + self.name[1:])
+        server.listen(max(64, self._nproc))
+        self._server = server
+        self._files = [Files(local) for local in range(self._nproc)]
+        self._spawn(self._accept())
+        return wire.env_value(self.name)
+
+    # -- the attempt -------------------------------------------------------------------------------------------------
+
+    def attempt_starts(self, attempt: int, world: int) -> Resume | None:
+        """A new attempt of ``world`` ranks: which step it resumes from, settled now for all of its ranks."""
+        self.attempt, self.world = attempt, world
+        self._workers, self._known = {}, asyncio.Event()
+        self._loaded = Loaded()
+        held: dict[int, list[Held]] = {}
+        for files in self._files:
+            for _, desc in slots.complete(files.view):
+                held.setdefault(desc.rank, []).append(Held(desc.step, desc.world, "memory"))
+        on_disk = list(self._disk()) if self._disk is not None else []
+        for step, saved_world, paths in on_disk:
+            for rank in paths:
+                held.setdefault(rank, []).append(Held(step, saved_world, "disk"))
+        self.resume = consistent(held)
+        self._why_none = why_none(held) if self.resume is None else None
+        self._resume_files = {}
+        for step, saved_world, paths in on_disk:
+            if self.resume is not None and (step, saved_world) == (self.resume.step, self.resume.world):
+                self._resume_files = paths
+        return self.resume
+
+    def workers(self, pids: Mapping[int, tuple[int, int]]) -> None:
+        """The attempt's workers as they started: pid -> (rank, local rank)."""
+        self._workers = dict(pids)
+        self._known.set()
+
+    def attempt_ended(self) -> None:
+        """The attempt's workers are gone: what they loaded is told, once."""
+        loaded, self._loaded = self._loaded, Loaded()
+        if loaded.ranks and self.resume is not None:
+            self._tell_restored(loaded)
+        self._workers = {}
+
+    def _tell_restored(self, loaded: Loaded) -> None:
+        assert self.resume is not None
+        sources = {self.resume.where.get(rank, "memory") for rank in loaded.ranks}
+        self._told("restored", {"attempt": self.attempt, "step": self.resume.step, "ranks": sorted(loaded.ranks),
+                                "bytes": loaded.bytes, "seconds": loaded.seconds,
+                                "source": "disk" if "disk" in sources else sources.pop()})
+
+    # -- serving the ranks -------------------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._server is not None
+        while True:
+            conn, _ = await loop.sock_accept(self._server)
+            self._conns.add(conn)
+            self._spawn(self._serve(conn))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            pid = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))[0]
+            who = await self._who(pid, await loop.sock_recv(conn, wire.LIMIT))
+            if who is None:
+                _send(conn, wire.encode("refused", why=f"only a rank's own process keeps state, and process {pid} is "
+                                                       "not one of this attempt's workers (a DataLoader worker, or a "
+                                                       "subprocess of a rank?)"))
+                return
+            rank, local = who
+            files = self._files[local]
+            _send(conn, wire.encode("slots", rank=rank, local_rank=local, world=self.world, attempt=self.attempt,
+                                    capacity=files.capacity), [files.header, *files.slots])
+            while data := await loop.sock_recv(conn, wire.LIMIT):
+                await self._answer(conn, wire.decode(data), rank, files)
+        except (OSError, ValueError):
+            pass  # a rank that died mid-message, or sent something else: its connection ends
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+
+    async def _who(self, pid: int, data: bytes) -> tuple[int, int] | None:
+        """The (rank, local rank) of a hello's sender; ``None`` (after answering why) when it is not a worker."""
+        if not data or wire.decode(data)["kind"] != "hello":
+            return None
+        if pid not in self._workers and not self._known.is_set():
+            known = self._known
+            with contextlib.suppress(TimeoutError):  # a forked worker may say hello before its spawn has returned
+                async with asyncio.timeout(HELLO_WAIT):
+                    await known.wait()
+        return self._workers.get(pid)
+
+    async def _answer(self, conn: socket.socket, msg: dict[str, Any], rank: int, files: Files) -> None:
+        kind = msg["kind"]
+        if kind == "room":
+            await self._reserve(conn, files, int(msg["slot"]), int(msg["bytes"]), rank)
+        elif kind == "kept":
+            self._on_kept(rank, int(msg["step"]), int(msg["bytes"]), float(msg["seconds"]))
+        elif kind == "fetch":
+            await self._fetch(conn, rank if msg.get("rank") is None else int(msg["rank"]), msg.get("rank") is None)
+        elif kind == "loaded":
+            self._loaded.ranks.add(rank)
+            self._loaded.bytes += int(msg["bytes"])
+            self._loaded.seconds = max(self._loaded.seconds, float(msg["seconds"]))
+
+    async def _reserve(self, conn: socket.socket, files: Files, index: int, need: int, rank: int) -> None:
+        growth = need - files.capacity[index]
+        why = self._room(growth) if growth > 0 else None
+        if why is None:
+            try:
+                await asyncio.to_thread(_fallocate, files.slots[index], need)
+            except OSError as exc:
+                why = f"reserving {need} bytes failed: {exc.strerror or exc}"
+        if why is not None:
+            self._refused(rank, need, why, files)
+            _send(conn, wire.encode("refused", why=why))
+            return
+        files.capacity[index] = max(files.capacity[index], need)
+        _send(conn, wire.encode("ok", capacity=files.capacity[index]))
+
+    def _refused(self, rank: int, need: int, why: str, files: Files) -> None:
+        top = slots.newest(files.view)
+        kept = f"step {top[1].step} stays kept" if top is not None else "nothing was kept before"
+        self._told("refused", {"rank": rank, "bytes": need, "why": why})
+        if need.bit_length() not in self._refused_said:  # one line per size class: later refusals are counted
+            self._refused_said.add(need.bit_length())
+            self._say(f"checkpoint: rank {rank}'s state ({format_size(need)}) is not kept: {why}; {kept}")
+
+    def _on_kept(self, rank: int, step: int, nbytes: int, seconds: float) -> None:
+        kept = self._kept.setdefault(step, Kept())
+        kept.bytes[rank], kept.seconds[rank] = nbytes, seconds
+        for old in [s for s in self._kept if s < step - 1]:  # ranks save in step: older ones never complete now
+            del self._kept[old]
+        local = {r for r, _ in self._workers.values()}
+        if local and local <= set(kept.bytes):
+            del self._kept[step]
+            self._told("kept", {"step": step, "ranks": sorted(kept.bytes), "bytes": sum(kept.bytes.values()),
+                                "seconds": max(kept.seconds.values())})
+            if self.on_step is not None:
+                self._spawn(self._copy_step(step))
+
+    async def _copy_step(self, step: int) -> None:
+        """Copies of this node's ranks' ``step`` for the disk's writer (``on_step``): each slot copied, then its
+        descriptor read again: a rank that began its next save into that slot meanwhile spoils the copy, and the step
+        is skipped (a newer one follows)."""
+        copies: dict[int, tuple[int, int]] = {}
+        world = 0
+        try:
+            for files in self._files:
+                found = [(i, d) for i, d in slots.complete(files.view) if d.step == step]
+                if not found:
+                    continue
+                index, desc = found[0]
+                fd = await asyncio.to_thread(snapshot, files.slots[index], desc.length)
+                copies[desc.rank] = (fd, desc.length)
+                if slots.read(files.view, index) != desc:
+                    raise OSError("overwritten while copied")
+                world = desc.world
+        except OSError:
+            for fd, _ in copies.values():
+                os.close(fd)
+            return
+        if copies and self.on_step is not None:
+            self.on_step(step, world, copies)
+
+    async def _fetch(self, conn: socket.socket, rank: int, own: bool) -> None:
+        resume = self.resume
+        if resume is None:
+            _send(conn, wire.encode("none", why=self._why_none or "nothing is kept"))
+            return
+        if own and self.world != resume.world:
+            _send(conn, wire.encode("refused", why=f"the world changed from {resume.world} to {self.world} ranks: "
+                                                   "load(rank=r) names which old rank's state"))
+            return
+        if not 0 <= rank < resume.world:
+            _send(conn, wire.encode("refused", why=f"rank {rank} is not one of the {resume.world} ranks that saved "
+                                                   f"step {resume.step}"))
+            return
+        fd = await self._open(rank, resume)
+        if fd is None:
+            _send(conn, wire.encode("none", why=f"rank {rank}'s state of step {resume.step} is not on this node"))
+            return
+        try:
+            _send(conn, wire.encode("state", step=resume.step, world=resume.world, rank=rank,
+                                    bytes=os.fstat(fd).st_size, source=resume.where.get(rank, "memory")), [fd])
+        finally:
+            os.close(fd)
+
+    async def _open(self, rank: int, resume: Resume) -> int | None:
+        """A descriptor of ``rank``'s state of the resume step that never changes: a copy of the slot, or the disk's
+        file."""
+        if resume.where.get(rank) == "memory":
+            for files in self._files:
+                for index, desc in slots.complete(files.view):
+                    if (desc.rank, desc.step, desc.world) == (rank, resume.step, resume.world):
+                        return await asyncio.to_thread(snapshot, files.slots[index], desc.length)
+        path = self._resume_files.get(rank)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return None
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in list(self._conns):
+            conn.close()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for files in self._files:
+            files.close()
+        self._files = []
+
+
+def _fallocate(fd: int, size: int) -> None:
+    os.posix_fallocate(fd, 0, size)  # the pages exist before a byte goes through a mapping (else SIGBUS past a limit)
+
+
+def _send(conn: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
+    if fds:
+        socket.send_fds(conn, [data], list(fds))
+    else:
+        conn.send(data)
+
+
+__all__ = ["HELLO_WAIT", "Files", "Keeper", "snapshot"]

@@ -1,0 +1,66 @@
+"""A deterministic training loop that keeps its progress with ``rankrun.checkpoint`` (``tests/e2e/test_checkpoint_gloo.py``).
+
+Each rank of a gloo group trains a small linear model for ``STEPS`` steps: the data of a step is a function of the step
+and the rank, the gradients are averaged with an all-reduce, the learning rate is a function of the step, and every
+step ends with ``save(step, {model, optimizer, torch's RNG state})``. At its start a rank ``load()``s: the kept step's
+state, or nothing (step 0, the seeded initial model). Rank ``KILL_RANK`` SIGKILLs itself in step ``KILL_AT`` of attempt
+0, before that step's save. Each rank writes ``$OUT/<rank>.<attempt>.json``: the step it resumed from, the steps it ran,
+and its final parameters.
+"""
+
+import json
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+
+import rankrun.checkpoint
+
+STEPS = int(os.environ.get("STEPS", "12"))
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=g)
+    return x, x @ torch.arange(8.0).unsqueeze(1) + torch.randn(16, 1, generator=g)
+
+
+def main() -> None:
+    rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    kept = rankrun.checkpoint.load()
+    first = 1
+    if kept is not None:
+        step, state = kept
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        torch.set_rng_state(state["rng"])
+        first = step + 1
+    dist.init_process_group("gloo")
+    ran = []
+    for step in range(first, STEPS + 1):
+        if attempt == 0 and rank == int(os.environ.get("KILL_RANK", "-1")) and step == int(os.environ["KILL_AT"]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        for group in optim.param_groups:
+            group["lr"] = 0.01 / step
+        x, y = batch(step, rank)
+        optim.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y + 0.01 * torch.randn(16, 1)).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        optim.step()
+        rankrun.checkpoint.save(step, {"model": model.state_dict(), "optim": optim.state_dict(),
+                                       "rng": torch.get_rng_state()})
+        ran.append(step)
+    result = {"resumed": first - 1, "ran": ran, "params": [p.tolist() for p in model.parameters()]}
+    with open(os.path.join(os.environ["OUT"], f"{rank}.{attempt}.json"), "w") as fh:
+        json.dump(result, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The keeper in this process (``rankrun.checkpoint.keeper``), reached by the rank's client from a thread: what a rank
+is handed, room reserved or refused (one line per size), the kept step told once every local rank kept it, the step an
+attempt resumes from, and what ``fetch`` hands back: a copy that never changes."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+from rankrun.checkpoint import client, slots
+from rankrun.checkpoint.keeper import Keeper, snapshot
+from rankrun.checkpoint.slots import COMPLETE, Desc
+
+
+@pytest.fixture(autouse=True)
+def _fresh_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(client, "_client", None)
+    yield
+    if client._client is not None:
+        client._client._sock.close()
+
+
+def runs(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """An async test, run on its own event loop."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.told: list[tuple[str, dict[str, Any]]] = []
+
+
+async def _keeper(monkeypatch: pytest.MonkeyPatch, seen: Seen, nproc: int = 1, room: int = 1 << 30) -> Keeper:
+    keeper = Keeper(nproc, say=seen.lines.append, told=lambda what, facts: seen.told.append((what, facts)),
+                    room=lambda growth: None if growth <= room else f"{room} bytes of room")
+    monkeypatch.setenv("RANKRUN_CHECKPOINT", await keeper.start())
+    return keeper
+
+
+def _save(kept: client.Client, step: int, data: bytes) -> None:
+    """What ``serial.save`` does around ``torch.save``: the bytes into the chosen slot, the descriptors, the notice."""
+    index, gen = slots.choose(kept.header)
+    view = kept.mapped(index, len(data))
+    slots.write(kept.header, index, Desc(gen, step, kept.world, kept.rank, 0, slots.WRITING))
+    view[:len(data)] = data
+    slots.write(kept.header, index, Desc(gen, step, kept.world, kept.rank, len(data), COMPLETE, 1, 0.5))
+    kept.tell("kept", slot=index, gen=gen, step=step, bytes=len(data), seconds=0.5)
+
+
+@runs
+async def test_a_worker_is_handed_its_files_and_a_stranger_is_refused(monkeypatch):
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen, nproc=2)
+    try:
+        keeper.attempt_starts(0, 2)
+        keeper.workers({os.getpid() + 1: (0, 0)})  # this process is not among them
+        with pytest.raises(client.KeptError, match=f"process {os.getpid()} is not one of this attempt's workers"):
+            await asyncio.to_thread(client.connect)
+        keeper.attempt_starts(1, 2)
+        keeper.workers({os.getpid(): (1, 1)})
+        kept = await asyncio.to_thread(client.connect)
+        assert (kept.rank, kept.world, kept.info["local_rank"], kept.info["attempt"]) == (1, 2, 1, 1)
+        assert [s.capacity for s in kept.slots] == [0, 0]
+        assert slots.valid(kept.header)
+    finally:
+        await keeper.close()
+
+
+@runs
+async def test_a_hello_before_the_workers_are_known_waits_for_them(monkeypatch):
+    keeper = await _keeper(monkeypatch, Seen())
+    try:
+        keeper.attempt_starts(0, 1)
+        connecting = asyncio.ensure_future(asyncio.to_thread(client.connect))
+        await asyncio.sleep(0.05)
+        assert not connecting.done()
+        keeper.workers({os.getpid(): (0, 0)})
+        assert (await connecting).rank == 0
+    finally:
+        await keeper.close()
+
+
+@runs
+async def test_room_is_reserved_or_refused_with_one_line_per_size(monkeypatch):
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen, room=1 << 20)
+    try:
+        keeper.attempt_starts(0, 1)
+        keeper.workers({os.getpid(): (0, 0)})
+        kept = await asyncio.to_thread(client.connect)
+        view = await asyncio.to_thread(kept.mapped, 0, 1000)
+        assert kept.slots[0].capacity == 1000 and len(view) == 1000
+        assert os.fstat(kept.slots[0].fd).st_blocks * 512 >= 1000  # reserved, not only sized
+        await asyncio.to_thread(_save, kept, 1, b"x" * 1000)
+        for _ in range(2):
+            with pytest.raises(client.NoRoom, match="1048576 bytes of room"):
+                await asyncio.to_thread(kept.mapped, 1, 3 << 20)
+        assert seen.lines == ["checkpoint: rank 0's state (3.0 MiB) is not kept: 1048576 bytes of room; step 1 stays kept"]
+        assert [what for what, _ in seen.told].count("refused") == 2
+        assert kept.slots[1].capacity == 0
+    finally:
+        await keeper.close()
+
+
+@runs
+async def test_a_step_is_told_kept_once_every_local_rank_kept_it(monkeypatch):
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen, nproc=2)
+    try:
+        keeper.attempt_starts(0, 2)
+        keeper.workers({os.getpid(): (0, 0), os.getpid() + 10**6: (1, 1)})
+        kept = await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(_save, kept, 4, b"a" * 10)
+        await asyncio.sleep(0.05)
+        assert seen.told == []  # rank 1 has not kept step 4
+        keeper._on_kept(1, 4, 20, 0.75)
+        assert seen.told == [("kept", {"step": 4, "ranks": [0, 1], "bytes": 30, "seconds": 0.75})]
+    finally:
+        await keeper.close()
+
+
+@runs
+async def test_an_attempt_resumes_from_the_step_every_rank_kept_and_gets_a_copy_that_never_changes(monkeypatch):
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen)
+    try:
+        assert keeper.attempt_starts(0, 1) is None
+        keeper.workers({os.getpid(): (0, 0)})
+        kept = await asyncio.to_thread(client.connect)
+        answer, fds = await asyncio.to_thread(kept.ask, "fetch", rank=None)
+        assert (answer["kind"], fds) == ("none", [])
+        for step in (1, 2):
+            await asyncio.to_thread(_save, kept, step, bytes([step]) * 100)
+        resume = keeper.attempt_starts(1, 1)
+        assert resume is not None and (resume.step, resume.world) == (2, 1)
+        keeper.workers({os.getpid(): (0, 0)})
+        answer, (fd,) = await asyncio.to_thread(kept.ask, "fetch", rank=None)
+        assert {k: answer[k] for k in ("kind", "step", "world", "rank", "bytes", "source")} == {
+            "kind": "state", "step": 2, "world": 1, "rank": 0, "bytes": 100, "source": "memory"}
+        await asyncio.to_thread(_save, kept, 3, b"\3" * 100)
+        await asyncio.to_thread(_save, kept, 4, b"\4" * 100)  # into the slot step 2 was in
+        assert os.pread(fd, 200, 0) == b"\2" * 100  # the copy handed out did not change
+        os.close(fd)
+        kept.tell("loaded", step=2, bytes=100, seconds=0.25)
+        await asyncio.sleep(0.05)
+        keeper.attempt_ended()
+        assert seen.told[-1] == ("restored", {"attempt": 1, "step": 2, "ranks": [0], "bytes": 100, "seconds": 0.25,
+                                              "source": "memory"})
+    finally:
+        await keeper.close()
+
+
+@runs
+async def test_a_changed_world_names_the_old_rank_and_a_rank_outside_it_is_refused(monkeypatch):
+    keeper = await _keeper(monkeypatch, Seen())
+    try:
+        keeper.attempt_starts(0, 1)
+        keeper.workers({os.getpid(): (0, 0)})
+        kept = await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(_save, kept, 1, b"z" * 10)
+        keeper.attempt_starts(1, 3)  # the world grew from 1 to 3
+        keeper.workers({os.getpid(): (0, 0)})
+        answer, _ = await asyncio.to_thread(kept.ask, "fetch", rank=None)
+        assert answer == {"v": 1, "kind": "refused",
+                          "why": "the world changed from 1 to 3 ranks: load(rank=r) names which old rank's state"}
+        answer, _ = await asyncio.to_thread(kept.ask, "fetch", rank=2)
+        assert answer["why"] == "rank 2 is not one of the 1 ranks that saved step 1"
+        answer, (fd,) = await asyncio.to_thread(kept.ask, "fetch", rank=0)
+        assert answer["step"] == 1 and os.pread(fd, 20, 0) == b"z" * 10
+        os.close(fd)
+    finally:
+        await keeper.close()
+
+
+def test_a_snapshot_copies_exactly_the_length_asked():
+    source = os.memfd_create("test-source")
+    try:
+        os.write(source, b"0123456789")
+        copy = snapshot(source, 4)
+        assert os.fstat(copy).st_size == 4 and os.pread(copy, 10, 0) == b"0123"
+        os.close(copy)
+        with pytest.raises(OSError, match="ended after 10 of 20 bytes"):
+            snapshot(source, 20)
+    finally:
+        os.close(source)
