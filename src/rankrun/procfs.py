@@ -1,7 +1,9 @@
 """What Linux's /proc says of a process, read in one place: its ``stat`` fields and its direct children.
 
-Used by the stack sampler (a worker's state and CPU time, its children) and by the launcher's reaping (who is a
-zombie, who leads a session, who is its child). No psutil: the launcher core is the standard library only.
+Used by the stack sampler (a worker's state and CPU time, its children), by the launcher's reaping (who is a
+zombie, who leads a session, who is its child) and by the owner stamps of its private temporary directories
+(``logs.stale``: a process's start time, the boot, the pid namespace). No psutil: the launcher core is the standard
+library only.
 """
 
 from __future__ import annotations
@@ -30,3 +32,29 @@ def children(pid: int | str) -> list[int]:
             with contextlib.suppress(OSError):
                 found.update(int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
     return sorted(found)
+
+
+def starttime(pid: int | str) -> int | None:
+    """When the process started, in clock ticks since boot (``stat`` field 22), or None once it is gone: with its pid,
+    it names one process of this boot, a pid reused by a later process has another start time."""
+    fields = stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def boot_id() -> str | None:
+    """This boot's random id (a reboot gives another: a start time is ticks since *this* boot), or None unreadable."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def pid_namespace() -> str | None:
+    """The caller's pid namespace (``pid:[<inode>]``), or None when this ``/proc`` does not show the caller under its
+    own pid (a ``/proc`` mounted for another namespace: the pids it shows are not the caller's to judge)."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None

@@ -8,12 +8,15 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import RANKRUN, alive, clean_environ, fresh_loopback, payload, run_cli, wait_empty, wait_gone
+from rankrun import procfs
+from rankrun.logs import stale
 from rankrun.timeline.layout import failure_words
 from rankrun.timeline.read import read_file
 
@@ -401,3 +404,63 @@ def test_pdeathsig_alone_kills_the_workers_when_the_watchdog_is_gone_too(launch,
     assert wait_gone(sorted(workers), timeout=2.0) == [], "workers outlived the launcher without the watchdog"
     for leftover in private_tmpdir.iterdir():  # removing the private dir after kill -9 was the watchdog's job
         shutil.rmtree(leftover)
+
+
+def test_a_launcher_killed_with_its_watchdog_leaves_a_dir_the_next_launch_removes(launch, tmp_path, private_tmpdir):
+    """Issue 37, part 0: a SIGKILL to every process of the job's cgroup (scancel past KillWait, docker kill) takes the
+    watchdog with the launcher, and nobody removes the private temp dir; the next launch's sweep does."""
+    run = launch("--nproc-per-node", "1", payload("sigwait.py"))
+    run.wait_for(r"READY rank", count=1)
+    workers = set(_pids(tmp_path / "pids", "worker").values())
+    (watchdog,) = _children(run.proc.pid) - workers
+    # both, as a cgroup-wide kill does; the watchdog first, or it may see the launcher's end and clean up before its own
+    for pid in (watchdog, run.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    run.finish()
+    assert wait_gone([watchdog, *workers], timeout=5.0) == []
+    (left,) = private_tmpdir.iterdir()
+    assert left.name.startswith("rankrun_") and (left / stale.STAMP).exists()
+    res = run_cli("--no-python", "true")
+    assert res.returncode == 0, res.stderr
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def _reaped_child() -> stale.Owner:
+    """A real process that has exited and been reaped, as a stamp named it while it ran."""
+    me = stale.here()
+    assert me is not None
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    started = procfs.starttime(child.pid)
+    assert child.stdin is not None
+    child.stdin.close()
+    child.wait(timeout=30)
+    assert started is not None
+    return stale.Owner(child.pid, started, me.boot_id, me.pidns)
+
+
+def test_the_sweep_leaves_a_live_owners_another_namespaces_another_users_and_an_older_rankruns_dir(private_tmpdir):
+    me = stale.here()
+    assert me is not None
+    dead = _reaped_child()
+    stamps = {
+        "rankrun_none_dead": stale.stamp_text(dead),  # the one the sweep removes
+        "rankrun_none_live": stale.stamp_text(me),  # this test process still runs
+        "rankrun_none_pidns": stale.stamp_text(stale.Owner(dead.pid, dead.starttime, me.boot_id, "pid:[1]")),
+        "rankrun_none_theirs": stale.stamp_text(dead),  # another user's
+        "rankrun_none_older": None,  # no stamp: an older rankrun's, or one kept on purpose
+    }
+    for name, text in stamps.items():
+        (private_tmpdir / name / "attempt_0" / "0").mkdir(parents=True)
+        if text is not None:
+            (private_tmpdir / name / stale.STAMP).write_text(text)
+    if os.getuid() == 0:  # only root can give a directory away; as another user, ours is "another user's" already
+        os.chown(private_tmpdir / "rankrun_none_theirs", 12345, 12345)
+    try:
+        res = run_cli("--no-python", "true")
+        assert res.returncode == 0, res.stderr
+        left = sorted(p.name for p in private_tmpdir.iterdir())
+        expected = ["rankrun_none_live", "rankrun_none_older", "rankrun_none_pidns"]
+        assert left == sorted([*expected, *(["rankrun_none_theirs"] if os.getuid() == 0 else [])])
+    finally:
+        for leftover in private_tmpdir.iterdir():
+            shutil.rmtree(leftover)

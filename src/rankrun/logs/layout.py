@@ -11,15 +11,19 @@ collective (the arrivals, ``rankrun.stacks.channel``), named by the rank in the 
 Without ``--log-dir`` the same tree lives in a private temporary directory (it still holds
 the workers' error files) and is removed when the job ends, unless ``-r``/``-t`` asked for
 files, in which case it is kept and its path announced. ``--log-dir /dev/null`` means no
-files at all and ``TORCHELASTIC_ERROR_FILE=""``.
+files at all and ``TORCHELASTIC_ERROR_FILE=""``. A private directory to be removed at the end carries its owner stamp
+(``.owner``), and making one first sweeps the temp root of those whose launcher died with its watchdog
+(``logs.stale``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rankrun.errors import LauncherError
 from rankrun.fsutil import make_unique_dir, remove_tree, temp_root
+from rankrun.logs import stale
 from rankrun.spec import LogSpec
 
 ARRIVALS_FOLDER = "straggler"
@@ -34,12 +38,23 @@ class RunLogs:
             return
         try:
             if spec.log_dir is None:
-                self.base = make_unique_dir(temp_root(), f"rankrun_{run_id}_")
+                self.base = self._private(run_id)
             else:
                 spec.log_dir.mkdir(parents=True, exist_ok=True)
                 self.base = make_unique_dir(spec.log_dir, f"{run_id}_")
         except OSError as exc:
             raise LauncherError(f"cannot create log directory under {spec.log_dir or temp_root()}: {exc}") from exc
+
+    def _private(self, run_id: str) -> Path:
+        """The private directory in the temp root, after the sweep of dead launchers' ones; stamped with its owner
+        when it is to be removed at the end (one kept on purpose is never swept)."""
+        me = stale.here()
+        if me is not None:
+            stale.sweep(temp_root(), me, os.getuid())
+        base = make_unique_dir(temp_root(), f"{stale.PREFIX}{run_id}_")
+        if me is not None and not self.keep:
+            stale.stamp(base, me)
+        return base
 
     @property
     def keep(self) -> bool:
@@ -77,4 +92,6 @@ class RunLogs:
         if not self.keep and not keep:
             remove_tree(self.base)
             return None
+        if self.temporary:
+            stale.unstamp(self.base)  # kept on purpose after all: no later launch's sweep may take it
         return self.base
