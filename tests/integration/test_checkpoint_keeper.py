@@ -11,6 +11,9 @@ import signal
 from pathlib import Path
 
 from conftest import clean_environ, payload, run_cli, wait_gone
+from sysfs import FakeMemory
+
+MiB, GiB = 1 << 20, 1 << 30
 
 
 def _holders(launcher: int) -> list[str]:
@@ -45,6 +48,22 @@ def test_each_rank_gets_its_own_slots_and_a_child_of_a_rank_is_refused(tmp_path,
     assert len(refused) == 2 and all("child refused: rankrun.checkpoint: only a rank's own process keeps state, and "
                                      "process " in line for line in refused), refused
     assert {p for p in _shm() - before if "rankrun" in p} == set()
+
+
+def test_a_state_the_node_has_no_room_for_is_one_line_and_the_ranks_go_on(tmp_path, private_tmpdir):
+    """A node with 100 MiB of room above the margin (a fake /proc for the keeper's rule): both ranks ask for 200 MiB,
+    both are refused, the launcher says it once, and the job ends 0."""
+    fake = FakeMemory(4 * GiB, GiB + 100 * MiB, None).write(tmp_path / "node")
+    env = clean_environ() | {"ASK": str(200 * MiB), "RANKRUN_MEMROOM_ROOT": str(fake)}
+    done = run_cli("--nproc-per-node", "2", payload("keeper_probe.py"), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    room = "this node has 1.1 GiB of room (MemAvailable, MemTotal 4.0 GiB; 1.0 GiB stays free for the workers' own growth)"
+    assert sorted(line for line in done.stdout.splitlines() if "room" in line) == [
+        f"[default{r}]:no room: {room}" for r in range(2)]
+    said = [line for line in done.stderr.splitlines() if "is not kept" in line]
+    assert len(said) == 1, done.stderr
+    assert re.fullmatch(rf"rankrun: checkpoint: rank [01]'s state \(200.0 MiB\) is not kept: {re.escape(room)}; nothing "
+                        "was kept before", said[0]), said
 
 
 def test_nothing_is_left_after_kill_9_of_the_launcher_and_its_watchdog(launch, tmp_path, private_tmpdir):

@@ -2,7 +2,8 @@
 
 It connects (``rankrun.checkpoint.client``, standard library only), maps its header and both slots, says what it was
 handed, then forks a child that tries to connect too (a DataLoader worker would be such a child) and says how that
-went. With ``HOLD=1`` it then prints READY with its pid and waits, the kept memory mapped.
+went. With ``ASK=N`` it asks for room for N bytes in its other slot and says whether it got it. With ``HOLD=1`` it then
+prints READY with its pid and waits, the kept memory mapped.
 """
 
 import os
@@ -25,6 +26,12 @@ if child == 0:
         print(f"child refused: {exc}", flush=True)
     os._exit(0)
 os.waitpid(child, 0)
+if os.environ.get("ASK"):  # room for a state of ASK bytes in slot 1
+    try:
+        kept.mapped(1, int(os.environ["ASK"]))
+        print("reserved", flush=True)
+    except client.NoRoom as exc:
+        print(f"no room: {exc}", flush=True)
 if os.environ.get("HOLD"):
     print(f"READY {os.getpid()}", flush=True)
     time.sleep(120)
