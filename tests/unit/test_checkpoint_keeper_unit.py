@@ -14,6 +14,7 @@ import pytest
 
 from rankrun.checkpoint import client, slots
 from rankrun.checkpoint.keeper import Keeper, snapshot
+from rankrun.checkpoint.plan import Plan
 from rankrun.checkpoint.slots import COMPLETE, Desc
 
 
@@ -135,7 +136,7 @@ async def test_an_attempt_resumes_from_the_step_every_rank_kept_and_gets_a_copy_
     seen = Seen()
     keeper = await _keeper(monkeypatch, seen)
     try:
-        assert keeper.attempt_starts(0, 1) is None
+        assert keeper.attempt_starts(0, 1) == ""  # nothing kept
         keeper.workers({os.getpid(): (0, 0)})
         kept = await asyncio.to_thread(client.connect)
         answer, fds = await asyncio.to_thread(kept.ask, "fetch", rank=None)
@@ -143,7 +144,7 @@ async def test_an_attempt_resumes_from_the_step_every_rank_kept_and_gets_a_copy_
         for step in (1, 2):
             await asyncio.to_thread(_save, kept, step, bytes([step]) * 100)
         resume = keeper.attempt_starts(1, 1)
-        assert resume is not None and (resume.step, resume.world) == (2, 1)
+        assert isinstance(resume, Plan) and (resume.step, resume.world) == (2, 1)
         keeper.workers({os.getpid(): (0, 0)})
         answer, (fd,) = await asyncio.to_thread(kept.ask, "fetch", rank=None)
         assert {k: answer[k] for k in ("kind", "step", "world", "rank", "bytes", "source")} == {

@@ -7,7 +7,8 @@ inside its functions: ``client`` (the rank's connection to its node's keeper and
 ``StorageWriter``/``StorageReader`` over the same memory). The launcher side is standard library only: ``keeper`` (owns
 the memory and serves the ranks), ``disk`` (``--checkpoint-dir``, written in the background), ``peer`` (the
 neighbour's copy). Shared and pure: ``slots`` (the kept memory's layout and its commit rule), ``wire`` (the messages
-between a rank and its keeper), ``rule`` (the step every rank has kept), ``manifest`` (the disk layout and what makes
+between a rank and its keeper), ``rule`` (the step every rank has kept), ``plan`` (a round's
+resume: the step, and where each rank's state is read, from every node's holdings), ``manifest`` (the disk layout and what makes
 a step complete there).
 """
 

@@ -11,8 +11,9 @@ Room is judged before it is reserved (``memroom``) and reserved with ``posix_fal
 mapping: past a memory cgroup's limit a write through a mapping is a ``SIGBUS``, and that may never be how a save
 ends. A refused save is one line, and the previous step stays kept.
 
-At each attempt's start the keeper settles which step the attempt resumes from (``rule.consistent`` over every
-local rank's complete slots and the disk's newest complete step), so every rank of the attempt loads the same one. A
+At each attempt's start the keeper settles which step the attempt resumes from (``plan.plan`` over every local rank's
+complete slots and the disk's newest complete step; with several nodes, every node's, agreed through the store), so
+every rank of the attempt loads the same one. A
 rank's ``load`` gets a copy of the slot that never changes (its tensors are mapped from it, and may stay so in an
 optimizer's state while the rank saves into that slot again). A step that every local rank has kept is copied the
 same way for ``--checkpoint-dir``'s writer (``checkpoint.disk``).
@@ -26,14 +27,15 @@ import mmap
 import os
 import socket
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rankrun.checkpoint import slots, wire
-from rankrun.checkpoint.rule import Held, Resume, consistent, why_none
+from rankrun.checkpoint.plan import Holding, Plan, Source, plan, summarize
 from rankrun.memroom import format_size
+from rankrun.ranges import range_string
 
 NAME = "rankrun-ckpt"  # the memory files' names (seen in /proc/PID/maps as memfd:NAME-<launcher pid>-...)
 HELLO_WAIT = 30.0  # seconds a hello from a pid not (yet) known as a worker waits for the attempt's workers to be known
@@ -92,15 +94,19 @@ def snapshot(fd: int, length: int) -> int:
 
 
 Told = Callable[[str, dict[str, Any]], None]  # what the keeper saw ("kept", "refused", "restored"), for the agent
+OnDisk = tuple[int, int, Mapping[int, Path]]  # --checkpoint-dir's newest complete step: step, world, rank -> file
+Remote = Callable[[Source, int, int], Awaitable[int]]  # (where, rank, step) -> a descriptor of another node's copy
 
 
 class Keeper:
     """The node's keeper (from ``start``), for the job's length; ``close`` frees everything."""
 
     def __init__(self, nproc: int, *, say: Callable[[str], None], told: Told, room: Callable[[int], str | None],
-                 disk: Callable[[], Sequence[tuple[int, int, Mapping[int, Path]]]] | None = None) -> None:
-        self._nproc, self._say, self._told, self._room = nproc, say, told, room
-        self._disk = disk  # the disk's newest complete step: (step, world, rank -> file), or none
+                 disk: Callable[[], OnDisk | None] | None = None, node: str = "") -> None:
+        self._nproc, self._say, self._told, self._room, self.node = nproc, say, told, room, node
+        self._disk = disk  # the disk's newest complete step (--checkpoint-dir), read at each attempt's start
+        self._on_disk: OnDisk | None = None
+        self.remote: Remote | None = None  # several nodes: a rank's state from another node
         self._files: list[Files] = []
         self._server: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -108,9 +114,7 @@ class Keeper:
         self._workers: dict[int, tuple[int, int]] = {}  # pid -> (rank, local rank), the running attempt's
         self._known = asyncio.Event()
         self.attempt, self.world = 0, 0
-        self.resume: Resume | None = None
-        self._resume_files: Mapping[int, Path] = {}
-        self._why_none: str | None = None
+        self.plan: Plan | str = ""  # the step the running attempt resumes from, or why none ("": nothing kept)
         self._kept: dict[int, Kept] = {}
         self._loaded = Loaded()
         self._refused_said: set[int] = set()  # the sizes (in powers of two) already said: one line each
@@ -130,26 +134,27 @@ class Keeper:
 
     # -- the attempt -------------------------------------------------------------------------------------------------
 
-    def attempt_starts(self, attempt: int, world: int) -> Resume | None:
-        """A new attempt of ``world`` ranks: which step it resumes from, settled now for all of its ranks."""
+    def holdings(self, peer: tuple[str, int] | None = None) -> list[Holding]:
+        """What this node holds now: its ranks' complete steps (memory), and the disk's newest complete step."""
+        held: dict[int, list[tuple[int, int]]] = {}
+        for files in self._files:
+            for _, desc in slots.complete(files.view):
+                held.setdefault(desc.rank, []).append((desc.step, desc.world))
+        found = summarize(held, "memory", self.node, peer)
+        self._on_disk = self._disk() if self._disk is not None else None
+        if self._on_disk is not None:
+            step, world, paths = self._on_disk
+            found.append(Holding(range_string(paths), ((step, world),), "disk", self.node, None))
+        return found
+
+    def attempt_starts(self, attempt: int, world: int, agreed: Plan | str | None = None) -> Plan | str:
+        """A new attempt of ``world`` ranks: which step it resumes from, settled now for all of its ranks: ``agreed``
+        by every node (several nodes), else from what this node holds."""
         self.attempt, self.world = attempt, world
         self._workers, self._known = {}, asyncio.Event()
         self._loaded = Loaded()
-        held: dict[int, list[Held]] = {}
-        for files in self._files:
-            for _, desc in slots.complete(files.view):
-                held.setdefault(desc.rank, []).append(Held(desc.step, desc.world, "memory"))
-        on_disk = list(self._disk()) if self._disk is not None else []
-        for step, saved_world, paths in on_disk:
-            for rank in paths:
-                held.setdefault(rank, []).append(Held(step, saved_world, "disk"))
-        self.resume = consistent(held)
-        self._why_none = why_none(held) if self.resume is None else None
-        self._resume_files = {}
-        for step, saved_world, paths in on_disk:
-            if self.resume is not None and (step, saved_world) == (self.resume.step, self.resume.world):
-                self._resume_files = paths
-        return self.resume
+        self.plan = agreed if agreed is not None else plan(self.holdings())
+        return self.plan
 
     def workers(self, pids: Mapping[int, tuple[int, int]]) -> None:
         """The attempt's workers as they started: pid -> (rank, local rank)."""
@@ -159,16 +164,15 @@ class Keeper:
     def attempt_ended(self) -> None:
         """The attempt's workers are gone: what they loaded is told, once."""
         loaded, self._loaded = self._loaded, Loaded()
-        if loaded.ranks and self.resume is not None:
-            self._tell_restored(loaded)
+        if loaded.ranks and isinstance(self.plan, Plan):
+            self._tell_restored(loaded, self.plan)
         self._workers = {}
 
-    def _tell_restored(self, loaded: Loaded) -> None:
-        assert self.resume is not None
-        sources = {self.resume.where.get(rank, "memory") for rank in loaded.ranks}
-        self._told("restored", {"attempt": self.attempt, "step": self.resume.step, "ranks": sorted(loaded.ranks),
-                                "bytes": loaded.bytes, "seconds": loaded.seconds,
-                                "source": "disk" if "disk" in sources else sources.pop()})
+    def _tell_restored(self, loaded: Loaded, resume: Plan) -> None:
+        wheres = {source.where for rank in loaded.ranks if (source := resume.source(rank)) is not None}
+        farthest = max(wheres or {"memory"}, key=("memory", "neighbour", "disk").index)
+        self._told("restored", {"attempt": self.attempt, "step": resume.step, "ranks": sorted(loaded.ranks),
+                                "bytes": loaded.bytes, "seconds": loaded.seconds, "source": farthest})
 
     # -- serving the ranks -------------------------------------------------------------------------------------------
 
@@ -292,41 +296,44 @@ class Keeper:
             self.on_step(step, world, copies)
 
     async def _fetch(self, conn: socket.socket, rank: int, own: bool) -> None:
-        resume = self.resume
-        if resume is None:
-            _send(conn, wire.encode("none", why=self._why_none or "nothing is kept"))
+        resume = self.plan
+        if not isinstance(resume, Plan):
+            _send(conn, wire.encode("none", why=resume or "nothing is kept"))
             return
         if own and self.world != resume.world:
             _send(conn, wire.encode("refused", why=f"the world changed from {resume.world} to {self.world} ranks: "
                                                    "load(rank=r) names which old rank's state"))
             return
-        if not 0 <= rank < resume.world:
+        source = resume.source(rank)
+        if source is None:
             _send(conn, wire.encode("refused", why=f"rank {rank} is not one of the {resume.world} ranks that saved "
                                                    f"step {resume.step}"))
             return
-        fd = await self._open(rank, resume)
-        if fd is None:
-            _send(conn, wire.encode("none", why=f"rank {rank}'s state of step {resume.step} is not on this node"))
+        try:
+            fd = await self._open(rank, resume.step, resume.world, source)
+        except OSError as exc:
+            _send(conn, wire.encode("none", why=f"rank {rank}'s state of step {resume.step} could not be read from "
+                                                f"{source.where} ({exc})"))
             return
         try:
             _send(conn, wire.encode("state", step=resume.step, world=resume.world, rank=rank,
-                                    bytes=os.fstat(fd).st_size, source=resume.where.get(rank, "memory")), [fd])
+                                    bytes=os.fstat(fd).st_size, source=source.where), [fd])
         finally:
             os.close(fd)
 
-    async def _open(self, rank: int, resume: Resume) -> int | None:
-        """A descriptor of ``rank``'s state of the resume step that never changes: a copy of the slot, or the disk's
-        file."""
-        if resume.where.get(rank) == "memory":
+    async def _open(self, rank: int, step: int, world: int, source: Source) -> int:
+        """A descriptor of ``rank``'s state of ``step`` that never changes: a copy of this node's slot, the disk's
+        file, or another node's copy; ``OSError`` when it cannot be had."""
+        if source.where == "disk" and self._on_disk is not None and rank in self._on_disk[2]:
+            return os.open(self._on_disk[2][rank], os.O_RDONLY | os.O_CLOEXEC)
+        if source.where == "memory" and source.node == self.node:
             for files in self._files:
                 for index, desc in slots.complete(files.view):
-                    if (desc.rank, desc.step, desc.world) == (rank, resume.step, resume.world):
+                    if (desc.rank, desc.step, desc.world) == (rank, step, world):
                         return await asyncio.to_thread(snapshot, files.slots[index], desc.length)
-        path = self._resume_files.get(rank)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return None
+        if self.remote is not None and source.node != self.node:
+            return await self.remote(source, rank, step)
+        raise OSError(f"not held on this node ({self.node or 'one node'})")
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -5,7 +5,7 @@
 side), ``election`` (the coordinator on a shared store), ``listener`` (the one port the embedded store shares with the
 workers' TCPStore), ``session`` (one node's part from joining to leaving: the backend, hosting or joining, the
 election, closing).
-Two features talk over the rendezvous's keys: ``netcheck`` (``--network-check``: each member measures its ring
-neighbour, the coordinator judges) and ``stragglers`` (``--straggler-window``: clock questions, each node's windows,
-the host's verdicts).
+Three features talk over the rendezvous's keys: ``netcheck`` (``--network-check``: each member measures its ring
+neighbour, the coordinator judges), ``stragglers`` (``--straggler-window``: clock questions, each node's windows,
+the host's verdicts) and ``kept`` (``rankrun.checkpoint``: each node's kept steps, the round's first node's plan).
 """

@@ -2,7 +2,7 @@
 
 Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
 ``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``, ``netcheck/<round>/endpoint|link|re/``,
-``straggler/<round>/ask|window/``); the coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``,
+``straggler/<round>/ask|window/``, ``kept/<round>/held/``), a round's group rank 0 ``kept/<round>/plan``; the coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``,
 ``netcheck/<round>/reprobe|verdict``, ``straggler/<round>/time/`` and ``straggler/<round>/verdict``, and the
 ``unhealthy/`` key of a node its network check found unhealthy (on etcd, each elected coordinator in turn); whichever
 node wins a compare-and-set, ``coordinator`` (the election) and ``job`` (the first to join); any node ``stacks/ask``
@@ -34,13 +34,16 @@ node wins a compare-and-set, ``coordinator`` (the election) and ``job`` (the fir
     straggler/<round>/time/<node>    the host's clock as it answered that count
     straggler/<round>/window/<node>  a node's latest window (``straggler.summary``), on the host's clock
     straggler/<round>/verdict        the host: the job's stragglers now (``straggler.summary``), which every node says
+    kept/<round>/held/<g>   ``rankrun.checkpoint``: what the node of group rank g holds of the ranks' kept steps
+    kept/<round>/plan       the round's group rank 0: the step the round resumes from, and where each rank's is read
 
 Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
 ``Assignment``, ``Spare`` and ``Excluded`` (``place_from``), ``result_value``/``result_from``, ``Status``,
 ``closed_value``/``closed_ok``, ``Blocked``, ``unhealthy_value``/``unhealthy_from``, and the network check's
 ``endpoint_value``, ``link_value``, ``reprobe_value``, ``verdict_value`` (each with its ``_from``). They travel as compact JSON
 objects, never pickle. The ``stacks/`` records are the stacks exchange's (``rankrun.stacks.wire``), the
-``straggler/`` ones the straggler watch's (``rankrun.straggler.summary``); the ``values/``
+``straggler/`` ones the straggler watch's (``rankrun.straggler.summary``), the ``kept/`` ones kept progress's
+(``rankrun.checkpoint.plan``); the ``values/``
 and ``failures/`` ones the Python API's (``rankrun.api.values``, ``rankrun.api.failures``).
 """
 
@@ -172,6 +175,16 @@ class Keys:
 
     def netcheck_verdict(self, round_: int) -> str:
         return f"{self.netcheck(round_)}verdict"
+
+    def kept_holdings(self, round_: int) -> str:
+        """``rankrun.checkpoint``: every node's holdings of one round (``kept_held``), and its plan (``kept_plan``)."""
+        return f"{self.root}kept/{round_}/held/"
+
+    def kept_held(self, round_: int, group_rank: int) -> str:
+        return f"{self.kept_holdings(round_)}{group_rank}"
+
+    def kept_plan(self, round_: int) -> str:
+        return f"{self.root}kept/{round_}/plan"
 
     def straggler(self, round_: int) -> str:
         """``--straggler-window``'s keys of one round (``straggler_ask`` ... ``straggler_verdict`` are under it)."""
