@@ -18,8 +18,8 @@ from rankrun.checkpoint.plan import (
     plan_value,
     summarize,
 )
-from rankrun.rendezvous.keys import Keys
 from rankrun.rendezvous.kept import agree
+from rankrun.rendezvous.keys import Keys
 from rankrun.store.memory import MemoryStore
 
 A, B, C = ("10.0.0.1", 7001), ("10.0.0.2", 7002), ("10.0.0.3", 7003)

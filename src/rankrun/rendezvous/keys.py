@@ -2,7 +2,8 @@
 
 Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
 ``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``, ``netcheck/<round>/endpoint|link|re/``,
-``straggler/<round>/ask|window/``, ``kept/<round>/held/``), a round's group rank 0 ``kept/<round>/plan``; the coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``,
+``straggler/<round>/ask|window/``, ``kept/<round>/held/``), a round's group rank 0 ``kept/<round>/plan``; the
+coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``,
 ``netcheck/<round>/reprobe|verdict``, ``straggler/<round>/time/`` and ``straggler/<round>/verdict``, and the
 ``unhealthy/`` key of a node its network check found unhealthy (on etcd, each elected coordinator in turn); whichever
 node wins a compare-and-set, ``coordinator`` (the election) and ``job`` (the first to join); any node ``stacks/ask``
