@@ -1,5 +1,5 @@
 """``rankrun.checkpoint`` with real torch and gloo: a rank killed at step 7 of 12 costs no step (the job ends with the
-very parameters of an uninterrupted run, cold and with ``--preload torch``), and a rank killed halfway through a 200 MB
+very parameters of an uninterrupted run, cold, with ``--preload torch`` and on two nodes), and a rank killed halfway through a 200 MB
 save resumes from the previous step, every byte of it intact."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, payload, run_cli
+from conftest import clean_environ, fresh_loopback, payload, run_cli
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -24,15 +24,35 @@ def _train(tmp_path: Path, name: str, *args: str, **env: str) -> dict[str, dict[
     done = run_cli("--nproc-per-node", "2", *args, payload("keep_steps.py"), env=clean_environ() | env, cwd=tmp_path,
                    timeout=180)
     assert done.returncode == 0, done.stderr
+    return _results(out)
+
+
+def _results(out: Path) -> dict[str, dict[str, object]]:
     return {p.name.removesuffix(".json"): json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
-def test_a_rank_killed_at_step_7_costs_no_step(tmp_path):
+def _two_nodes(launch, tmp_path: Path, name: str) -> dict[str, dict[str, object]]:
+    """``keep_steps.py`` on two nodes of one rank each (c10d on a fresh loopback address), rank 1 killed at step 7."""
+    out = tmp_path / name
+    out.mkdir()
+    endpoint = fresh_loopback()
+    env = clean_environ() | {"RANKRUN_RDZV_SECRET": "kept", "OUT": str(out), "KILL_RANK": "1", "KILL_AT": "7",
+                             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    nodes = [launch("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id",
+                    name, "--max-restarts", "1", "--nproc-per-node", "1", payload("keep_steps.py"), env=env)
+             for _ in range(2)]
+    assert [node.finish(timeout=180) for node in nodes] == [0, 0], [node.err for node in nodes]
+    return _results(out)
+
+
+def test_a_rank_killed_at_step_7_costs_no_step(launch, tmp_path):
     whole = _train(tmp_path, "whole")
     assert sorted(whole) == ["0.0", "1.0"]
     assert whole["0.0"]["ran"] == list(range(1, 13))
-    for name, preload in (("cold", ()), ("warm", ("--preload", "torch"))):
-        killed = _train(tmp_path, name, "--max-restarts", "1", *preload, KILL_RANK="1", KILL_AT="7")
+    runs = {name: _train(tmp_path, name, "--max-restarts", "1", *preload, KILL_RANK="1", KILL_AT="7")
+            for name, preload in (("cold", ()), ("warm", ("--preload", "torch")))}
+    runs["two nodes"] = _two_nodes(launch, tmp_path, "nodes")  # the step every node kept, agreed through the store
+    for name, killed in runs.items():
         assert sorted(killed) == ["0.1", "1.1"], name  # attempt 0 never got to its end
         for rank in ("0", "1"):
             resumed = killed[f"{rank}.1"]

@@ -3,23 +3,31 @@
 ``keeping`` makes the node's keeper (``rankrun.checkpoint.keeper``) before the first attempt and frees its memory at
 the job's end; ``KeptProgress`` is its round-level feature (``agent.round``): each attempt's workers get
 ``RANKRUN_CHECKPOINT``, the keeper settles the step the attempt resumes from before they start and learns their pids
-as they run, and what it saw becomes the job's events. One node only, for now: a job of several nodes needs the step
-every node kept, which the rendezvous will carry.
+as they run, and what it saw becomes the job's events. With several nodes the step is every node's: each round's
+nodes agree on it through the store before their workers start (``rendezvous.kept``), and a rank whose state another
+node holds gets it from there.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankrun.agent.deps import AgentDeps
+from rankrun.agent.race import first_of
 from rankrun.agent.round import Feature, Round
 from rankrun.checkpoint.keeper import Keeper
+from rankrun.checkpoint.plan import Plan
 from rankrun.checkpoint.wire import ENV
+from rankrun.errors import StoreUnavailable
 from rankrun.memroom import fits, read_here
+from rankrun.proc.signals import StopStream
 from rankrun.spec import LaunchSpec
 from rankrun.stacks.sampler import Target
+
+if TYPE_CHECKING:
+    from rankrun.rendezvous.member import Member
 
 
 class Keeping:
@@ -31,10 +39,7 @@ class Keeping:
 
 @contextlib.asynccontextmanager
 async def keeping(spec: LaunchSpec, deps: AgentDeps) -> AsyncIterator[Keeping | None]:
-    """The node's keeper for the job's length (``None`` for a job of several nodes)."""
-    if spec.multi_node:
-        yield None
-        return
+    """The node's keeper for the job's length."""
     keeper = Keeper(spec.worker.nproc, say=deps.console.say, told=_told(deps), room=_room)
     env = await keeper.start()
     try:
@@ -75,9 +80,49 @@ class KeptProgress(Feature):
             keeper.attempt_ended()
 
     def _running(self, targets: list[Target]) -> None:
-        if targets:
-            ranks = sorted(t.rank for t in targets)
-            self._keeping.keeper.workers({t.pid: (t.rank, ranks.index(t.rank)) for t in targets})
+        running(self._keeping.keeper, targets)
+
+
+def running(keeper: Keeper, targets: list[Target]) -> None:
+    """The attempt's workers, as they started, to the keeper: pid -> (rank, local rank)."""
+    if targets:
+        ranks = sorted(t.rank for t in targets)
+        keeper.workers({t.pid: (t.rank, ranks.index(t.rank)) for t in targets})
+
+
+class KeptAcrossNodes(Feature):
+    """Each round's part of kept progress on several nodes: the step agreed by every node of the round before its
+    workers start (a round that moves on meanwhile, or a stop, leaves the attempt with nothing to resume: it is
+    stopped at once anyway)."""
+
+    def __init__(self, keeping: Keeping, deps: AgentDeps, stops: StopStream, member: Member) -> None:
+        self._keeping, self._deps, self._stops, self._member = keeping, deps, stops, member
+        keeping.keeper.node = member.info.id
+
+    @contextlib.asynccontextmanager
+    async def serving(self, round_: Round) -> AsyncIterator[None]:
+        keeper, member, word = self._keeping.keeper, self._member, round_.word
+        assert word is not None
+        round_.env = (*round_.env, (ENV, self._keeping.env))
+        from rankrun.rendezvous.kept import agree  # noqa: PLC0415 - one node never loads the rendezvous
+
+        agreed: Plan | str = ""
+        try:
+            index, result = await first_of(
+                agree(member.store, member.keys, word.round, word.group_rank, word.group_world_size,
+                      mine=keeper.holdings(), lease=member.lease.id),
+                member.round_changed(word.round), self._stops.arrived())
+            if index == 0:
+                agreed = result
+        except StoreUnavailable:
+            pass  # the round's own watches say the store is gone; the attempt is stopped
+        keeper.attempt_starts(round_.attempt, word.ranks.world_size, agreed)
+        self._deps.on_demand.on_running = lambda targets: running(keeper, targets)
+        try:
+            yield
+        finally:
+            self._deps.on_demand.on_running = None
+            keeper.attempt_ended()
 
 
 __all__ = ["Keeping", "KeptProgress", "keeping"]

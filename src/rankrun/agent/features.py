@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from rankrun.agent import store_relay
+from rankrun.agent.checkpoint import Keeping, KeptAcrossNodes
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure, failure_value
 from rankrun.agent.gate import HealthGate, unhealthy
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 
 @contextlib.asynccontextmanager
 async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, *,
-                     sick: str | None) -> AsyncIterator[Rounds]:
-    """Several nodes, for the session's life: ``sick``, why this node's check before joining failed."""
+                     sick: str | None, kept: Keeping | None = None) -> AsyncIterator[Rounds]:
+    """Several nodes, for the session's life: ``sick``, why this node's check before joining failed; ``kept``, the
+    node's keeper of kept progress."""
     member = session.member
     address = member.info.addr or session.address
     news = NewsEvents(deps.events)
@@ -57,7 +59,8 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
                 features.append(OpenFiles(deps.console.say, spec, nodes=None if session.hosting else 0,
                                           relaying=lambda word: store_relay.wanted(spec, word, relayable=session.relayable)))
             env = WorkerEnv(await _collective_env(spec, deps, session.address))
-            features += [news, env, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
+            progress = [KeptAcrossNodes(kept, deps, stops, member)] if kept is not None else []
+            features += [news, env, *progress, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
                          MemberReport(spec, deps, member)]
             yield Rounds(features, news, gate)
     finally:

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rankrun.agent.attempt import AttemptResult, Outcome, run_attempt
+from rankrun.agent.checkpoint import Keeping
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.features import multi_node
 from rankrun.agent.gate import excluded as excluded_line
@@ -56,9 +57,9 @@ PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
 
 async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, *,
-                        begin: Callable[[str], Awaitable[None]] | None = None) -> Outcome:
+                        begin: Callable[[str], Awaitable[None]] | None = None, kept: Keeping | None = None) -> Outcome:
     """The job on this node, round after round; ``begin``: told this node's address once the session is open (the
-    job's observers start there)."""
+    job's observers start there); ``kept``: the node's keeper of kept progress."""
     joined = asyncio.get_running_loop().time()
     rdzv = spec.rendezvous
     assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
@@ -77,7 +78,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
             if begin is not None:
                 await begin(session.member.info.addr or session.address)
-            async with multi_node(spec, deps, stops, logs, session, sick=sick) as rounds:
+            async with multi_node(spec, deps, stops, logs, session, sick=sick, kept=kept) as rounds:
                 return await _rounds(_Node(spec, deps, stops, logs, session), rounds, joined, opened)
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None

@@ -10,7 +10,6 @@ of ranks read from the nearest holder: memory, then a neighbour's copy, then the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -91,20 +90,26 @@ def plan(holdings: Sequence[Holding]) -> Plan | str:
 
 
 def holdings_value(holdings: Sequence[Holding]) -> bytes:
+    import json  # noqa: PLC0415 - the records travel between nodes only: one node never loads it
+
     return json.dumps([{"ranks": h.ranks, "held": [list(p) for p in h.held], "where": h.where, "node": h.node,
                         "peer": list(h.peer) if h.peer else None} for h in holdings], separators=(",", ":")).encode()
 
 
 def holdings_from(value: bytes) -> list[Holding]:
     """A node's holdings; ``ValueError`` for anything else."""
+    import json  # noqa: PLC0415 - see holdings_value()
+
     try:
         return [Holding(str(d["ranks"]), tuple((int(s), int(w)) for s, w in d["held"]), str(d["where"]), str(d["node"]),
                         _peer(d.get("peer"))) for d in json.loads(value)]
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a node's kept holdings: {exc}") from None
 
 
 def plan_value(result: Plan | str) -> bytes:
+    import json  # noqa: PLC0415 - the records travel between nodes only: one node never loads it
+
     if isinstance(result, str):
         return json.dumps({"none": result}, separators=(",", ":")).encode()
     return json.dumps({"step": result.step, "world": result.world,
@@ -114,13 +119,15 @@ def plan_value(result: Plan | str) -> bytes:
 
 def plan_from(value: bytes) -> Plan | str:
     """The round's plan, or why there is none; ``ValueError`` for anything else."""
+    import json  # noqa: PLC0415 - see holdings_value()
+
     try:
         d = json.loads(value)
         if "none" in d:
             return str(d["none"])
         return Plan(int(d["step"]), int(d["world"]), tuple(Source(str(s["ranks"]), str(s["where"]), str(s["node"]),
                                                                   _peer(s.get("peer"))) for s in d["from"]))
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a round's kept plan: {exc}") from None
 
 

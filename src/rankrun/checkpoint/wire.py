@@ -14,7 +14,6 @@ attached: ``step``, ``world``, ``rank``, ``bytes``, ``source``), ``none`` (nothi
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 VERSION = 1
@@ -23,11 +22,15 @@ ENV = "RANKRUN_CHECKPOINT"  # in every worker's environment: "VERSION:ADDRESS"
 
 
 def encode(kind: str, **body: Any) -> bytes:
+    import json  # noqa: PLC0415 - a launcher whose ranks never keep anything never loads it
+
     return json.dumps({"v": VERSION, "kind": kind, **body}, separators=(",", ":")).encode()
 
 
 def decode(data: bytes) -> dict[str, Any]:
     """The message (its ``kind`` included); ``ValueError`` for anything else (another version, not an object)."""
+    import json  # noqa: PLC0415 - see encode()
+
     obj = json.loads(data)
     if not isinstance(obj, dict) or obj.get("v") != VERSION or not isinstance(obj.get("kind"), str):
         raise ValueError(f"not a checkpoint message of version {VERSION}")
