@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import api_bench
+import checkpoint_bench
 import console_bench
 import failure_bench
 import faults_bench
@@ -59,7 +60,7 @@ from harness import (
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe",
-           "health", "netcheck", "straggler", "store_scale", "warm")
+           "health", "netcheck", "straggler", "store_scale", "warm", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -88,19 +89,24 @@ class Plan:
     store_scale_reps: int  # runs per size (1,024 / 4,096 / 16,384 clients) of each workers' store server
     warm_reps: int  # rotations of rankrun cold / --preload torch / torchrun, each size of warm_sizes but 32
     warm_reps_32: int  # the same at 32 ranks (32 cold interpreters importing torch: about 2 minutes a rotation on 2 cores)
+    checkpoint_reps: int  # rotations of the four failure jobs (checkpoint cold / --preload torch, disk rankrun / torchrun)
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
     warm_sizes: tuple[int, ...] = (2, 8, 32)
+    checkpoint_sizes: tuple[int, ...] = checkpoint_bench.SIZES  # bytes of state, one save job each
+    checkpoint_saves: tuple[int, ...] = (8, 6, 4)  # saves per way in each of those jobs (the first two pay page faults)
 
 
 FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_reps=5, console_lines=1_000_000, store_reps=5,
             rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
             health_reps=21, hole_reps=3, gate_scale_reps=5, netcheck_reps=21, netcheck_round_reps=5, netcheck_real_reps=5,
-            straggler_reps=3, straggler_detect_reps=2, store_scale_reps=3, warm_reps=5, warm_reps_32=2)
+            straggler_reps=3, straggler_detect_reps=2, store_scale_reps=3, warm_reps=5, warm_reps_32=2,
+            checkpoint_reps=2)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
              rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
              health_reps=5, hole_reps=1, gate_scale_reps=2, netcheck_reps=5, netcheck_round_reps=2, netcheck_real_reps=2,
-             straggler_reps=1, straggler_detect_reps=1, store_scale_reps=1, warm_reps=2, warm_reps_32=0, warm_sizes=(2, 8))
+             straggler_reps=1, straggler_detect_reps=1, store_scale_reps=1, warm_reps=2, warm_reps_32=0, warm_sizes=(2, 8),
+             checkpoint_reps=1, checkpoint_sizes=checkpoint_bench.SIZES[:2], checkpoint_saves=(4, 4))
 
 
 @dataclass
@@ -249,10 +255,14 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = warm_bench.run({n: count for n, count in reps.items() if count})
         return warm_bench.rows(r), warm_bench.details(r)
 
+    def checkpoint() -> tuple[list[Row], list[str]]:
+        r = checkpoint_bench.run(plan.checkpoint_sizes, plan.checkpoint_saves, plan.checkpoint_reps)
+        return checkpoint_bench.rows(r), checkpoint_bench.details(r)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
             "observe": observe, "health": health, "netcheck": netcheck, "straggler": straggler, "store_scale": store_scale,
-            "warm": warm}
+            "warm": warm, "checkpoint": checkpoint}
 
 
 def warm_up() -> None:
@@ -357,7 +367,9 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"(512 simulated nodes {plan.netcheck_round_reps}, 8 agents in namespaces {plan.netcheck_real_reps}), "
         f"straggler {plan.straggler_reps} (detection {plan.straggler_detect_reps}), store scale {plan.store_scale_reps}, "
         f"warm {plan.warm_reps} (" + ", ".join(f"N={n}" for n in plan.warm_sizes if n < 32)
-        + (f"; N=32 {plan.warm_reps_32}" if 32 in plan.warm_sizes else "") + ")",
+        + (f"; N=32 {plan.warm_reps_32}" if 32 in plan.warm_sizes else "") + f"), checkpoint {plan.checkpoint_reps} ("
+        + ", ".join(f"{checkpoint_bench.size_label(n)} {c} saves" for n, c in
+                    zip(plan.checkpoint_sizes, plan.checkpoint_saves, strict=True)) + ")",
         "",
         "## Summary (medians)",
         "",
