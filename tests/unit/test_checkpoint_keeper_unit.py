@@ -36,6 +36,13 @@ def runs(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     return run
 
 
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Until ``condition`` holds (bounded): the keeper's background work, seen from the loop it runs on."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
 class Seen:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -104,6 +111,8 @@ async def test_room_is_reserved_or_refused_with_one_line_per_size(monkeypatch):
         assert kept.slots[0].capacity == 1000 and len(view) == 1000
         assert os.fstat(kept.slots[0].fd).st_blocks * 512 >= 1000  # reserved, not only sized
         await asyncio.to_thread(_save, kept, 1, b"x" * 1000)
+        await _until(lambda: keeper._files[0].capacity[1] == 1000)  # the other slot, reserved ahead of its save
+        assert os.fstat(kept.slots[1].fd).st_blocks * 512 >= 1000
         for _ in range(2):
             with pytest.raises(client.NoRoom, match="1048576 bytes of room"):
                 await asyncio.to_thread(kept.mapped, 1, 3 << 20)

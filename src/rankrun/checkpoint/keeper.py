@@ -228,6 +228,7 @@ class Keeper:
             await self._reserve(conn, files, int(msg["slot"]), int(msg["bytes"]), rank)
         elif kind == "kept":
             self._on_kept(rank, int(msg["step"]), int(msg["bytes"]), float(msg["seconds"]))
+            self._spawn(self._ahead(files, 1 - int(msg["slot"]) % 2))
         elif kind == "fetch":
             await self._fetch(conn, rank if msg.get("rank") is None else int(msg["rank"]), msg.get("rank") is None)
         elif kind == "loaded":
@@ -249,6 +250,17 @@ class Keeper:
             return
         files.capacity[index] = max(files.capacity[index], need)
         _send(conn, wire.encode("ok", capacity=files.capacity[index]))
+
+    async def _ahead(self, files: Files, index: int) -> None:
+        """The other slot reserved as large as this one, in the background: the rank's next save then finds its pages
+        there (a first touch of memory costs more than the copy). Quietly skipped without room: that save asks, and
+        is refused with its line."""
+        need = files.capacity[1 - index]
+        if files.capacity[index] >= need or self._room(need - files.capacity[index]) is not None:
+            return
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(_fallocate, files.slots[index], need)
+            files.capacity[index] = max(files.capacity[index], need)
 
     def _refused(self, rank: int, need: int, why: str, files: Files) -> None:
         top = slots.newest(files.view)
