@@ -96,6 +96,20 @@ async def test_a_step_kept_by_a_plain_save_is_refused_by_name_and_nothing_kept_i
 
 
 @runs
+async def test_a_step_without_the_coordinators_metadata_is_not_loadable(monkeypatch):
+    keeper = await _keeper(monkeypatch)
+    try:
+        await asyncio.to_thread(lambda: serial.save(client.connect(), 5, {"format": FORMAT, "items": {}}))
+        _restart(keeper)
+        reader = MemoryReader()
+        assert await asyncio.to_thread(lambda: reader.step) == 5
+        with pytest.raises(client.KeptError, match="no rank kept step 5's metadata"):
+            await asyncio.to_thread(reader.read_metadata)
+    finally:
+        await keeper.close()
+
+
+@runs
 async def test_a_dcp_save_refused_for_room_keeps_nothing_and_returns(monkeypatch):
     keeper = Keeper(1, say=lambda line: None, told=lambda what, facts: None, room=lambda growth: "no room")
     monkeypatch.setenv("RANKRUN_CHECKPOINT", await keeper.start())
