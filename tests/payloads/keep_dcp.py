@@ -9,7 +9,8 @@ kept that step; rank 1 dies in ``write_data``.
 
 Attempt 1 loads the kept step three ways and writes ``$OUT/<rank>.json``: with DCP's re-sharding into ``w`` sharded
 by columns (each rank's 6x2 block is read from both old ranks' slots), with ``no_dist=True`` (a world of one: the
-whole tensors), and ``rankrun.checkpoint.load()``'s step, which must be the same one.
+whole tensors), and ``rankrun.checkpoint.load()``'s step, which must be the same one; and the steps this rank's
+two slots hold complete.
 """
 
 import json
@@ -23,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import rankrun.checkpoint
-from rankrun.checkpoint import serial
+from rankrun.checkpoint import client, serial, slots
 from rankrun.checkpoint.dcp import MemoryReader, MemoryWriter
 
 
@@ -59,6 +60,7 @@ def main() -> None:
     dcp.load(alone, storage_reader=MemoryReader(), no_dist=True)
     kept = rankrun.checkpoint.load()
     result = {
+        "held": sorted(desc.step for _, desc in slots.complete(client.connect().header)),  # this rank's complete steps
         "step": step,
         "plain_load_step": None if kept is None else kept[0],
         "resharded": torch.equal(resharded["w"].to_local(), expected["w"][:, 2 * rank:2 * rank + 2])
