@@ -21,6 +21,9 @@ from rankrun.events.records import (
     EVENTS,
     REASON_LIMIT,
     TEXT_LIMIT,
+    CheckpointKept,
+    CheckpointRestored,
+    CheckpointWritten,
     Failure,
     JobEnd,
     JobStart,
@@ -77,6 +80,14 @@ FACTS: list[Record] = [  # one of each event, as a producer builds it (no common
     Warm(attempt=1, forked="8-15", cold="", fork_p50=0.004, fork_max=0.009),
     Warm(attempt=2, forked="8-10", cold="11-15", fork_p50=0.004, fork_max=0.005),
     Warm(attempt=3, forked="", cold="8-15", fork_p50=None, fork_max=None),
+    CheckpointKept(step=120, ranks="8-15", bytes=4_200_000_000, seconds=0.61, state="kept", why=None),
+    CheckpointKept(step=121, ranks="8-15", bytes=0, seconds=0.0, state="refused",
+                   why="rank 11's step 121 (4.2 GB) is not kept: this node has 1.1 GB of room"),
+    CheckpointWritten(step=120, to="neighbour", where="10.0.0.14", bytes=4_200_000_000, seconds=3.9, state="complete"),
+    CheckpointWritten(step=120, to="disk", where="/ckpt/job-7/step-120", bytes=4_200_000_000, seconds=11.5,
+                      state="abandoned"),
+    CheckpointRestored(attempt=1, step=120, source="memory", ranks="8-15", bytes=4_200_000_000, seconds=0.61),
+    CheckpointRestored(attempt=2, step=120, source="disk", ranks="8-15", bytes=4_200_000_000, seconds=7.25),
     JobEnd(exit_code=0, outcome="succeeded"),
 ]
 
@@ -167,6 +178,13 @@ def test_ranges_and_pids_are_checked(key, value):
     ("preload", "why", "x" * (TEXT_LIMIT + 1)), ("preload", "modules", ["torch"]),
     ("warm", "forked", "0-3,"), ("warm", "cold", [0, 1]), ("warm", "fork_p50", -0.001), ("warm", "fork_max", "4 ms"),
     ("warm", "attempt", -1),
+    ("checkpoint.kept", "state", "dropped"), ("checkpoint.kept", "step", -1), ("checkpoint.kept", "bytes", 1.5),
+    ("checkpoint.kept", "ranks", "0-3,"), ("checkpoint.kept", "seconds", -0.1), ("checkpoint.kept", "why", 3),
+    ("checkpoint.kept", "why", "x" * (TEXT_LIMIT + 1)),
+    ("checkpoint.written", "to", "peer"), ("checkpoint.written", "state", "kept"), ("checkpoint.written", "where", None),
+    ("checkpoint.written", "where", "/" * (TEXT_LIMIT + 1)), ("checkpoint.written", "bytes", -1),
+    ("checkpoint.restored", "source", "tmpfs"), ("checkpoint.restored", "attempt", -1), ("checkpoint.restored", "step", None),
+    ("checkpoint.restored", "ranks", [0, 1]), ("checkpoint.restored", "seconds", "0.6 s"),
 ])
 def test_values_outside_an_events_domain_fail(event, key, value):
     good = next(as_json(_stream().emit(f)) for f in FACTS if EVENTS[type(f)] == event)
@@ -231,7 +249,11 @@ def test_a_users_long_text_is_cut_so_a_line_fits_a_pipe_whole():
                           (Stall(ranks="0-16383", title=text), "title"),
                           (StragglerEvent(rank=16383, where="h" * 253, verdict="named", lag=None, share=1.0,
                                           collectives=0, line=text), "line"),
-                          (Preload(modules="m" * 64, seconds=0.0, state="ended", why=text), "why")):
+                          (Preload(modules="m" * 64, seconds=0.0, state="ended", why=text), "why"),
+                          (CheckpointKept(step=2**62, ranks="0-16383", bytes=2**62, seconds=1e9, state="refused",
+                                          why=text), "why"),
+                          (CheckpointWritten(step=2**62, to="disk", where=text, bytes=2**62, seconds=1e9,
+                                             state="abandoned"), "where")):
             obj = as_json(_stream().emit(fact))
             cut = obj[key]
             assert len(cut) == TEXT_LIMIT

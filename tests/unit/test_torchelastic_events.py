@@ -176,6 +176,9 @@ def test_every_name_is_one_torch_records_and_other_events_write_nothing():
         script_slowest=None, store_p50=None, store_max=None, store_slowest=None)
     job("preload", modules="torch", seconds=2.31, state="ready", why="")
     job("warm", attempt=0, forked="0-1", cold="", fork_p50=0.004, fork_max=0.005)
+    job("checkpoint.kept", step=5, ranks="0-1", bytes=1024, seconds=0.01, state="kept", why=None)
+    job("checkpoint.written", step=5, to="disk", where="/ckpt/step-5", bytes=1024, seconds=0.2, state="complete")
+    job("checkpoint.restored", attempt=1, step=5, source="memory", ranks="0-1", bytes=1024, seconds=0.01)
     job("workers.start", attempt=0, ranks="not-a-range", pids=[])
     assert job.lines == []
     job.start()

@@ -6,8 +6,8 @@ record, which a producer leaves at their defaults) and hands the stamped record 
 schema's object for a record and ``from_json`` its inverse (for a reader of the events file). Ranks are range strings
 (``ranges.range_string``), never one event per rank; a failure's root cause and a straggler are one rank each. The
 free text that comes from a user's program or machines (a failure's exception, a stall's title, a straggler's line
-with its host, why a preloading process turned unsafe or ended) is cut to ``TEXT_LIMIT`` characters in the JSON, so
-that a line stays short enough for a pipe to take whole.
+with its host, why a preloading process turned unsafe or ended, why a step was not kept, where a copy went) is cut to
+``TEXT_LIMIT`` characters in the JSON, so that a line stays short enough for a pipe to take whole.
 """
 
 from __future__ import annotations
@@ -20,14 +20,18 @@ from typing import Any, Literal, TypeVar, dataclass_transform
 from rankrun.record import record
 
 VERSION = 1
-TEXT_LIMIT = 500  # characters of ``Failure.exception``, ``Stall.title``, ``StragglerEvent.line``, ``Preload.why`` in the
-# JSON (schema.json's maxLength)
+TEXT_LIMIT = 500  # characters of ``Failure.exception``, ``Stall.title``, ``StragglerEvent.line``, ``Preload.why``,
+# ``CheckpointKept.why`` and ``CheckpointWritten.where`` in the JSON (schema.json's maxLength)
 REASON_LIMIT = 200  # characters of ``Restart.reason`` in the JSON (schema.json's maxLength)
 
 WorkersOutcome = Literal["succeeded", "failed", "stopped", "interrupted", "moved_on", "stalled"]
 JobOutcome = Literal["succeeded", "failed", "interrupted", "error"]
 StragglerVerdict = Literal["named", "recovered"]
 PreloadState = Literal["ready", "unsafe", "ended"]
+KeptState = Literal["kept", "refused"]
+CopyTarget = Literal["neighbour", "disk"]
+CopyState = Literal["complete", "abandoned"]
+RestoreSource = Literal["memory", "neighbour", "disk"]
 _T = TypeVar("_T", bound=type)
 
 
@@ -204,6 +208,46 @@ class Warm(Stamp):
 
 
 @_event
+class CheckpointKept(Stamp):
+    """A step this node's ranks saved (``rankrun.checkpoint.save``) is kept (``checkpoint.kept``): once per node per
+    step, when every local rank that saved it is complete in the memory the launcher owns, or refused (it did not fit:
+    the previous step stays kept)."""
+
+    step: int
+    ranks: str  # the range string of this node's ranks that saved it
+    bytes: int  # over those ranks
+    seconds: float  # the longest blocking time of ``save`` among them
+    state: KeptState
+    why: str | None  # the refusal in one line; None when kept
+
+
+@_event
+class CheckpointWritten(Stamp):
+    """A copy of this node's kept step is complete elsewhere, or was abandoned (``checkpoint.written``): held by the
+    neighbour node's launcher, or written to ``--checkpoint-dir``."""
+
+    step: int
+    to: CopyTarget
+    where: str  # the neighbour node's address, or the disk path
+    bytes: int
+    seconds: float  # from the step's being kept to the copy's being complete (or abandoned)
+    state: CopyState
+
+
+@_event
+class CheckpointRestored(Stamp):
+    """This node's ranks of an attempt loaded a kept step (``checkpoint.restored``): once per node per attempt, with
+    where the step came from."""
+
+    attempt: int
+    step: int
+    source: RestoreSource
+    ranks: str  # the range string of this node's ranks that loaded it
+    bytes: int  # over those ranks
+    seconds: float  # the longest load among them
+
+
+@_event
 class JobEnd(Stamp):
     """The job ended (``job.end``): always the last event, also after SIGTERM."""
 
@@ -212,7 +256,7 @@ class JobEnd(Stamp):
 
 
 Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StragglerEvent | NodeLost
-          | NodeExcluded | Startup | Preload | Warm | JobEnd)
+          | NodeExcluded | Startup | Preload | Warm | CheckpointKept | CheckpointWritten | CheckpointRestored | JobEnd)
 R = TypeVar("R", bound=Record)  # one record class, or several (a producer's union): stamped, it keeps its type
 
 EVENTS: dict[type[Record], str] = {
@@ -229,14 +273,19 @@ EVENTS: dict[type[Record], str] = {
     Startup: "startup",
     Preload: "preload",
     Warm: "warm",
+    CheckpointKept: "checkpoint.kept",
+    CheckpointWritten: "checkpoint.written",
+    CheckpointRestored: "checkpoint.restored",
     JobEnd: "job.end",
 }
 _KINDS: dict[str, type[Record]] = {name: kind for kind, name in EVENTS.items()}
 # the free text cut in the JSON, and to how many characters: a restart's reason repeats the failure's exception,
 # which its ``failure`` event already carries whole (to TEXT_LIMIT), so a node's file stays small; a straggler's line
-# holds a host name, which a user's machines choose; a preload's why may hold an import error's last line
+# holds a host name, which a user's machines choose; a preload's why may hold an import error's last line; a refused
+# step's why and a copy's where may hold a path, which a user chooses (up to PATH_MAX, longer than a pipe takes whole)
 _CUT = {(Failure, "exception"): TEXT_LIMIT, (Stall, "title"): TEXT_LIMIT, (StragglerEvent, "line"): TEXT_LIMIT,
-        (Preload, "why"): TEXT_LIMIT, (Restart, "reason"): REASON_LIMIT}
+        (Preload, "why"): TEXT_LIMIT, (Restart, "reason"): REASON_LIMIT, (CheckpointKept, "why"): TEXT_LIMIT,
+        (CheckpointWritten, "where"): TEXT_LIMIT}
 
 
 def keys(kind: type[Stamp]) -> tuple[str, ...]:
