@@ -262,6 +262,9 @@ def series(nproc: int, upto: int | None = None) -> dict[Sample, float]:
     if upto is None:
         events += [event("stall", ranks=ranges(2 * nproc, nproc), title="stalled"), event("node.lost", nodes=["n9"], reason="x")]
         events += [straggler(rank, lag=1 / (rank + 1)) for rank in range(4 * nproc)]
+        mine = ranges(2 * nproc, nproc)
+        events += [kept(5, ranks=mine), kept(6, ranks=mine, state="refused"), written(5, "neighbour"), written(5, "disk"),
+                   event("checkpoint.restored", attempt=1, step=5, source="memory", ranks=mine, bytes=10, seconds=0.1)]
     return samples(fold(events[:upto]))
 
 
@@ -271,8 +274,8 @@ def test_the_number_of_series_does_not_grow_with_the_ranks() -> None:
         few, many = series(8, upto), series(512, upto)
         assert set(few) == set(many)  # the same series, whatever the ranks: no pid or host in a label, 8 ranks at most
         assert len(few) <= 60
-        stragglers = {"rank"} if upto is None else set()
-        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", "how", *stragglers}
+        later = {"rank", "where"} if upto is None else set()  # the stragglers' ranks, the kept bytes' places
+        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", "how", *later}
     print(f"series: {len(few)} for 8 workers a node, {len(many)} for 512")
     many = series(512, failed)
     assert many[("rankrun_workers", frozenset({"run": RUN, "state": "stopped"}.items()))] == 511
@@ -412,3 +415,87 @@ def test_a_warm_event_moves_only_what_its_own_workers_start_counted_and_once() -
     assert starts(m) == {"forked": 2, "exec": 8}
     m = fold([warm(0, "0-7")])  # no workers.start: nothing started here
     assert starts(m) == {"forked": 0, "exec": 0}
+
+
+def kept(step: int, state: str = "kept", mono: float = 100.0, ranks: str = "0-7", size: int = 4_200_000_000,
+         seconds: float = 0.61) -> Record:
+    why = None if state == "kept" else "rank 3's step is not kept: this node has 1.1 GB of room"
+    return event("checkpoint.kept", step=step, ranks=ranks, bytes=size, seconds=seconds, state=state, why=why, mono=mono)
+
+
+def written(step: int, to: str, state: str = "complete", size: int = 4_200_000_000) -> Record:
+    return event("checkpoint.written", step=step, to=to, where="10.0.0.14" if to == "neighbour" else "/ckpt/s",
+                 bytes=size, seconds=2.5, state=state)
+
+
+def kept_bytes(metrics: Metrics) -> dict[str, float | None]:
+    return {where: value(metrics, "rankrun_checkpoint_bytes", where=where) for where in ("memory", "neighbour", "disk")}
+
+
+def saves(metrics: Metrics) -> dict[str, float | None]:
+    return {state: value(metrics, "rankrun_checkpoint_saves_total", state=state) for state in ("kept", "refused")}
+
+
+def test_without_checkpoints_the_saves_are_zero_and_the_kept_gauges_absent() -> None:
+    m = fold(job(8))
+    assert saves(m) == {"kept": 0, "refused": 0}
+    for name in ("rankrun_checkpoint_step", "rankrun_checkpoint_age_seconds", "rankrun_checkpoint_save_seconds"):
+        assert value(m, name) is None, name
+    assert kept_bytes(m) == {"memory": None, "neighbour": None, "disk": None}
+    text = m.render().decode()
+    for name, kind in (("rankrun_checkpoint_step", "gauge"), ("rankrun_checkpoint_age_seconds", "gauge"),
+                       ("rankrun_checkpoint_bytes", "gauge"), ("rankrun_checkpoint_saves_total", "counter"),
+                       ("rankrun_checkpoint_save_seconds", "gauge")):
+        assert f"# TYPE {name} {kind}\n" in text
+        assert f"# HELP {name} " in text
+
+
+def test_a_kept_step_is_the_newest_and_its_age_is_read_at_the_scrape() -> None:
+    now = [100.0]
+    m = fold(job(8), Metrics(monotonic=lambda: now[0]))
+    m.on_event(kept(5, mono=100.0, seconds=0.61))
+    assert value(m, "rankrun_checkpoint_step") == 5
+    assert value(m, "rankrun_checkpoint_age_seconds") == 0.0
+    now[0] = 112.5  # no event since: the age grows with the clock, at each scrape
+    assert value(m, "rankrun_checkpoint_age_seconds") == 12.5
+    assert value(m, "rankrun_checkpoint_save_seconds") == 0.61
+    assert kept_bytes(m) == {"memory": 4_200_000_000, "neighbour": None, "disk": None}
+    m.on_event(kept(10, mono=110.0, size=4_300_000_000, seconds=0.58))
+    assert value(m, "rankrun_checkpoint_step") == 10
+    assert value(m, "rankrun_checkpoint_age_seconds") == 2.5
+    assert value(m, "rankrun_checkpoint_save_seconds") == 0.58
+    assert kept_bytes(m)["memory"] == 4_300_000_000
+    m.on_event(kept(3, mono=111.0))  # resumed from an older step and saving again from there: the latest told
+    assert value(m, "rankrun_checkpoint_step") == 3
+    assert saves(m) == {"kept": 3, "refused": 0}
+    now[0] = 50.0  # a clock behind the event (a fake's, never the system's): no negative age
+    assert value(m, "rankrun_checkpoint_age_seconds") == 0.0
+
+
+def test_a_refused_step_counts_and_leaves_the_kept_one_shown() -> None:
+    m = fold([*job(8), kept(5, mono=100.0, seconds=0.61)], Metrics(monotonic=lambda: 130.0))
+    m.on_event(kept(6, state="refused", mono=120.0, size=0, seconds=0.0))
+    assert saves(m) == {"kept": 1, "refused": 1}
+    assert value(m, "rankrun_checkpoint_step") == 5  # the previous step stays kept
+    assert value(m, "rankrun_checkpoint_age_seconds") == 30.0
+    assert value(m, "rankrun_checkpoint_save_seconds") == 0.61
+    assert kept_bytes(m)["memory"] == 4_200_000_000
+    m.on_event(event("checkpoint.kept", step=7, ranks="0-7", bytes=1, seconds=1.0, state="lost", why=None))
+    assert saves(m) == {"kept": 1, "refused": 1}  # a state it does not know: nothing counted, nothing changed
+    assert value(m, "rankrun_checkpoint_step") == 5
+
+
+def test_the_copies_give_their_bytes_by_where_once_complete() -> None:
+    m = fold([*job(8), kept(5)], Metrics(monotonic=lambda: 200.0))
+    m.on_event(written(5, "neighbour", size=4_200_000_001))
+    assert kept_bytes(m) == {"memory": 4_200_000_000, "neighbour": 4_200_000_001, "disk": None}
+    m.on_event(written(5, "disk", state="abandoned", size=7))  # never complete: nothing of it shown
+    assert kept_bytes(m)["disk"] is None
+    m.on_event(written(5, "disk", size=4_200_000_002))
+    m.on_event(written(10, "neighbour", size=9))  # the latest copy's
+    assert kept_bytes(m) == {"memory": 4_200_000_000, "neighbour": 9, "disk": 4_200_000_002}
+    before = m.render()
+    m.on_event(event("checkpoint.written", step=11, to="tape", where="x", bytes=5, seconds=1.0, state="complete"))
+    m.on_event(event("checkpoint.restored", attempt=1, step=5, source="disk", ranks="0-7", bytes=5, seconds=1.0))
+    assert m.render() == before  # a place it does not know, and a restore: no series changes
+    assert 'rankrun_checkpoint_bytes{run="job-42",where="neighbour"} 9\n' in before.decode()

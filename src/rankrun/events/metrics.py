@@ -3,9 +3,9 @@
 ``Metrics`` is a consumer of the event stream: ``on_event`` takes each stamped record (``rankrun.events.records``)
 and keeps the few numbers the series show; ``render`` writes them in Prometheus's
 text exposition format 0.0.4. Every series carries the job's run id as ``run``, and a label only where its values
-are a fixed set (a worker's state, a start-up phase, how a worker started), never a pid or a host, and a rank only
-for the few stragglers named now (``rankrun_straggler_lag_seconds``: at most ``STRAGGLER_SERIES``, those of the
-largest lags): the number of series is bounded, the same for 8 workers as for 512.
+are a fixed set (a worker's state, a start-up phase, how a worker started, where a kept step's copy is), never a pid
+or a host, and a rank only for the few stragglers named now (``rankrun_straggler_lag_seconds``: at most
+``STRAGGLER_SERIES``, those of the largest lags): the number of series is bounded, the same for 8 workers as for 512.
 
 ``MetricsServer`` answers ``GET /metrics`` (and ``HEAD``) over HTTP/1.1, one request per connection, on the socket
 ``rankrun.listen`` binds. It serves from memory on the event loop, so it answers while the job forms or fails. A
@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from rankrun.events.fields import ranks_in
 from rankrun.events.records import (
+    CheckpointKept,
+    CheckpointRestored,
+    CheckpointWritten,
     Failure,
     JobEnd,
     JobStart,
@@ -45,6 +49,8 @@ PATH = "/metrics"
 STATES = ("running", "succeeded", "failed", "stopped")
 STARTUP_PHASES = ("total", "rendezvous", "spawn", "script_p50", "script_max", "store_p50", "store_max")
 HOW = ("forked", "exec")  # how a worker started: forked from the --preload process, or a fresh interpreter
+KEPT_WHERE = ("memory", "neighbour", "disk")  # where a kept step's copy is: the launcher's memory, a neighbour, the dir
+SAVES = ("kept", "refused")  # what became of a step this node's ranks saved
 TIMEOUT = 5.0  # seconds a connection may stay open: a scraper sends its request at once and reads a few KB
 MAX_REQUEST = 8192  # bytes of request line and headers; Prometheus sends about 300
 MAX_CONNECTIONS = 32  # open at once; one scraper or two is the usual
@@ -93,8 +99,10 @@ def top_lags(lags: Mapping[int, float], most: int = STRAGGLER_SERIES) -> list[tu
 class Metrics:
     """The series of one node's launcher, folded from its events; ``render`` is their exposition."""
 
-    def __init__(self, run: str = "") -> None:
+    def __init__(self, run: str = "", monotonic: Callable[[], float] = time.monotonic) -> None:
         self.run = run  # the label every series carries; each event's own ``run`` replaces it
+        # this node's monotonic clock, the stream's (an event's ``mono``): a kept step's age is read from it at scrape
+        self._monotonic = monotonic
         self.up = False
         self.attempt: _Attempt | None = None
         self.restarts = 0
@@ -115,6 +123,12 @@ class Metrics:
         # emits right after it in the same step of its loop (no scrape is answered between them), moves those it says
         # were forked to forked. ``unsorted``: the latest workers.start's (attempt, ranks counted), until its warm event
         self.unsorted: tuple[int, int] | None = None
+        # the newest kept step (``rankrun.checkpoint``): its number and when (``mono``) it was kept; bytes by where
+        self.kept_step: int | None = None
+        self.kept_at: float | None = None
+        self.save_seconds: float | None = None
+        self.kept_bytes: dict[str, int] = {}
+        self.saves = dict.fromkeys(SAVES, 0)
         # rank -> median lag of each rank named a straggler now (all of them: when one of the shown recovers, the next
         # largest is shown); at most the job's ranks, a few bytes each
         self.stragglers: dict[int, float] = {}
@@ -144,6 +158,8 @@ class Metrics:
                                 if (value := getattr(event, phase)) is not None}
             case Preload() | Warm():
                 self._preload(event)
+            case CheckpointKept() | CheckpointWritten() | CheckpointRestored():
+                self._checkpoint(event)
             case _:
                 self._count(event)
 
@@ -169,6 +185,24 @@ class Metrics:
             self.starts["exec"] -= forked
             self.starts["forked"] += forked
             self.unsorted = None
+
+    def _checkpoint(self, event: CheckpointKept | CheckpointWritten | CheckpointRestored) -> None:
+        """A step kept counts and becomes the newest (the latest told, also when an attempt resumed from an older one
+        and saves again from there); a refused one only counts. A copy complete elsewhere gives its bytes; an abandoned
+        one, and a restore, change nothing shown."""
+        if isinstance(event, CheckpointKept):
+            if event.state not in SAVES:
+                return
+            self.saves[event.state] += 1
+            if event.state == "kept":
+                self.kept_step, self.kept_at, self.save_seconds = event.step, event.mono, float(event.seconds)
+                self.kept_bytes["memory"] = event.bytes
+        elif isinstance(event, CheckpointWritten) and event.state == "complete" and event.to in KEPT_WHERE:
+            self.kept_bytes[event.to] = event.bytes
+
+    def _age(self) -> float | None:
+        """Seconds since the newest step was kept, now (never below 0)."""
+        return None if self.kept_at is None else max(self._monotonic() - self.kept_at, 0.0)
 
     def _job_end(self) -> None:
         self.up = False
@@ -237,6 +271,18 @@ class Metrics:
              "once, when it got ready.", [({}, self.import_seconds)]),
             ("rankrun_worker_starts_total", "counter", "Workers started on this node, by how: forked (from the "
              "--preload process) or exec (a fresh interpreter).", [({"how": how}, self.starts[how]) for how in HOW]),
+            ("rankrun_checkpoint_step", "gauge", "The newest step this node's ranks saved that is kept "
+             "(rankrun.checkpoint: every local rank's state complete in the memory the launcher owns).",
+             [({}, self.kept_step)]),
+            ("rankrun_checkpoint_age_seconds", "gauge", "Seconds since the newest kept step was kept, at the scrape: the "
+             "work a failure now would cost.", [({}, self._age())]),
+            ("rankrun_checkpoint_bytes", "gauge", "The bytes of the latest copy of a kept step, by where: memory (the "
+             "launcher's, over this node's ranks), neighbour (held by the neighbour node), disk (--checkpoint-dir).",
+             [({"where": w}, self.kept_bytes.get(w)) for w in KEPT_WHERE]),
+            ("rankrun_checkpoint_saves_total", "counter", "Steps this node's ranks saved, by state: kept, or refused "
+             "(it did not fit: the previous step stays kept).", [({"state": s}, self.saves[s]) for s in SAVES]),
+            ("rankrun_checkpoint_save_seconds", "gauge", "The longest blocking time of save() among this node's ranks, "
+             "for the newest kept step.", [({}, self.save_seconds)]),
         ]
         run = _label_value(self.run)
         lines: list[str] = []
