@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import signal
 
-from rankrun.agent.lines import ConsoleLines, interrupted_line, restart_line
-from rankrun.events.records import Failure, NodeExcluded, Restart, Stall
+import pytest
+
+from rankrun.agent.lines import ConsoleLines, interrupted_line, restart_line, restored_line
+from rankrun.events.fields import size_words
+from rankrun.events.records import (
+    CheckpointKept,
+    CheckpointRestored,
+    CheckpointWritten,
+    Failure,
+    NodeExcluded,
+    Restart,
+    Stall,
+)
 from rankrun.events.stream import EventStream
 from rankrun.report.failure import Ending, WorkerResult
 
@@ -57,3 +68,34 @@ def test_a_signal_that_stopped_the_workers_is_said_with_what_became_of_them():
         "received SIGTERM: forwarded to 2 worker(s); 1 did not stop within --shutdown-timeout and were killed")
     assert interrupted_line(signal.SIGTERM, signal.SIGINT, slow) == (
         "received SIGTERM, then SIGINT: killed 1 worker(s) without waiting (1 had already stopped)")
+
+
+def test_a_restored_step_says_the_attempt_the_step_where_it_came_from_and_what_it_cost():
+    assert restored_line(CheckpointRestored(1, 120, "memory", "0-7", 4_200_000_000, 0.61)) == \
+        "attempt 1 resumes from step 120 kept in memory: ranks 0-7, 4.2 GB in 0.61 s"
+    assert restored_line(CheckpointRestored(3, 7, "neighbour", "8-15", 42_000_000_000, 12.345)) == \
+        "attempt 3 resumes from step 7 from the neighbour's copy: ranks 8-15, 42 GB in 12.3 s"
+    assert restored_line(CheckpointRestored(0, 0, "disk", "0,2", 512_000_000, 9.999)) == \
+        "attempt 0 resumes from step 0 from --checkpoint-dir: ranks 0,2, 512 MB in 10.0 s"
+    assert restored_line(CheckpointRestored(0, 0, "disk", "0", 1, 9.994)).endswith("1 B in 9.99 s")
+    assert restored_line(CheckpointRestored(2, 5, "tape", "", 900, 0.0)) == \
+        "attempt 2 resumes from step 5 from tape: 900 B in 0.00 s"  # a source this rankrun does not name; no ranks
+
+
+def test_the_stream_says_a_restore_once_and_not_the_saves_or_copies():
+    said: list[str] = []
+    stream = EventStream("run", "node", [ConsoleLines(said.append, 2)])
+    stream.emit(CheckpointKept(120, "0-7", 4_200_000_000, 0.61, "kept", None))
+    stream.emit(CheckpointWritten(120, "disk", "/ckpt/step-120", 4_200_000_000, 3.0, "complete"))
+    assert said == []
+    stream.emit(CheckpointRestored(1, 120, "memory", "0-7", 4_200_000_000, 0.61))
+    assert said == ["attempt 1 resumes from step 120 kept in memory: ranks 0-7, 4.2 GB in 0.61 s"]
+
+
+@pytest.mark.parametrize(("size", "words"), [
+    (0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (1_500, "1.5 kB"), (9_949, "9.9 kB"), (9_960, "10 kB"), (10_000, "10 kB"),
+    (999_499, "999 kB"), (999_500, "1.0 MB"), (1_000_000, "1.0 MB"), (4_200_000_000, "4.2 GB"), (42_000_000_000, "42 GB"),
+    (999_000_000_000, "999 GB"), (10**12, "1.0 TB"), (3 * 10**15, "3000 TB"),
+])
+def test_sizes_are_said_in_decimal_units(size, words):
+    assert size_words(size) == words

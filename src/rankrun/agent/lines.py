@@ -6,7 +6,8 @@ A ``restart`` is said as ``attempt N failed: WHAT; restarting workers (U/M resta
 record's reason (``rankrun.report.failure.restart_reason``: the root cause's one line, or the stall). One node decides
 its restarts itself; with several, each node hears the restart in the coordinator's word for the next round, and says
 it then. A ``node.excluded`` is said as ``node NAME is excluded from the job: WHY``, on every node that hears it (the
-excluded node says its own line).
+excluded node says its own line). A ``checkpoint.restored`` is said as ``attempt 1 resumes from step 120 kept in
+memory: ranks 0-7, 4.2 GB in 0.61 s`` (``restored_line``), once per node per attempt that resumed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Sequence
 
-from rankrun.events.records import NodeExcluded, Record, Restart
+from rankrun.events.fields import size_words
+from rankrun.events.records import CheckpointRestored, NodeExcluded, Record, Restart
 from rankrun.report.failure import Ending, WorkerResult, signal_name
 
 
@@ -30,6 +32,19 @@ def restart_line(event: Restart, max_restarts: int) -> str:
     attempt, seen = event.attempt - 1, used - 1
     counted = f" (TORCHELASTIC_RESTART_COUNT={seen})" if seen != attempt else ""
     return f"attempt {attempt}{counted} failed: {event.reason}; restarting workers ({used}/{max_restarts} restarts used)"
+
+
+# where a restored step came from, as the line says it
+RESTORED_FROM = {"memory": "kept in memory", "neighbour": "from the neighbour's copy", "disk": "from --checkpoint-dir"}
+
+
+def restored_line(event: CheckpointRestored) -> str:
+    """The line for a ``checkpoint.restored`` record (pure): ``attempt 1 resumes from step 120 kept in memory: ranks
+    0-7, 4.2 GB in 0.61 s``."""
+    source = RESTORED_FROM.get(event.source, f"from {event.source}")
+    took = f"{event.seconds:.2f} s" if round(event.seconds, 2) < 10 else f"{event.seconds:.1f} s"
+    ranks = f"ranks {event.ranks}, " if event.ranks else ""
+    return f"attempt {event.attempt} resumes from step {event.step} {source}: {ranks}{size_words(event.bytes)} in {took}"
 
 
 def received(signum: int, when: str) -> str:
@@ -63,3 +78,5 @@ class ConsoleLines:
         elif isinstance(event, NodeExcluded):
             for name in event.nodes:
                 self._say(f"node {name} is excluded from the job: {event.reason}")
+        elif isinstance(event, CheckpointRestored):
+            self._say(restored_line(event))

@@ -1,7 +1,8 @@
 """An event's values as a reader of the events' files takes them (pure): the JSON-object form, where a missing key, a
 null, a bool where a number belongs or another type all read as ``None``. The timeline's reader (``rankrun.timeline.read``)
 uses them, as a file may hold what no producer wrote; the job's own consumers take the stamped records and need none.
-``ranks_in`` counts a range string's ranks, for a reader and a consumer alike."""
+``ranks_in`` counts a range string's ranks, and ``size_words`` says a size in bytes, for a reader and a consumer
+alike."""
 
 from __future__ import annotations
 
@@ -33,3 +34,17 @@ def ranks_in(text: str) -> int:
         return sum(last - first + 1 for first, last in runs(text))
     except ValueError:
         return 0
+
+
+# decimal units, as a disk's or a link's size is said (``4.2 GB``: what a kept step holds, what a copy moved)
+_SIZES = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3))
+
+
+def size_words(size: int) -> str:
+    """``4.2 GB``, ``42 GB``, ``512 MB``, ``900 B``: one decimal below 10 of a unit, none from 10 on; a size that would
+    round to 1000 of a unit is said in the next (``1.0 MB``, not ``1000 kB``)."""
+    for unit, scale in _SIZES:
+        if size >= scale - scale // 2000:
+            value = size / scale
+            return f"{value:.1f} {unit}" if round(value, 1) < 10 else f"{value:.0f} {unit}"
+    return f"{size} B"
