@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Sequence
 
-from rankrun.events.fields import size_words
+from rankrun.events.fields import restored_from, size_words
 from rankrun.events.records import CheckpointRestored, NodeExcluded, Record, Restart
 from rankrun.report.failure import Ending, WorkerResult, signal_name
 
@@ -34,14 +34,10 @@ def restart_line(event: Restart, max_restarts: int) -> str:
     return f"attempt {attempt}{counted} failed: {event.reason}; restarting workers ({used}/{max_restarts} restarts used)"
 
 
-# where a restored step came from, as the line says it
-RESTORED_FROM = {"memory": "kept in memory", "neighbour": "from the neighbour's copy", "disk": "from --checkpoint-dir"}
-
-
 def restored_line(event: CheckpointRestored) -> str:
     """The line for a ``checkpoint.restored`` record (pure): ``attempt 1 resumes from step 120 kept in memory: ranks
     0-7, 4.2 GB in 0.61 s``."""
-    source = RESTORED_FROM.get(event.source, f"from {event.source}")
+    source = restored_from(event.source)
     took = f"{event.seconds:.2f} s" if round(event.seconds, 2) < 10 else f"{event.seconds:.1f} s"
     ranks = f"ranks {event.ranks}, " if event.ranks else ""
     return f"attempt {event.attempt} resumes from step {event.step} {source}: {ranks}{size_words(event.bytes)} in {took}"

@@ -1,8 +1,8 @@
 """An event's values as a reader of the events' files takes them (pure): the JSON-object form, where a missing key, a
 null, a bool where a number belongs or another type all read as ``None``. The timeline's reader (``rankrun.timeline.read``)
 uses them, as a file may hold what no producer wrote; the job's own consumers take the stamped records and need none.
-``ranks_in`` counts a range string's ranks, and ``size_words`` says a size in bytes, for a reader and a consumer
-alike."""
+``ranks_in`` counts a range string's ranks, ``size_words`` says a size in bytes and ``restored_from`` where a restored
+step came from, for a reader and a consumer alike (the console's line and the timeline's mark say the same)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,13 @@ def size_words(size: int) -> str:
             value = size / scale
             return f"{value:.1f} {unit}" if round(value, 1) < 10 else f"{value:.0f} {unit}"
     return f"{size} B"
+
+
+# where a restored step came from (``checkpoint.restored``'s ``source``), as a line says it
+_RESTORED_FROM = {"memory": "kept in memory", "neighbour": "from the neighbour's copy", "disk": "from --checkpoint-dir"}
+
+
+def restored_from(source: str) -> str:
+    """``kept in memory``, ``from the neighbour's copy``, ``from --checkpoint-dir``; ``from X`` for a source this
+    rankrun does not name."""
+    return _RESTORED_FROM.get(source, f"from {source}")
