@@ -10,6 +10,11 @@ at once while the others ran on.
 ``warm_events`` is a node's file of another job, run with ``--preload torch``: the import takes 2.31 s, attempt 0's
 workers are forked and rank 1 fails, attempt 1's are forked too and rank 1 fails again, the preloading process is
 killed meanwhile, and attempt 2's workers start cold and succeed.
+
+``kept_events`` is a node's file of a third job, whose script saves its state with ``rankrun.checkpoint`` every
+step: two nodes (this one ranks 0-1, its neighbour 127.0.0.3), steps 1-4 kept, step 5 refused (no room), each kept
+step copied to the neighbour and steps 2 and 4 to ``--checkpoint-dir`` (the copy of step 3 abandoned for step 4's),
+rank 1 fails, and attempt 1 resumes from step 4 kept in memory.
 """
 
 from __future__ import annotations
@@ -112,4 +117,39 @@ def warm_events(node: str = A) -> list[dict[str, object]]:
         *attempt(5.2, 2, "", "0-1", "succeeded", 5.0,
                  (event(node, 5.2, "preload", modules="torch", seconds=0.0, state="ended", why="killed by SIGKILL"),)),
         event(node, 10.25, "job.end", exit_code=0, outcome="succeeded"),
+    ]
+
+
+def kept_events(node: str = A) -> list[dict[str, object]]:
+    """What ``node`` writes in the job that keeps its progress (above), in the launcher's order."""
+    def kept(t: float, step: int, state: str = "kept") -> dict[str, object]:
+        why = None if state == "kept" else "rank 1's step 5 (2.1 GB) is not kept: this node has 1.1 GB of room"
+        size = 4_200_000_000 if state == "kept" else 0
+        return event(node, t, "checkpoint.kept", step=step, ranks="0-1", bytes=size, seconds=0.61, state=state, why=why)
+
+    def written(t: float, step: int, to: str, took: float, state: str = "complete") -> dict[str, object]:
+        where = "127.0.0.3" if to == "neighbour" else f"/ckpt/{RUN}/step-{step}"
+        return event(node, t, "checkpoint.written", step=step, to=to, where=where, bytes=4_200_000_000, seconds=took,
+                     state=state)
+
+    return [
+        event(node, 0.0, "job.start", nproc_per_node=2, nnodes="2", max_restarts=1, rdzv_backend="c10d", entry="train.py"),
+        event(node, 0.5, "rdzv.round", round=0, nodes=2, world_size=4, group_rank=0, seconds=0.4),
+        event(node, 0.6, "workers.start", attempt=0, ranks="0-1", pids=[4101, 4102]),
+        kept(2.0, 1), written(2.8, 1, "neighbour", 0.8),
+        kept(3.0, 2), written(3.7, 2, "neighbour", 0.7),
+        kept(4.0, 3), written(4.5, 2, "disk", 2.5), written(4.75, 3, "neighbour", 0.75),
+        kept(5.0, 4), written(5.1, 3, "disk", 0.6, "abandoned"), written(5.8, 4, "neighbour", 0.8),
+        kept(6.0, 5, "refused"),
+        event(node, 6.5, "failure", **ROOT_CAUSE),
+        event(node, 6.52, "workers.end", attempt=0, outcome="failed"),
+        event(node, 6.55, "restart", attempt=1, reason="worker failed", restarts_left=0),
+        event(node, 7.0, "rdzv.round", round=1, nodes=2, world_size=4, group_rank=0, seconds=0.4),
+        event(node, 7.1, "workers.start", attempt=1, ranks="0-1", pids=[4111, 4112]),
+        written(7.6, 4, "disk", 2.6),
+        event(node, 7.9, "checkpoint.restored", attempt=1, step=4, source="memory", ranks="0-1", bytes=4_200_000_000,
+              seconds=0.58),
+        kept(9.0, 5),
+        event(node, 10.0, "workers.end", attempt=1, outcome="succeeded"),
+        event(node, 10.05, "job.end", exit_code=0, outcome="succeeded"),
     ]

@@ -22,6 +22,7 @@ ROW_H = 15  # one row of mark labels
 ROUND_H = 13
 ATTEMPT_H = 22
 PHASE_H = 11
+COPY_H = 9  # a row of the kept steps' copies (one to the neighbour, one to disk), on a lane that has such copies
 GAP = 3
 LANE_PAD = 8
 LANE_MIN_H = 112  # the lane label's three lines above the rows' names
@@ -30,10 +31,12 @@ COLORS = {
     "succeeded": "#2e9d5b", "failed": "#d64541", "stopped": "#8d949c", "interrupted": "#8e6bbf",
     "moved_on": "#5b8def", "stalled": "#e08a1e", "open": "#b7bcc2", "unknown": "#b7bcc2",
     "round": "#9dbbe8", "rendezvous": "#9dbbe8", "spawn": "#b99be3", "workers": "#f2c869", "import": "#7cc7bd",
+    "neighbour": "#6f8fc9", "disk": "#a0825a", "abandoned": "#d9dcdf",
 }
 MARK_COLORS = {"failure": "#d64541", "restart": "#1f5fbf", "stall": "#e08a1e", "straggler": "#9c5a12", "node.lost": "#222222",
                "node.excluded": "#7a1f1f", "preload": "#1f7a70", "warm": "#1f7a70", "job.start": "#555555",
-               "job.end": "#555555"}
+               "job.end": "#555555", "checkpoint.kept": "#1d3f6e", "checkpoint.refused": "#f5b700",
+               "checkpoint.restored": "#127a3e"}
 
 CSS = """
 body{margin:0;font:13px/1.4 "DejaVu Sans",system-ui,sans-serif;color:#1d2125;background:#fff}
@@ -116,8 +119,22 @@ def _x(t: float, drawing: Drawing) -> float:
     return PLOT_X + t / drawing.span * PLOT_W
 
 
+def copy_rows(lane: Lane) -> dict[str, list[Bar]]:
+    """The lane's copies by where they went (``neighbour``, ``disk``; the event's ``to``), a row each, in the order
+    they first appear: a long copy to disk hides none to the neighbour."""
+    rows: dict[str, list[Bar]] = {}
+    for bar in lane.copies:
+        rows.setdefault(bar.events[0].text("to") or "?", []).append(bar)
+    return rows
+
+
+def _copies_h(lane: Lane) -> int:
+    """The copies' rows and the gaps above them; nothing on a lane without copies."""
+    return len(copy_rows(lane)) * (GAP + COPY_H)
+
+
 def _lane_height(lane: Lane) -> int:
-    bars = ROUND_H + GAP + ATTEMPT_H + GAP + PHASE_H
+    bars = ROUND_H + GAP + ATTEMPT_H + GAP + PHASE_H + _copies_h(lane)
     return max(LANE_MIN_H, LANE_PAD + lane.label_rows * ROW_H + 4 + bars + LANE_PAD)
 
 
@@ -125,10 +142,10 @@ def _bar(bar: Bar, y: float, height: int, drawing: Drawing) -> str:
     x0 = _x(bar.start, drawing)
     width = max(_x(bar.end, drawing) - x0, 2.0)
     fill = COLORS.get(bar.style, COLORS["unknown"])
-    css = "bar open" if bar.style == "open" else "bar"
+    css = "bar open" if bar.style in ("open", "abandoned") else "bar"
     out = [f'<rect class="{css}" x="{x0:.1f}" y="{y:.1f}" width="{width:.1f}" height="{height}" rx="2" fill="{fill}"'
            f'{_event_attrs(bar.events, bar.label)}><title>{escape(bar.label)}</title></rect>']
-    size = 11 if bar.kind == "attempt" else 10
+    size = 11 if bar.kind == "attempt" else 10 if bar.kind != "copy" else 9
     fits = [t for t in _shorter(bar.label) if len(t) * CHAR_PX * size / 11 + 8 <= width]
     if fits and height >= 11:  # the longest form of the label the bar has room for
         css = "inbar" if bar.kind == "attempt" and bar.style not in ("open", "unknown") else "inlight"
@@ -147,8 +164,15 @@ def _shorter(label: str) -> list[str]:
 
 
 def _symbol(kind: str, x: float, y: float, hollow: bool = False) -> str:  # noqa: PLR0911 - one return per shape
-    """Each kind of mark its own shape, drawn (no font needed); ``hollow``: a straggler recovered."""
+    """Each kind of mark its own shape, drawn (no font needed); ``hollow``: a straggler recovered, a step refused."""
     color = MARK_COLORS.get(kind, "#555555")
+    if kind == "checkpoint.kept":  # a tick across the attempt's bar; refused: red and dashed, the step was not kept
+        color, dash = (MARK_COLORS["checkpoint.refused"], ' stroke-dasharray="3 2"') if hollow else (color, "")
+        return (f'<path class="sym" d="M{x:.1f},{y - ATTEMPT_H / 2 - 2:.1f}v{ATTEMPT_H + 4}" stroke="{color}"'
+                f' stroke-width="2"{dash}/>')
+    if kind == "checkpoint.restored":  # a circle with an arrow back up: the step the attempt resumed from
+        return (f'<circle class="sym" cx="{x:.1f}" cy="{y:.1f}" r="7" fill="{color}" stroke="#fff" stroke-width="1.5"/>'
+                f'<path d="M{x:.1f},{y + 3.5:.1f}v-6m-3,3l3,-3l3,3" fill="none" stroke="#fff" stroke-width="1.6"/>')
     if kind == "failure":
         return (f'<circle class="sym" cx="{x:.1f}" cy="{y:.1f}" r="7" fill="{color}" stroke="#fff" stroke-width="1.5"/>'
                 f'<path d="M{x - 3:.1f},{y - 3:.1f}l6,6m0,-6l-6,6" stroke="#fff" stroke-width="2"/>')
@@ -175,12 +199,19 @@ def _mark(mark: Mark, label_y: float, sym_y: float, drawing: Drawing) -> str:
     x = _x(mark.t, drawing)
     color = MARK_COLORS.get(mark.kind, "#555555")
     tx, anchor = (x + 6, "start") if mark.right else (x - 6, "end")
-    symbol = _symbol(mark.kind, x, sym_y, hollow=mark.kind == "straggler" and mark.event.text("verdict") == "recovered")
+    symbol = _symbol(mark.kind, x, sym_y, hollow=_hollow(mark))
     label = (f'<line class="leader" x1="{x:.1f}" y1="{label_y + 3:.1f}" x2="{x:.1f}" y2="{sym_y:.1f}" stroke="{color}"/>'
              f'{symbol}'
              f'<text class="lbl {_attr(mark.kind)}" x="{tx:.1f}" y="{label_y:.1f}" text-anchor="{anchor}">'
              f'{escape(mark.label)}</text>') if mark.row >= 0 else symbol
     return f'<g class="mark"{_event_attrs(mark.event, _where(mark.event))}><title>{escape(mark.label)}</title>{label}</g>'
+
+
+def _hollow(mark: Mark) -> bool:
+    """A straggler that recovered, a step that was not kept: drawn as an outline of the mark's shape."""
+    if mark.kind == "straggler":
+        return mark.event.text("verdict") == "recovered"
+    return mark.kind == "checkpoint.kept" and mark.event.text("state") == "refused"
 
 
 def _lane(lane: Lane, top: float, index: int, drawing: Drawing) -> str:
@@ -193,17 +224,23 @@ def _lane(lane: Lane, top: float, index: int, drawing: Drawing) -> str:
     if lane.ranks:
         out.append(f'<text class="sub" x="10" y="{top + 32:.1f}">ranks {escape(lane.ranks)}</text>')
     out.append(f'<text class="sub" x="10" y="{top + 45:.1f}">{escape(_tail(lane.source))}</text>')
-    rounds_y = top + height - LANE_PAD - PHASE_H - GAP - ATTEMPT_H - GAP - ROUND_H
+    rounds_y = top + height - LANE_PAD - _copies_h(lane) - PHASE_H - GAP - ATTEMPT_H - GAP - ROUND_H
     attempts_y = rounds_y + ROUND_H + GAP
     phases_y = attempts_y + ATTEMPT_H + GAP
     out += [_bar(b, rounds_y, ROUND_H, drawing) for b in lane.rounds]
     out += [_bar(b, attempts_y, ATTEMPT_H, drawing) for b in lane.attempts]
     out += [_bar(b, phases_y, PHASE_H, drawing) for b in lane.phases]
-    for name, y, h in (("round", rounds_y, ROUND_H), ("attempt", attempts_y, ATTEMPT_H), ("start-up", phases_y, PHASE_H)):
-        out.append(f'<text class="row" x="{PLOT_X - 8}" y="{y + h / 2 + 3:.1f}" text-anchor="end">{name}</text>')
+    rows = [("round", rounds_y, ROUND_H), ("attempt", attempts_y, ATTEMPT_H), ("start-up", phases_y, PHASE_H)]
+    for i, (to, bars) in enumerate(copy_rows(lane).items()):
+        y = phases_y + PHASE_H + GAP + i * (COPY_H + GAP)
+        out += [_bar(b, y, COPY_H, drawing) for b in bars]
+        rows.append((f"to {to}", y, COPY_H))
+    for name, y, h in rows:
+        out.append(f'<text class="row" x="{PLOT_X - 8}" y="{y + h / 2 + 3:.1f}" text-anchor="end">{escape(name)}</text>')
     label_base = rounds_y - 6
-    # the root cause drawn last, on top of the marks next to it (a restart follows it within milliseconds)
-    marks = sorted(lane.marks, key=lambda m: m.kind == "failure")
+    # the kept steps' ticks first, under the marks next to them; the root cause last, on top of the marks next to it
+    # (a restart follows it within milliseconds)
+    marks = sorted(lane.marks, key=lambda m: 0 if m.kind == "checkpoint.kept" else 2 if m.kind == "failure" else 1)
     out += [_mark(m, label_base - m.row * ROW_H, attempts_y + ATTEMPT_H / 2, drawing) for m in marks]
     return "".join(out)
 
@@ -250,6 +287,9 @@ LEGEND = [
     ("stall", MARK_COLORS["stall"], "tri"), ("straggler", MARK_COLORS["straggler"], "diamond"),
     ("node lost", MARK_COLORS["node.lost"], "rect"),
     ("node excluded", MARK_COLORS["node.excluded"], "rect"),
+    ("step kept", MARK_COLORS["checkpoint.kept"], "tick"), ("not kept", MARK_COLORS["checkpoint.refused"], "tick"),
+    ("copy to neighbour", COLORS["neighbour"], "rect"), ("copy to disk", COLORS["disk"], "rect"),
+    ("resumed from a step", MARK_COLORS["checkpoint.restored"], "circle"),
 ]
 
 
@@ -262,6 +302,8 @@ def _legend() -> str:
             style += ";width:11px;height:11px"
         if shape == "diamond":
             style += ";width:8px;height:8px;margin:0 1px;transform:rotate(45deg)"
+        if shape == "tick":
+            style += ";width:2px;height:12px;margin:0 6px"
         if shape == "tri":
             style = ("width:0;height:0;border-left:6px solid transparent;border-right:6px solid transparent;"
                      f"border-bottom:11px solid {color}")
