@@ -12,7 +12,7 @@ import timeline_events as job
 from rankrun.events.records import CheckpointKept, CheckpointRestored, CheckpointWritten, as_json
 from rankrun.timeline.layout import kept_summary, kept_words, layout, mark_label, restored_words, written_words
 from rankrun.timeline.read import Event, check, parse_lines
-from rankrun.timeline.render import copy_rows, page, svg
+from rankrun.timeline.render import ATTEMPT_H, AXIS_H, COPY_H, GAP, LANE_PAD, PHASE_H, copy_rows, page, svg
 
 pytestmark = pytest.mark.unit
 
@@ -158,3 +158,38 @@ def test_the_page_shows_each_checkpoint_event_on_hover_and_has_the_legend():
     assert kinds[: kinds.index("failure")].count("checkpoint.kept") == 6
     assert kinds[-1] == "failure"
     assert len(named(kept_job(), "checkpoint.kept")) == 6
+
+
+def test_a_copy_with_nulls_is_drawn_still_where_it_ended_in_a_row_of_its_own():
+    rows = job.kept_events()
+    first = next(r for r in rows if r["event"] == "checkpoint.written")
+    odd = [{**first, "to": None, "seconds": None}, {**first, "to": "tape", "seconds": -3.0, "state": None}]
+    kept = {**next(r for r in rows if r["event"] == "checkpoint.kept"), "bytes": 0}
+    [lane] = layout(events_of(job.A, [rows[0], *odd, kept])).lanes
+    [unknown, tape] = lane.copies
+    assert (unknown.style, tape.style) == ("unknown", "tape")
+    assert unknown.end - unknown.start == 0.0 == tape.end - tape.start  # no time known, or none that can be: a moment
+    assert list(copy_rows(lane)) == ["?", "tape"]
+    assert ">to ?</text>" in svg(layout(events_of(job.A, [rows[0], *odd])))
+    [tick] = [m for m in lane.marks if m.kind == "checkpoint.kept"]
+    assert tick.label == "kept step 1: 0 B in 0.61 s"
+
+
+def test_the_copies_rows_sit_under_the_start_up_row_and_the_ticks_across_the_attempts_bar():
+    drawn = svg(layout(kept_job()))
+    attempt_y = float(re.findall(r'<rect class="bar" x="[0-9.]+" y="([0-9.]+)" [^>]*height="22"', drawn)[0])
+    neighbour_y = float(re.findall(r'<rect class="bar" x="[0-9.]+" y="([0-9.]+)"[^>]*fill="#6f8fc9"', drawn)[0])
+    disk_y = float(re.findall(r'<rect class="bar" x="[0-9.]+" y="([0-9.]+)"[^>]*fill="#a0825a"', drawn)[0])
+    assert neighbour_y == pytest.approx(attempt_y + ATTEMPT_H + GAP + PHASE_H + GAP, abs=0.11)
+    assert disk_y == pytest.approx(neighbour_y + COPY_H + GAP, abs=0.11)
+    lane_h = float(re.findall(r'<rect class="lanebg" x="0" y="[0-9.]+" width="\d+" height="(\d+)"', drawn)[0])
+    assert disk_y + COPY_H + LANE_PAD == pytest.approx(AXIS_H + lane_h, abs=0.11)  # the last row ends the lane
+    tick_tops = [float(y) for y in re.findall(r'<path class="sym" d="M[0-9.]+,([0-9.]+)v26"', drawn)]
+    assert tick_tops == pytest.approx([attempt_y - 2] * 6, abs=0.11)  # from 2 px over the bar to 2 px under it
+    assert "v-6m-3,3l3,-3l3,3" in drawn  # the restored mark's arrow
+
+
+def test_the_ticks_are_drawn_first_under_the_other_marks():
+    kinds = re.findall(r'data-caption="([a-z.]+) · ', page(layout(kept_job())))
+    assert kinds[:6] == ["checkpoint.kept"] * 6
+    assert "checkpoint.kept" not in kinds[6:]
