@@ -5,6 +5,7 @@ save resumes from the previous step, every byte of it intact."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,17 @@ pytest.importorskip("torch")
 
 
 def _train(tmp_path: Path, name: str, *args: str, **env: str) -> dict[str, dict[str, object]]:
-    """``keep_steps.py`` on 2 ranks; what each rank wrote at its end, by ``<rank>.<attempt>``."""
+    """``keep_steps.py`` on 2 ranks; what each rank wrote at its end, by ``<rank>.<attempt>``; a restart says which
+    step it resumed from."""
     out = tmp_path / name
     out.mkdir()
     env = {"OUT": str(out), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")} | env  # torch.optim's, not TMPDIR
     done = run_cli("--nproc-per-node", "2", *args, payload("keep_steps.py"), env=clean_environ() | env, cwd=tmp_path,
                    timeout=180)
     assert done.returncode == 0, done.stderr
+    if "KILL_AT" in env:
+        assert re.search(r"^rankrun: attempt 1 resumes from step 6 kept in memory: ranks 0-1, [\d.]+ kB in [\d.]+ s$",
+                         done.stderr, re.M), done.stderr
     return _results(out)
 
 
@@ -49,8 +54,9 @@ def test_a_rank_killed_at_step_7_costs_no_step(launch, tmp_path):
     whole = _train(tmp_path, "whole")
     assert sorted(whole) == ["0.0", "1.0"]
     assert whole["0.0"]["ran"] == list(range(1, 13))
+    events = tmp_path / "events.jsonl"
     runs = {name: _train(tmp_path, name, "--max-restarts", "1", *preload, KILL_RANK="1", KILL_AT="7")
-            for name, preload in (("cold", ()), ("warm", ("--preload", "torch")))}
+            for name, preload in (("cold", ("--events", str(events))), ("warm", ("--preload", "torch")))}
     runs["two nodes"] = _two_nodes(launch, tmp_path, "nodes")  # the step every node kept, agreed through the store
     for name, killed in runs.items():
         assert sorted(killed) == ["0.1", "1.1"], name  # attempt 0 never got to its end
@@ -58,6 +64,12 @@ def test_a_rank_killed_at_step_7_costs_no_step(launch, tmp_path):
             resumed = killed[f"{rank}.1"]
             assert (resumed["resumed"], resumed["ran"]) == (6, [7, 8, 9, 10, 11, 12]), name
             assert resumed["params"] == whole[f"{rank}.0"]["params"], name  # exactly: not one step lost or repeated
+    seen = [json.loads(line) for line in events.read_text().splitlines()]
+    kept = [(e["step"], e["ranks"], e["state"]) for e in seen if e["event"] == "checkpoint.kept"]
+    assert kept == [(s, "0-1", "kept") for s in range(1, 7)] + [(s, "0-1", "kept") for s in range(7, 13)]
+    (restored,) = [e for e in seen if e["event"] == "checkpoint.restored"]
+    assert {k: restored[k] for k in ("attempt", "step", "source", "ranks")} == {"attempt": 1, "step": 6,
+                                                                              "source": "memory", "ranks": "0-1"}
 
 
 def test_a_rank_killed_halfway_through_a_save_resumes_from_the_previous_step_intact(tmp_path):

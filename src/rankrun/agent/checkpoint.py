@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.race import first_of
 from rankrun.agent.round import Feature, Round
-from rankrun.checkpoint.keeper import Keeper
+from rankrun.checkpoint.keeper import Keeper, Told
 from rankrun.checkpoint.plan import Plan
 from rankrun.checkpoint.wire import ENV
 from rankrun.errors import StoreUnavailable
+from rankrun.events.records import CheckpointKept, CheckpointRestored
 from rankrun.memroom import fits, read_here
 from rankrun.proc.signals import StopStream
+from rankrun.ranges import range_string
 from rankrun.spec import LaunchSpec
 from rankrun.stacks.sampler import Target
 
@@ -53,12 +55,25 @@ def _room(growth: int) -> str | None:
     return fits(read_here(), growth)
 
 
-def _told(deps: AgentDeps) -> Any:
-    def told(what: str, facts: dict[str, Any]) -> None:
-        del what, facts  # the events come with the records of checkpoint.kept and checkpoint.restored
+def _told(deps: AgentDeps) -> Told:
+    """What the keeper saw, as the job's events (``checkpoint.kept``, ``checkpoint.restored``)."""
 
-    del deps
+    def told(what: str, facts: dict[str, Any]) -> None:
+        deps.events.emit(record(what, facts))
+
     return told
+
+
+def record(what: str, facts: dict[str, Any]) -> CheckpointKept | CheckpointRestored:
+    """The event of one thing the keeper saw (pure)."""
+    if what == "restored":
+        return CheckpointRestored(int(facts["attempt"]), int(facts["step"]), facts["source"],
+                                  range_string(facts["ranks"]), int(facts["bytes"]), float(facts["seconds"]))
+    if what == "refused":
+        return CheckpointKept(max(0, int(facts["step"])), range_string([facts["rank"]]), int(facts["bytes"]), 0.0,
+                              "refused", str(facts["why"]))
+    return CheckpointKept(int(facts["step"]), range_string(facts["ranks"]), int(facts["bytes"]),
+                          float(facts["seconds"]), "kept", None)
 
 
 class KeptProgress(Feature):

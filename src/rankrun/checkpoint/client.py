@@ -58,12 +58,12 @@ class Client:
         with contextlib.suppress(BlockingIOError, BrokenPipeError):
             self._sock.send(wire.encode(kind, **body), socket.MSG_DONTWAIT)
 
-    def mapped(self, index: int, need: int) -> mmap.mmap:
-        """Slot ``index`` mapped with at least ``need`` bytes reserved: the keeper is asked for room when it has less;
-        ``KeptError`` when it refuses."""
+    def mapped(self, index: int, need: int, step: int = -1) -> mmap.mmap:
+        """Slot ``index`` mapped with at least ``need`` bytes reserved: the keeper is asked for room when it has less
+        (for ``step``'s save, said when it refuses: ``NoRoom``)."""
         slot = self.slots[index]
         if slot.capacity < need:
-            answer, _ = self.ask("room", slot=index, bytes=need)
+            answer, _ = self.ask("room", slot=index, bytes=need, step=step)
             if answer["kind"] != "ok":
                 raise NoRoom(str(answer.get("why", "no room")))
             slot.capacity = int(answer["capacity"])

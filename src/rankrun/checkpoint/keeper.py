@@ -57,6 +57,7 @@ class Loaded:
     ranks: set[int] = field(default_factory=set)
     bytes: int = 0
     seconds: float = 0.0
+    told: bool = False  # the attempt's restore was told already
 
 
 class Files:
@@ -161,11 +162,25 @@ class Keeper:
         self._workers = dict(pids)
         self._known.set()
 
-    def attempt_ended(self) -> None:
-        """The attempt's workers are gone: what they loaded is told, once."""
-        loaded, self._loaded = self._loaded, Loaded()
-        if loaded.ranks and isinstance(self.plan, Plan):
+    def _on_loaded(self, rank: int, nbytes: int, seconds: float) -> None:
+        """A rank loaded the attempt's step: told once every local rank has (or at the attempt's end)."""
+        loaded = self._loaded
+        if rank in loaded.ranks:
+            return  # a rank's second load (another rank's state, DCP's reads) is not a second restore
+        loaded.ranks.add(rank)
+        loaded.bytes += nbytes
+        loaded.seconds = max(loaded.seconds, seconds)
+        if loaded.ranks >= {r for r, _ in self._workers.values()}:
+            self._restored()
+
+    def _restored(self) -> None:
+        loaded, self._loaded = self._loaded, Loaded(told=True)
+        if loaded.ranks and not loaded.told and isinstance(self.plan, Plan):
             self._tell_restored(loaded, self.plan)
+
+    def attempt_ended(self) -> None:
+        """The attempt's workers are gone: what they loaded is told, if it was not yet."""
+        self._restored()
         self._workers = {}
 
     def _tell_restored(self, loaded: Loaded, resume: Plan) -> None:
@@ -225,18 +240,17 @@ class Keeper:
     async def _answer(self, conn: socket.socket, msg: dict[str, Any], rank: int, files: Files) -> None:
         kind = msg["kind"]
         if kind == "room":
-            await self._reserve(conn, files, int(msg["slot"]), int(msg["bytes"]), rank)
+            await self._reserve(conn, files, int(msg["slot"]), int(msg["bytes"]), (rank, int(msg.get("step", -1))))
         elif kind == "kept":
             self._on_kept(rank, int(msg["step"]), int(msg["bytes"]), float(msg["seconds"]))
             self._spawn(self._ahead(files, 1 - int(msg["slot"]) % 2))
         elif kind == "fetch":
             await self._fetch(conn, rank if msg.get("rank") is None else int(msg["rank"]), msg.get("rank") is None)
         elif kind == "loaded":
-            self._loaded.ranks.add(rank)
-            self._loaded.bytes += int(msg["bytes"])
-            self._loaded.seconds = max(self._loaded.seconds, float(msg["seconds"]))
+            self._on_loaded(rank, int(msg["bytes"]), float(msg["seconds"]))
 
-    async def _reserve(self, conn: socket.socket, files: Files, index: int, need: int, rank: int) -> None:
+    async def _reserve(self, conn: socket.socket, files: Files, index: int, need: int, who: tuple[int, int]) -> None:
+        """Room for ``need`` bytes in slot ``index``, for ``who``: (rank, the step it saves, -1 when unknown)."""
         growth = need - files.capacity[index]
         why = self._room(growth) if growth > 0 else None
         if why is None:
@@ -245,7 +259,7 @@ class Keeper:
             except OSError as exc:
                 why = f"reserving {need} bytes failed: {exc.strerror or exc}"
         if why is not None:
-            self._refused(rank, need, why, files)
+            self._refused(who, need, why, files)
             _send(conn, wire.encode("refused", why=why))
             return
         files.capacity[index] = max(files.capacity[index], need)
@@ -262,13 +276,15 @@ class Keeper:
             await asyncio.to_thread(_fallocate, files.slots[index], need)
             files.capacity[index] = max(files.capacity[index], need)
 
-    def _refused(self, rank: int, need: int, why: str, files: Files) -> None:
+    def _refused(self, who: tuple[int, int], need: int, why: str, files: Files) -> None:
+        rank, step = who
         top = slots.newest(files.view)
         kept = f"step {top[1].step} stays kept" if top is not None else "nothing was kept before"
-        self._told("refused", {"rank": rank, "bytes": need, "why": why})
+        self._told("refused", {"rank": rank, "step": step, "bytes": need, "why": why})
         if need.bit_length() not in self._refused_said:  # one line per size class: later refusals are counted
             self._refused_said.add(need.bit_length())
-            self._say(f"checkpoint: rank {rank}'s state ({format_size(need)}) is not kept: {why}; {kept}")
+            saved = f"rank {rank}'s step {step}" if step >= 0 else f"rank {rank}'s state"
+            self._say(f"checkpoint: {saved} ({format_size(need)}) is not kept: {why}; {kept}")
 
     def _on_kept(self, rank: int, step: int, nbytes: int, seconds: float) -> None:
         kept = self._kept.setdefault(step, Kept())

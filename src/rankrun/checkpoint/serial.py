@@ -97,7 +97,7 @@ def save(client: Client, step: int, state: object) -> tuple[int, float]:
         for _ in range(2):  # a state that grew between its sizing and its save is sized again, once
             need = size(state)
             index, gen = slots.choose(client.header)
-            view = client.mapped(index, int(need * SLACK) if client.slots[index].capacity < need else need)
+            view = client.mapped(index, int(need * SLACK) if client.slots[index].capacity < need else need, step)
             slots.write(client.header, index, slots.Desc(gen, step, client.world, client.rank, 0, slots.WRITING))
             writer = SlotWriter(view, client.slots[index].capacity)
             crc = torch.serialization.get_crc32_options()
