@@ -30,8 +30,8 @@ pytest.importorskip("torch")
 def test_a_dcp_save_killed_midway_loads_the_previous_step_resharded(tmp_path, kill_rank):
     env = clean_environ() | {"OUT": str(tmp_path), "KILL_RANK": kill_rank, "KILL_AT": "3",
                              "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # DTensor's import, not TMPDIR
-    done = run_cli("--nproc-per-node", "2", "--max-restarts", "1", payload("keep_dcp.py"), env=env, cwd=tmp_path,
-                   timeout=180)
+    done = run_cli("--nproc-per-node", "2", "--max-restarts", "1", "--preload", "torch", payload("keep_dcp.py"), env=env,
+                   cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stderr
     assert "was killed by signal 9 (SIGKILL)" in done.stderr
     # the steps each rank's slots hold complete: with the coordinator killed in finish, rank 1 had kept step 3
