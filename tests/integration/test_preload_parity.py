@@ -56,7 +56,7 @@ ENTRIES = {  # how the worker is started: its arguments, and the environment's p
     "safe_path_script": (("preload_probe.py",), {"PYTHONSAFEPATH": "1"}),  # no sys.path[0] at all
     "safe_path_module": (("-m", "preload_probe"), {"PYTHONSAFEPATH": "1", "PYTHONPATH": "mods"}),
 }
-PER_LAUNCH = ("TORCHELASTIC_RUN_ID", "MASTER_PORT")  # a fresh run id and port each launch, cold or warm
+PER_LAUNCH = ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "RANKRUN_CHECKPOINT")  # each launch's own, cold or warm
 RUN_DIR = re.compile(r"rankrun_[0-9a-f-]+_[0-9a-z_]+")  # the run's temp folder, in the error file's and stacks' paths
 SHIM_VARIABLES = ("RANKRUN_STACKS_", "RANKRUN_FR_", "RANKRUN_USER_PYTHONPATH")
 
