@@ -12,6 +12,7 @@ Slurm shape, ``--rdzv-conf`` notes, the legacy note, usage errors) and ``rankrun
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from rankrun.spec import (
     DEFAULT_RUN_ID,
     DEFAULT_SIGNALS,
     ETCD_V2_NOTE,
+    CheckpointSpec,
     DynamicRendezvous,
     EntryKind,
     EntrySpec,
@@ -174,6 +176,10 @@ _OPTIONS: list[tuple[tuple[str, ...], str | None, dict[str, object]]] = [
     (("--preload",), "PRELOAD",
      {"default": "", "metavar": "MODULES", "help": "import MODULES (comma list, e.g. torch) once per node and fork "
       "every Python worker of every attempt from that process: a restart does not import them again"}),
+    (("--checkpoint-dir", "--checkpoint_dir"), "CHECKPOINT_DIR",
+     {"metavar": "DIR", "default": None, "help": "also write every complete step that rankrun.checkpoint keeps to "
+      "DIR/<run id>/, in the background (the newest two), and the newest one on a stop by signal; a later job with "
+      "the same DIR and --rdzv-id resumes from it"}),
     (("--signals-to-handle", "--signals_to_handle"), "SIGNALS_TO_HANDLE",
      {"metavar": "SIGNALS", "default": DEFAULT_SIGNALS, "help": f"signals forwarded to the workers (default {DEFAULT_SIGNALS})"}),
     (("--shutdown-timeout", "--shutdown_timeout"), "SHUTDOWN_TIMEOUT",
@@ -237,8 +243,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "--master-port", "--local-addr")),
     ("start-up", "how the workers start", ("--preload",)),
     ("faults and restarts", "what a failure, a signal or a stall does",
-     ("--max-restarts", "--max-node-failures", "--signals-to-handle", "--shutdown-timeout", "--hang-timeout",
-      "--hang-action")),
+     ("--max-restarts", "--max-node-failures", "--signals-to-handle", "--shutdown-timeout", "--checkpoint-dir",
+      "--hang-timeout", "--hang-action")),
     ("observing", "the job's events, its metrics and its stacks, while it runs",
      ("--events", "--metrics-port", "--stacks")),
     ("health", "checks that keep a bad node out of the job", ("--health-check", "--health-check-timeout",
@@ -612,6 +618,33 @@ def _log_dir(value: str | None) -> Path | None:
     return path
 
 
+def _checkpoint_dir(value: str | None) -> Path | None:
+    """``--checkpoint-dir``: made absolute (the launcher's working directory is not the workers'), created with its
+    parents, and found writable now, so that a dir the background writer cannot use is one line before anything
+    starts rather than a step lost at preemption. Writable means ``os.access`` and a probe file created and removed
+    there: ``access`` answers yes to root on a filesystem that refuses every file (``/sys``, a read-only mount)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError("--checkpoint-dir", value, "expected a directory")
+    path = Path(os.path.abspath(value))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's answer for a path that is there but is not a directory
+        raise UsageError("--checkpoint-dir", value, "exists and is not a directory") from None
+    except OSError as exc:
+        raise UsageError("--checkpoint-dir", value, f"cannot create it: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError("--checkpoint-dir", value, f"not writable: {os.strerror(errno.EACCES)}")
+    probe = path / f".rankrun-probe.{os.getpid()}.{os.urandom(4).hex()}"  # unique: nodes sharing DIR probe at once
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError("--checkpoint-dir", value, f"not writable: {exc.strerror or exc}") from None
+    return path
+
+
 def _logs(ns: argparse.Namespace, env: Mapping[str, str], nproc: int) -> LogSpec:
     template = ns.log_line_prefix_template
     if template is None:  # None: decided per run (raw with one rank on the console, prefixed with several)
@@ -779,6 +812,7 @@ def spec_from_args(argv: Sequence[str], env: Mapping[str, str], *, legacy: bool 
         observe=_observe(ns, env, nproc),
         health=_health(ns),
         straggler=_straggler(ns),
+        checkpoint=CheckpointSpec(_checkpoint_dir(ns.checkpoint_dir)),
     )
 
 

@@ -265,6 +265,14 @@ class ObserveSpec:
 
 
 @record
+class CheckpointSpec:
+    """Kept progress (``rankrun.checkpoint``): ``--checkpoint-dir``, where every complete kept step is also written in
+    the background (``DIR/<run id>/step_<S>/``; ``DIR`` itself when the run id is ``none``)."""
+
+    dir: Path | None = None  # absolute, created and found writable by the CLI; None: memory (and neighbour) only
+
+
+@record
 class WorkerSpec:
     nproc: int
     role: str
@@ -293,6 +301,7 @@ class LaunchSpec:
     observe: ObserveSpec = ObserveSpec()
     health: HealthSpec = HealthSpec()
     straggler: StragglerSpec = StragglerSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     @property
     def multi_node(self) -> bool:

@@ -81,6 +81,10 @@ CASES: list[tuple[list[str], str]] = [
      "--preload 'x': needs a Python worker: --no-python runs a program, which cannot be forked from a Python process"),
     (["--preload", "a..b", "ok.py"], "--preload 'a..b': 'a..b' is not a module name"),
     (["--preload", ",", "ok.py"], "--preload ',': an empty module name"),
+    (["--checkpoint-dir", "file.txt", "ok.py"], "--checkpoint-dir 'file.txt': exists and is not a directory"),
+    (["--checkpoint-dir", "file.txt/sub", "ok.py"], "--checkpoint-dir 'file.txt/sub': cannot create it: Not a directory"),
+    # root too: os.access says yes to root, the probe file it then cannot create says no
+    (["--checkpoint-dir", "/sys", "ok.py"], "--checkpoint-dir '/sys': not writable: Permission denied"),
 ]
 
 
@@ -170,6 +174,7 @@ ENV_CASES: list[tuple[dict[str, str], list[str], str]] = [
     ({"PET_PRELOAD": "a..b"}, ["ok.py"], "--preload 'a..b': 'a..b' is not a module name"),
     ({"PET_PRELOAD": "torch"}, ["--no-python", "true"],
      "--preload 'torch': needs a Python worker: --no-python runs a program, which cannot be forked from a Python process"),
+    ({"PET_CHECKPOINT_DIR": "/sys"}, ["ok.py"], "--checkpoint-dir '/sys': not writable: Permission denied"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 
@@ -14,6 +15,7 @@ from rankrun.errors import NotSupportedYetError, UsageError
 from rankrun.proc.early import requested_signals
 from rankrun.spec import (
     API_DIR,
+    CheckpointSpec,
     DynamicRendezvous,
     Endpoint,
     EntryKind,
@@ -336,3 +338,40 @@ def test_bad_straggler_options_are_one_line_naming_the_flag(tmp_path, argv, env,
 ])
 def test_the_launchers_watchdog_is_given_only_a_directory_the_api_made(value, found):
     assert api_dir({} if value is None else {API_DIR: value}) == found
+
+
+def test_checkpoint_dir_is_made_absolute_created_and_probed_and_takes_both_spellings_and_its_pet_variable(
+        tmp_path, monkeypatch):
+    assert _spec(tmp_path).checkpoint == CheckpointSpec(None)  # off unless asked
+    monkeypatch.chdir(tmp_path)
+    made = _spec(tmp_path, "--checkpoint-dir", "ckpt/nested").checkpoint.dir
+    assert made == tmp_path / "ckpt" / "nested"
+    assert made.is_absolute()
+    assert made.is_dir()
+    assert list(made.iterdir()) == []  # the probe file is gone
+    assert _spec(tmp_path, "--checkpoint_dir", "ckpt/nested").checkpoint.dir == made  # there already: fine
+    assert _spec(tmp_path, env={"PET_CHECKPOINT_DIR": str(tmp_path / "env")}).checkpoint.dir == tmp_path / "env"
+    assert _spec(tmp_path, "--checkpoint-dir", "flag", env={"PET_CHECKPOINT_DIR": "env"}).checkpoint.dir == \
+        tmp_path / "flag"  # the flag wins over the variable
+    assert _spec(tmp_path, env={"PET_CHECKPOINT_DIR": ""}).checkpoint.dir is None  # empty: unset
+
+
+@pytest.mark.parametrize(("value", "line"), [
+    ("file.txt", r"^--checkpoint-dir 'file.txt': exists and is not a directory$"),
+    ("file.txt/sub", r"^--checkpoint-dir 'file.txt/sub': cannot create it: Not a directory$"),
+    ("/sys", r"^--checkpoint-dir '/sys': not writable: Permission denied$"),  # root too: access says yes, the probe no
+    (" ", r"^--checkpoint-dir ' ': expected a directory$"),
+])
+def test_a_checkpoint_dir_that_cannot_be_written_is_one_line_naming_the_flag(tmp_path, monkeypatch, value, line):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file.txt").write_text("")
+    with pytest.raises(UsageError, match=line) as caught:
+        _spec(tmp_path, "--checkpoint-dir", value)
+    assert caught.value.exit_code == 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a directory of mode 0o500")
+def test_a_checkpoint_dir_without_write_permission_is_not_writable(tmp_path):
+    (locked := tmp_path / "locked").mkdir(mode=0o500)
+    with pytest.raises(UsageError, match=r"^--checkpoint-dir '.*locked': not writable: Permission denied$"):
+        _spec(tmp_path, "--checkpoint-dir", str(locked))
