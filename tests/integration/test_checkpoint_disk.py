@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,10 +99,12 @@ def test_an_offered_step_is_on_disk_whole_with_its_manifest_and_nothing_else(tmp
     fds, seen = Memfds(), Seen()
     folder = tmp_path / "run"
     data = {0: os.urandom(5 * CHUNK + 123), 1: os.urandom(100), 2: b""}  # several chunks, one, none
+    longer = os.urandom(3 * CHUNK + 10)  # a snapshot's fd may hold more than its length (a slot sized for more)
 
     async def scenario() -> bool:
         writer = DiskWriter(folder, "node/a", say=seen.said.append, on_written=seen.on_written)
-        writer.offer(7, 3, {rank: fds.snapshot(b) for rank, b in data.items()})
+        snapshots = {rank: fds.snapshot(b) for rank, b in data.items()}
+        writer.offer(7, 4, {**snapshots, 3: fds.snapshot(longer, length=2 * CHUNK + 5)})
         await seen.until(lambda: len(seen.written) == 1)
         done = await writer.flush(asyncio.get_running_loop().time() + BOUND)
         await writer.close()
@@ -108,16 +112,21 @@ def test_an_offered_step_is_on_disk_whole_with_its_manifest_and_nothing_else(tmp
 
     assert asyncio.run(scenario())
     step = folder / step_name(7)
+    data[3] = longer[:2 * CHUNK + 5]
     total = sum(map(len, data.values()))
     assert seen.written == [(7, str(step), total, "complete")]
     assert seen.said == []
-    assert _tree(folder) == {".": [step_name(7)], step_name(7): ["node_node_a.json", "rank_0.pt", "rank_1.pt", "rank_2.pt"]}
+    assert _tree(folder) == {".": [step_name(7)],
+                             step_name(7): ["node_node_a.json", "rank_0.pt", "rank_1.pt", "rank_2.pt", "rank_3.pt"]}
+    umask = os.umask(0o022)
+    os.umask(umask)
     for rank, b in data.items():
         assert (step / rank_name(rank)).read_bytes() == b  # exactly the snapshot's bytes: a plain torch.load reads them
+        assert stat.S_IMODE((step / rank_name(rank)).stat().st_mode) == 0o644 & ~umask
     record = decode((step / manifest_name("node/a")).read_bytes())
     assert record is not None
-    assert (record.step, record.world, record.ranks, record.bytes) == (7, 3, (0, 1, 2), total)
-    assert newest_complete(folder) == DiskStep(7, 3, {r: step / rank_name(r) for r in range(3)})
+    assert (record.step, record.world, record.ranks, record.bytes) == (7, 4, (0, 1, 2, 3), total)
+    assert newest_complete(folder) == DiskStep(7, 4, {r: step / rank_name(r) for r in range(4)})
     assert fds.held() == []  # the writer closed every fd it was handed
 
 
@@ -168,29 +177,35 @@ def test_a_flush_finishes_the_step_being_written_and_then_the_newest_offered(tmp
     assert fds.held() == []
 
 
-@pytest.mark.parametrize("later", [False, True], ids=["the step being written", "a step offered during the flush"])
-def test_a_flush_past_its_deadline_removes_the_tmp_files_keeps_the_step_before_and_says_so(tmp_path, later):
+@pytest.mark.parametrize(("later", "before", "grace"), [(False, True, 30), (True, True, 30), (False, False, None)],
+                         ids=["the step being written", "a step offered during the flush",
+                              "nothing on disk before, the seconds left named"])
+def test_a_flush_past_its_deadline_removes_the_tmp_files_keeps_the_step_before_and_says_so(tmp_path, later, before,
+                                                                                          grace):
     fds, seen = Memfds(), Seen()
     folder = tmp_path / "run"
     size = 10 * CHUNK
 
     async def scenario() -> tuple[bool, float]:
         loop = asyncio.get_running_loop()
-        before = DiskWriter(folder, "a", say=seen.said.append, on_written=seen.on_written)
-        before.offer(110, 2, {0: fds.snapshot(b"old-0"), 1: fds.snapshot(b"old-1")})
-        await seen.until(lambda: len(seen.written) == 1)
-        await before.close()
+        if before:
+            earlier = DiskWriter(folder, "a", say=seen.said.append, on_written=seen.on_written)
+            earlier.offer(110, 2, {0: fds.snapshot(b"old-0"), 1: fds.snapshot(b"old-1")})
+            await seen.until(lambda: len(seen.written) == 1)
+            await earlier.close()
         writer = DiskWriter(folder, "a", say=seen.said.append, on_written=seen.on_written, chunk_delay=BOUND)
         writer.offer(120, 2, {0: fds.snapshot(os.urandom(size)), 1: fds.snapshot(os.urandom(size))})
         await _until_writing(writer, 120)
         started = loop.time()
-        flushing = asyncio.create_task(writer.flush(started + 0.3, grace=30))
+        flushing = asyncio.create_task(writer.flush(started + 0.3, grace=grace))
         await asyncio.sleep(0)
         if later:
             writer.offer(130, 2, {0: fds.snapshot(os.urandom(size)), 1: fds.snapshot(b"")})
         done = await flushing
         took = loop.time() - started
         writer.offer(140, 2, {0: fds.snapshot(b"after"), 1: fds.snapshot(b"")})  # the launcher is leaving: closed
+        await asyncio.sleep(0)
+        assert writer.writing is None
         await writer.close()
         return done, took
 
@@ -198,11 +213,14 @@ def test_a_flush_past_its_deadline_removes_the_tmp_files_keeps_the_step_before_a
     assert not done
     assert took < BOUND / 2  # it stopped at the deadline, not at the end of the throttled chunk
     step, written, total = (130, 0, size) if later else (120, CHUNK, 2 * size)
-    assert seen.said == [f"checkpoint: step {step} was not written to {folder} within --shutdown-timeout 30 s "
-                         f"({amount(written, total)}); the newest step on disk is 110"]
-    assert [(s, state) for s, _, _, state in seen.written] == [(110, "complete"), (120, "abandoned")]
-    assert _tree(folder) == {".": [step_name(110)], step_name(110): ["node_a.json", "rank_0.pt", "rank_1.pt"]}
-    assert newest_complete(folder) == DiskStep(110, 2, {r: folder / step_name(110) / rank_name(r) for r in range(2)})
+    newest = "the newest step on disk is 110" if before else "there is no complete step on disk"
+    assert seen.said == [f"checkpoint: step {step} was not written to {folder} within --shutdown-timeout "
+                         f"{grace or 0.3} s ({amount(written, total)}); {newest}"]
+    assert [(s, state) for s, _, _, state in seen.written] == [(110, "complete")] * before + [(120, "abandoned")]
+    kept = {step_name(110): ["node_a.json", "rank_0.pt", "rank_1.pt"]} if before else {}
+    assert _tree(folder) == {".": sorted(kept), **kept}
+    assert newest_complete(folder) == (
+        DiskStep(110, 2, {r: folder / step_name(110) / rank_name(r) for r in range(2)}) if before else None)
     assert fds.held() == []
 
 
@@ -213,6 +231,10 @@ def test_keep_two_removes_this_nodes_files_of_older_steps_and_their_folders_once
     torn.mkdir(parents=True)
     (torn / ".rank_0.pt.dead.tmp").write_bytes(b"half")
     (torn / "rank_1.pt").write_bytes(b"whole, but no manifest")
+    for rank in (2, 3):  # this node's ranks in a world it had before: its manifest names them
+        (torn / rank_name(rank)).write_bytes(b"from another world")
+    (torn / ".rank_3.pt.cd.tmp").write_bytes(b"half")
+    (torn / manifest_name("a")).write_bytes(encode(NodeManifest(0, 4, (2, 3), 36, 1.0)))
     shared = folder / step_name(1)
     shared.mkdir()
     (shared / "rank_9.pt").write_bytes(b"another node's file")
@@ -230,7 +252,9 @@ def test_keep_two_removes_this_nodes_files_of_older_steps_and_their_folders_once
 
     trees = asyncio.run(scenario())
     files = ["node_a.json", "rank_0.pt", "rank_1.pt"]
-    assert trees[0] == {".": [step_name(s) for s in (0, 1)], step_name(0): [".rank_0.pt.dead.tmp", "rank_1.pt"],
+    assert trees[0] == {".": [step_name(s) for s in (0, 1)],
+                        step_name(0): [".rank_0.pt.dead.tmp", ".rank_3.pt.cd.tmp", "node_a.json", "rank_1.pt",
+                                       "rank_2.pt", "rank_3.pt"],
                         step_name(1): [".rank_9.pt.ab.tmp", *files, "rank_9.pt"]}  # one complete step: nothing goes
     # two complete: the torn step older than both goes (no writer goes back to it), the complete ones stay
     assert trees[1] == {".": [step_name(s) for s in (1, 2)], step_name(1): [".rank_9.pt.ab.tmp", *files, "rank_9.pt"],
@@ -308,6 +332,12 @@ def test_a_step_written_again_is_never_complete_with_a_mix_of_old_and_new_files(
         writer.offer(3, 1, {0: fds.snapshot(os.urandom(4 * CHUNK))})
         await _until_writing(writer, 3)
         assert newest_complete(folder) is None  # the old manifest went first
+        names = sorted(os.listdir(step))
+        assert len(names) == 2
+        assert re.fullmatch(r"\.rank_0\.pt\.[0-9a-f]{8}\.tmp", names[0])  # hidden, never a name a reader takes
+        assert names[1] == "rank_0.pt"
+        assert (step / "rank_0.pt").read_bytes() == b"old"
+        assert "rankrun-checkpoint-disk" in {task.get_name() for task in asyncio.all_tasks()}
         await writer.close()
 
     asyncio.run(scenario())
@@ -322,12 +352,17 @@ def test_close_abandons_the_write_and_every_later_offer_is_closed_unwritten(tmp_
 
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
+        await DiskWriter(folder, "idle", say=seen.said.append).close()  # nothing offered: nothing to do
         writer = DiskWriter(folder, "a", say=seen.said.append, on_written=seen.on_written, chunk_delay=BOUND)
         writer.offer(1, 1, {0: fds.snapshot(os.urandom(4 * CHUNK))})
         await _until_writing(writer, 1)
+        flushing = asyncio.create_task(writer.flush(loop.time() + BOUND))
+        await asyncio.sleep(0)
+        writer.offer(2, 1, {0: fds.snapshot(b"pending")})  # during the flush: waits for step 1, abandons nothing
         started = loop.time()
         await writer.close()
         took = loop.time() - started
+        assert not await flushing  # closed before it was on disk
         writer.offer(3, 1, {0: fds.snapshot(b"too late")})
         assert writer.writing is None
         assert not await writer.flush(loop.time() + BOUND)  # what was offered is not on disk
@@ -344,6 +379,8 @@ def test_close_abandons_the_write_and_every_later_offer_is_closed_unwritten(tmp_
     (0, 1_000_000_000, "0.0 of 1.0 GB"),
     (65536, 655360, "0.1 of 0.7 MB"),
     (0, 0, "0.0 of 0.0 MB"),
+    (2_250_001, 2_250_001, "2.3 of 2.3 MB"),  # the units exactly: 2.250001 rounds up, a hair less would not
+    (2_250_000_001, 2_250_000_001, "2.3 of 2.3 GB"),
     (999_000_000, 999_999_999, "999.0 of 1000.0 MB"),
 ])
 def test_amount(part, whole, text):
@@ -357,3 +394,20 @@ def test_cut_line():
     assert cut_line(5, Path("/ck"), 1.5, written=0, total=10, on_disk=None) == (
         "checkpoint: step 5 was not written to /ck within --shutdown-timeout 1.5 s (0.0 of 0.0 MB); "
         "there is no complete step on disk")
+
+
+def test_a_step_that_cannot_be_named_is_one_line_and_its_fds_are_closed(tmp_path):
+    fds, seen = Memfds(), Seen()
+
+    async def scenario() -> bool:
+        writer = DiskWriter(tmp_path, "a", say=seen.said.append, on_written=seen.on_written)
+        writer.offer(-1, 1, {0: fds.snapshot(b"x")})
+        await seen.until(lambda: len(seen.written) == 1)
+        done = await writer.flush(asyncio.get_running_loop().time() + BOUND)
+        await writer.close()
+        return done
+
+    assert not asyncio.run(scenario())
+    assert seen.said == [f"checkpoint: step -1 was not written to {tmp_path}: a step is never negative: -1"]
+    assert seen.written == [(-1, "", 0, "abandoned")]
+    assert fds.held() == []

@@ -55,13 +55,16 @@ class _Job:
         self.total = sum(length for _, length in self.files.values())
         self.written = 0
         self.stop = threading.Event()  # set: stop at the next chunk
-        self.outcome = ""  # once written: complete, abandoned or failed
+        self.complete: bool | None = None  # once written: whether the step is on disk
+        self.path = ""  # the step's folder, once the writer has named it
+        self._open = [fd for fd, _ in self.files.values()]
 
     def close(self) -> None:
-        for fd, _ in self.files.values():
+        """Close the fds, once: a number closed twice may be another file's by then."""
+        fds, self._open = self._open, []
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.files = {rank: (-1, length) for rank, (_, length) in self.files.items()}
 
 
 class DiskWriter:
@@ -78,8 +81,8 @@ class DiskWriter:
         self._pending: _Job | None = None  # the newest step offered, not begun
         self._current: _Job | None = None  # the step being written
         self._task: asyncio.Task[None] | None = None
-        self._io: asyncio.Future[tuple[str, str]] | None = None  # the executor's write of _current (outlives a cancelled _task)
-        self._last: str | None = None  # how the last step written ended: complete, abandoned, failed
+        self._io: asyncio.Future[tuple[bool, str]] | None = None  # the executor's write of _current (outlives a cancelled _task)
+        self._last: bool | None = None  # whether the last step written is on disk (None: none written yet)
         self._flushing = False
         self._closed = False
         self._ranks: set[int] = set()  # this node's ranks in the last step it completed (keep two's "own files")
@@ -110,14 +113,14 @@ class DiskWriter:
         ``loop.time()``'s. Past it: tmp files removed, the manifest not written, one line (``grace``: the seconds it
         names as ``--shutdown-timeout``, by default those left at this call). Whether everything offered is on disk."""
         loop = asyncio.get_running_loop()
-        grace = deadline - loop.time() if grace is None else grace
+        grace = round(deadline - loop.time(), 1) if grace is None else grace
         self._flushing = True
         task = self._task
         if task is not None:
             done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
             if not done:
                 return await self._cut(task, grace)
-        return self._last in (None, "complete") and self._pending is None
+        return self._last is not False and self._pending is None
 
     async def close(self) -> None:
         """Stop: abandon what is in progress (tmp removed), close every fd held."""
@@ -144,7 +147,7 @@ class DiskWriter:
         if self._current is not None:
             self._current.stop.set()
         await asyncio.wait({task})
-        if newest is None or newest.outcome == "complete":  # the write ended between the deadline and here
+        if newest is None or newest.complete:  # the write ended between the deadline and here
             return True
         on_disk = await asyncio.get_running_loop().run_in_executor(None, manifest.newest_complete, self._folder)
         self._say(cut_line(newest.step, self._folder, grace, written=newest.written, total=newest.total,
@@ -159,32 +162,33 @@ class DiskWriter:
                 started = time.monotonic()
                 self._io = loop.run_in_executor(None, self._write_step, job)
                 try:
-                    outcome, why = await asyncio.shield(self._io)  # a cancelled writer task leaves the thread to finish
+                    complete, why = await asyncio.shield(self._io)  # a cancelled writer task leaves the thread to finish
                 except asyncio.CancelledError:
                     job.stop.set()
                     raise
                 except Exception as exc:  # a writer that fails says so; the launcher goes on
-                    outcome, why = "failed", str(exc) or type(exc).__name__
+                    complete, why = False, str(exc) or type(exc).__name__
                 if why:
                     self._say(f"checkpoint: step {job.step} was not written to {self._folder}: {why}")
-                self._current, self._io, self._last, job.outcome = None, None, outcome, outcome
-                self._report(job, outcome, time.monotonic() - started)
+                self._current, self._io, self._last, job.complete = None, None, complete, complete
+                self._report(job, time.monotonic() - started)
         finally:
             self._task = None
 
-    def _report(self, job: _Job, outcome: str, seconds: float) -> None:
+    def _report(self, job: _Job, seconds: float) -> None:
         if self._on_written is not None:
-            state = "complete" if outcome == "complete" else "abandoned"
-            self._on_written(job.step, str(self._folder / manifest.step_name(job.step)), job.written, seconds, state)
+            state = "complete" if job.complete else "abandoned"
+            self._on_written(job.step, job.path, job.written, seconds, state)
 
     # ------------------------------------------------------------------ in the executor
 
-    def _write_step(self, job: _Job) -> tuple[str, str]:
-        """Write ``job``'s files, then its manifest: complete, abandoned or failed, and why it failed. Closes its
-        fds."""
-        path = self._folder / manifest.step_name(job.step)
+    def _write_step(self, job: _Job) -> tuple[bool, str]:
+        """Write ``job``'s files, then its manifest: whether the step is on disk, and why not when it failed (not when
+        it was abandoned). Closes its fds."""
         made: list[Path] = []  # the files renamed into place so far: removed again if the step is not completed
         try:
+            path = self._folder / manifest.step_name(job.step)
+            job.path = str(path)
             _make_folder(path)
             _unlink(path / manifest.manifest_name(self._node))  # a step written again: incomplete while it changes
             for rank, (fd, length) in job.files.items():
@@ -195,15 +199,15 @@ class DiskWriter:
             _write_whole(path / manifest.manifest_name(self._node), manifest.encode(record))
         except _Cut:
             _remove(path, made)
-            return "abandoned", ""
+            return False, ""
         except OSError as exc:
             _remove(path, made)
-            return "failed", exc.strerror or str(exc)
+            return False, exc.strerror or str(exc)
         finally:
             job.close()
         self._ranks = set(job.files)
         self._keep_two(self._ranks)
-        return "complete", ""
+        return True, ""
 
     def _write_file(self, job: _Job, fd: int, length: int, final: Path) -> Path:
         """``length`` bytes of ``fd`` as ``final``: a tmp file by ``sendfile``, fsynced, renamed, the folder fsynced."""
@@ -274,10 +278,10 @@ def amount(part: int, whole: int) -> str:
 
 def _make_folder(path: Path) -> None:
     """The step's folder, and its entry in the run's folder made durable when it is new."""
-    if path.is_dir():
-        return
+    new = not path.is_dir()
     path.mkdir(parents=True, exist_ok=True)
-    _fsync_folder(path.parent)
+    if new:
+        _fsync_folder(path.parent)
 
 
 def _write_whole(final: Path, data: bytes) -> None:
