@@ -193,7 +193,8 @@ def read_manifest(path: Path) -> NodeManifest | None:
 def step_folders(folder: Path) -> dict[int, Path]:
     """The step folders in ``folder`` by step; a run folder not there yet has none."""
     try:
-        entries = list(os.scandir(folder))
+        with os.scandir(folder) as listing:  # closed even when a read fails half-way (no ResourceWarning)
+            entries = list(listing)
     except OSError:
         return {}
     found: dict[int, Path] = {}
