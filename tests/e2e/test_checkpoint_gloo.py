@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
 
 from conftest import clean_environ, fresh_loopback, payload, run_cli
+from rankrun.checkpoint.manifest import newest_complete
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -79,3 +81,34 @@ def test_a_rank_killed_halfway_through_a_save_resumes_from_the_previous_step_int
     assert done.returncode == 0, done.stderr
     assert "was killed by signal 9 (SIGKILL)" in done.stderr
     assert json.loads((tmp_path / "loaded.json").read_text()) == {"step": 2, "intact": True}
+
+
+def test_a_preempted_job_leaves_its_newest_step_on_disk_and_a_fresh_job_resumes_there(launch, tmp_path):
+    """SIGTERM to the launcher (a scheduler's preemption) while both ranks wait after step 5: step 5 is the newest
+    complete step in ``--checkpoint-dir`` (step 4 too unless step 5 overtook it), nothing half-written; a fresh job
+    with the same directory resumes both ranks at step 5, from the disk (the first job's memory is gone with it), and
+    leaves its own last step there at its end."""
+    kept = tmp_path / "kept"
+    env = clean_environ() | {"OUT": str(tmp_path), "HOLD_AT": "5", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    first = launch("--nproc-per-node", "2", "--preload", "torch", "--checkpoint-dir", str(kept), payload("keep_steps.py"),
+                   env=env)
+    first.wait_for(r"HELD 5", count=2, timeout=120)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.finish() == 143, first.err
+    assert not [p for p in kept.rglob("*") if ".tmp" in p.name]  # nothing half-written left
+    newest = newest_complete(kept)  # a standalone job's steps go to the directory itself
+    assert newest is not None and (newest.step, newest.world, sorted(newest.files)) == (5, 2, [0, 1])
+    events = tmp_path / "events.jsonl"
+    second = run_cli("--nproc-per-node", "2", "--preload", "torch", "--checkpoint-dir", str(kept), "--events", str(events),
+                     payload("keep_steps.py"), env=env | {"HOLD_AT": "-1"}, cwd=tmp_path, timeout=180)
+    assert second.returncode == 0, second.stderr
+    for rank in (0, 1):
+        resumed = json.loads((tmp_path / f"{rank}.0.json").read_text())
+        assert (resumed["resumed"], resumed["ran"]) == (5, [6, 7, 8, 9, 10, 11, 12])
+    seen = [json.loads(line) for line in events.read_text().splitlines()]
+    (restored,) = [e for e in seen if e["event"] == "checkpoint.restored"]
+    assert (restored["step"], restored["source"]) == (5, "disk")
+    assert "attempt 0 resumes from step 5 from --checkpoint-dir" in second.stderr
+    written = [(e["step"], e["to"], e["state"]) for e in seen if e["event"] == "checkpoint.written"]
+    assert written[-1] == (12, "disk", "complete"), written  # the newest wins (a step a save overtook is abandoned)
+    assert json.loads(next((kept / "step_000000012").glob("node_*.json")).read_text())["ranks"] == "0-1"

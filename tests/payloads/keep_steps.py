@@ -4,13 +4,15 @@ Each rank of a gloo group trains a small linear model for ``STEPS`` steps: the d
 and the rank, the gradients are averaged with an all-reduce, the learning rate is a function of the step, and every
 step ends with ``save(step, {model, optimizer, torch's RNG state})``. At its start a rank ``load()``s: the kept step's
 state, or nothing (step 0, the seeded initial model). Rank ``KILL_RANK`` SIGKILLs itself in step ``KILL_AT`` of attempt
-0, before that step's save. Each rank writes ``$OUT/<rank>.<attempt>.json``: the step it resumed from, the steps it ran,
+0, before that step's save; with ``HOLD_AT``, every rank of attempt 0 prints ``HELD <step>`` after that step's save and
+waits there (for the test's SIGTERM). Each rank writes ``$OUT/<rank>.<attempt>.json``: the step it resumed from, the steps it ran,
 and its final parameters.
 """
 
 import json
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -56,6 +58,9 @@ def main() -> None:
         rankrun.checkpoint.save(step, {"model": model.state_dict(), "optim": optim.state_dict(),
                                        "rng": torch.get_rng_state()})
         ran.append(step)
+        if attempt == 0 and step == int(os.environ.get("HOLD_AT", "-1")):  # a preemption's SIGTERM comes here
+            print(f"HELD {step}", flush=True)
+            time.sleep(120)
     result = {"resumed": first - 1, "ran": ran, "params": [p.tolist() for p in model.parameters()]}
     with open(os.path.join(os.environ["OUT"], f"{rank}.{attempt}.json"), "w") as fh:
         json.dump(result, fh)

@@ -10,22 +10,27 @@ node holds gets it from there.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.race import first_of
 from rankrun.agent.round import Feature, Round
-from rankrun.checkpoint.keeper import Keeper, Told
+from rankrun.checkpoint.disk import DiskWriter, Written
+from rankrun.checkpoint.keeper import Keeper, OnDisk, Told
+from rankrun.checkpoint.manifest import NO_RUN_ID, newest_complete, run_folder
 from rankrun.checkpoint.plan import Plan
 from rankrun.checkpoint.wire import ENV
 from rankrun.errors import StoreUnavailable
-from rankrun.events.records import CheckpointKept, CheckpointRestored
+from rankrun.events.records import CheckpointKept, CheckpointRestored, CheckpointWritten
 from rankrun.memroom import fits, read_here
 from rankrun.proc.signals import StopStream
 from rankrun.ranges import range_string
-from rankrun.spec import LaunchSpec
+from rankrun.spec import LaunchSpec, Standalone
 from rankrun.stacks.sampler import Target
 
 if TYPE_CHECKING:
@@ -40,14 +45,74 @@ class Keeping:
 
 
 @contextlib.asynccontextmanager
-async def keeping(spec: LaunchSpec, deps: AgentDeps) -> AsyncIterator[Keeping | None]:
-    """The node's keeper for the job's length."""
-    keeper = Keeper(spec.worker.nproc, say=deps.console.say, told=_told(deps), room=_room)
+async def keeping(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> AsyncIterator[Keeping | None]:
+    """The node's keeper for the job's length, with ``--checkpoint-dir``'s writer: at a stop by signal (a scheduler's
+    preemption) the newest complete step is written within ``--shutdown-timeout``, while the workers stop."""
+    folder = _folder(spec)
+    keeper = Keeper(spec.worker.nproc, say=deps.console.say, told=_told(deps), room=_room,
+                    disk=(lambda: _on_disk(folder)) if folder is not None else None)
+    writer: DiskWriter | None = None
+    flush: Flush | None = None
+    if folder is not None:  # each launcher's manifests under a name of its own: two nodes may share a host name
+        writer = DiskWriter(folder, f"{deps.host}.{os.getpid()}", say=deps.console.say, on_written=_written(deps))
+        keeper.on_step = writer.offer
+        flush = Flush(writer, stops, spec.restart.shutdown_timeout)
     env = await keeper.start()
     try:
         yield Keeping(keeper, env)
     finally:
+        if flush is not None:
+            await flush.finish()
+        if writer is not None:
+            await writer.close()
         await keeper.close()
+
+
+class Flush:
+    """``--checkpoint-dir`` at the first stop by signal: the step being written and the newest kept one, on disk within
+    ``grace`` seconds from the signal (the workers' own stop runs meanwhile: they may keep one more step in it); at the
+    job's end without one, the same."""
+
+    def __init__(self, writer: DiskWriter, stops: StopStream, grace: float) -> None:
+        self._writer, self._stops, self._grace = writer, stops, grace
+        self.began = False
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> bool:
+        await self._stops.arrived()
+        self.began = True
+        return await self._writer.flush(asyncio.get_running_loop().time() + self._grace, grace=self._grace)
+
+    async def finish(self) -> None:
+        """The job is over: a flush that began is waited for (bounded by its deadline); else the newest kept step is
+        written now, within the same grace (a job that ended is resumed from its last step by the next one)."""
+        if not self.began:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            await self._writer.flush(asyncio.get_running_loop().time() + self._grace, grace=self._grace)
+            return
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _folder(spec: LaunchSpec) -> Path | None:
+    """Where ``--checkpoint-dir``'s steps go: the run's folder, or the directory itself for one node on its own (a
+    standalone job's run id is fresh at every launch, as torchrun's: the next job could never find its steps)."""
+    if spec.checkpoint.dir is None:
+        return None
+    return run_folder(spec.checkpoint.dir, NO_RUN_ID if isinstance(spec.rendezvous, Standalone) else spec.rendezvous.run_id)
+
+
+def _on_disk(folder: Path) -> OnDisk | None:
+    step = newest_complete(folder)
+    return (step.step, step.world, step.files) if step is not None else None
+
+
+def _written(deps: AgentDeps) -> Written:
+    def written(step: int, where: str, nbytes: int, seconds: float, state: str) -> None:
+        deps.events.emit(CheckpointWritten(step, "disk", where, nbytes, seconds, "complete" if state == "complete"
+                                           else "abandoned"))
+
+    return written
 
 
 def _room(growth: int) -> str | None:

@@ -105,7 +105,7 @@ async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
     held: asyncio.Server | None = None
     if not spec.multi_node:  # job.start at the job's start, the import included (several nodes: once the session is open)
         await observers.begin(spec.local_addr or LOCAL_ADDRESS)
-    async with preloading(spec, deps, worker_argv(spec.worker.entry, 0), stops), keeping(spec, deps) as kept:
+    async with preloading(spec, deps, worker_argv(spec.worker.entry, 0), stops), keeping(spec, deps, stops) as kept:
         try:
             if isinstance(spec.rendezvous, DynamicRendezvous) and not spec.multi_node:
                 # single-node c10d: hold the rendezvous endpoint so a second job on it fails loudly
