@@ -1,7 +1,7 @@
 """The job secret's proofs: the mutual HMAC-SHA256 challenge-response every rankrun endpoint that answers only its own
-job's agents uses (the embedded store's handshake, ``store.embedded.wire``; the network check's probe endpoint,
-``health.probe``; the store relays' handshake, ``workerstore.mux``, which sends the proofs as bytes and checks them here
-as hex).
+job's agents uses (the embedded store's handshake, ``store.embedded.wire``; the handshake of the network check's probe
+endpoint and of the neighbour copy's keep endpoint, ``handshake``; the store relays' handshake, ``workerstore.mux``,
+which sends the proofs as bytes and checks them here as hex).
 
 The server sends a fresh random ``challenge``, the client a fresh random ``nonce``; each side proves it holds the
 secret by an HMAC over both, in an order and with a label of its own, so neither side's proof can be replayed as the

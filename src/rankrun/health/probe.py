@@ -1,8 +1,9 @@
 """The network check's measurements: a probe endpoint every agent serves on its own address, and ``measure``, which
 times one link to another agent's endpoint (round trip, and throughput both ways) as an ``outliers.Link``.
 
-The wire (TCP, both sides with ``TCP_NODELAY``). The handshake is the embedded store's (``store.embedded.wire``) with
-its own magic and small frames (a 2-byte big-endian length, then at most 1 KiB of JSON; byte strings as hex)::
+The wire (TCP, both sides with ``TCP_NODELAY``). The handshake is ``rankrun.handshake``'s (the embedded store's
+shape, ``store.embedded.wire``), with its own magic and small frames (a 2-byte big-endian length, then at most 1 KiB
+of JSON; byte strings as hex)::
 
     client → server   RKPB {"hello": 1, "nonce": <16 random bytes>}
     server → client   {"version": 1, "challenge": <16 random bytes>, "auth": true|false}
@@ -39,25 +40,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
-import socket
 import statistics
 import struct
 import time
-from typing import Any
 
+from rankrun.handshake import MAX_FRAME, HandshakeError, Stranger, accept, no_delay, prove
 from rankrun.health.outliers import Link
 from rankrun.listen import listen
-from rankrun.proof import client_proof, proof_matches, server_proof
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"RKPB"
-VERSION = 1
-MAX_FRAME = 1024  # a handshake frame's JSON
 MAX_ECHO = 1024
 MAX_BYTES = 16 << 20  # the most one throughput request may ask for
 MAX_CONNECTIONS = 32
@@ -68,7 +64,6 @@ PARTS = 4  # a measure's bytes each way go in this many transfers, the fastest c
 PING = 32  # the bytes of one round trip's message
 NO_ANSWER = Link(rtt=math.inf, forward=0.0, backward=0.0)  # the ring's pair with a node that did not answer
 
-_FRAME = struct.Struct(">H")
 _HEAD = struct.Struct(">cI")
 _BLOCK = memoryview(bytes(CHUNK))
 
@@ -79,37 +74,6 @@ class ProbeError(Exception):
 
 class _Refused(Exception):
     """The server's answer to a request it does not serve (sent to the client, then the connection is closed)."""
-
-
-# -- both sides
-
-
-def _frame(obj: dict[str, Any]) -> bytes:
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    return _FRAME.pack(len(body)) + body
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
-    (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
-    if size > MAX_FRAME:
-        raise ValueError(f"a handshake frame of {size} bytes (limit {MAX_FRAME})")
-    obj = json.loads(await reader.readexactly(size))
-    if not isinstance(obj, dict):
-        raise ValueError("a handshake frame that is not an object")
-    return obj
-
-
-def _no_delay(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _hex(value: object) -> bytes:
-    if not isinstance(value, str):
-        raise ValueError("expected hex text")
-    return bytes.fromhex(value)
 
 
 # -- the endpoint
@@ -155,7 +119,7 @@ class ProbeServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) else "?"
-        _no_delay(writer)
+        no_delay(writer)
         try:
             async with asyncio.timeout(self.timeout):
                 if await self._handshake(reader, writer, host):
@@ -174,26 +138,13 @@ class ProbeServer:
             writer.transport.abort()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> bool:
-        if await reader.readexactly(len(MAGIC)) != MAGIC:
-            return False
-        hello = await _read_frame(reader)
-        if hello.get("hello") != VERSION:
-            return False
-        nonce = _hex(hello.get("nonce"))
-        challenge = os.urandom(16)
-        writer.write(_frame({"version": VERSION, "challenge": challenge.hex(), "auth": self.secret is not None}))
-        answer = await _read_frame(reader)
-        if self.secret is not None and not proof_matches(client_proof(self.secret, challenge, nonce), answer.get("proof")):
+        try:
+            return await accept(reader, writer, MAGIC, self.secret, "authentication failed: this job's probe needs its secret")
+        except Stranger:
             if host not in self._rejected:
                 self._rejected.add(host)
                 logger.warning("network probe: rejected a connection from %s that does not know this job's secret", host)
-            writer.write(_frame({"ok": False, "error": "authentication failed: this job's probe needs its secret"}))
-            await writer.drain()
             return False
-        proof = server_proof(self.secret, challenge, nonce) if self.secret is not None else ""
-        writer.write(_frame({"ok": True, "proof": proof}))
-        await writer.drain()
-        return True
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -264,7 +215,7 @@ async def measure(host: str, port: int, secret: bytes | None, *, pings: int = 10
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
             try:
-                _no_delay(writer)
+                no_delay(writer)
                 await _prove(reader, writer, secret, where)
                 rtt = await _round_trips(reader, writer, pings, where)
                 # the fastest of PARTS transfers each way counts: on a busy host a transfer of a few milliseconds loses
@@ -287,18 +238,10 @@ async def measure(host: str, port: int, secret: bytes | None, *, pings: int = 10
 
 
 async def _prove(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes | None, where: str) -> None:
-    nonce = os.urandom(16)
-    writer.write(MAGIC + _frame({"hello": VERSION, "nonce": nonce.hex()}))
-    offer = await _read_frame(reader)
-    if offer.get("version") != VERSION:
-        raise ProbeError(f"network probe {where}: speaks version {offer.get('version')!r}, not {VERSION}")
-    challenge = _hex(offer.get("challenge"))
-    writer.write(_frame({"proof": client_proof(secret, challenge, nonce) if secret is not None else ""}))
-    answer = await _read_frame(reader)
-    if answer.get("ok") is not True:
-        raise ProbeError(f"network probe {where}: refused: {answer.get('error')}")
-    if secret is not None and not proof_matches(server_proof(secret, challenge, nonce), answer.get("proof")):
-        raise ProbeError(f"network probe {where}: the endpoint does not know this job's secret")
+    try:
+        await prove(reader, writer, MAGIC, secret)
+    except HandshakeError as exc:
+        raise ProbeError(f"network probe {where}: {exc}") from None
 
 
 async def _reply(reader: asyncio.StreamReader, where: str) -> int:
