@@ -9,13 +9,13 @@ and when that port is taken on another of the addresses, the whole group is pick
 A bind that fails is a ``StoreError`` naming the address and the OS's reason, with the ``OSError``
 on ``__cause__`` (its errno tells "someone else hosts it" from "not this machine's address").
 
-Used by the workers' TCPStore (``workerstore.tcpstore``), the embedded store (``store.embedded.server``),
-the shared rendezvous port (``rendezvous.listener``), the metrics endpoint (``events.metrics``), the network check's
-probe endpoint (``health.probe``), a node's store relay (``workerstore.relay``), the relays' host on a port of its own
-(``workerstore.relayhost``: tests and benchmarks; a job's relays reach it on the shared port), and, through ``hold``,
-the single-node loop (``agent.loop``): a single-node c10d endpoint kept taken for the job, so that a second job on it
-fails loudly (nothing is served behind it). The one non-TCP listener, ``rankrun --stacks``'s local Unix socket, is
-``rankrun.stacks.control``'s.
+Used by the workers' TCPStore (``workerstore.tcpstore``), the embedded store (``store.embedded.server``), the shared
+rendezvous port (``rendezvous.listener``), the metrics endpoint (``events.metrics``), the network check's probe
+endpoint (``health.probe``), the neighbour copy's keep endpoint (``checkpoint.peer``), a node's store relay
+(``workerstore.relay``), the relays' host on a port of its own (``workerstore.relayhost``: tests and benchmarks; a
+job's relays reach it on the shared port), and, through ``hold``, the single-node loop (``agent.loop``): a single-node
+c10d endpoint kept taken for the job, so that a second job on it fails loudly (nothing is served behind it). The one
+non-TCP listener, ``rankrun --stacks``'s local Unix socket, is ``rankrun.stacks.control``'s.
 
 Accepting is this module's, not asyncio's (``_Acceptor``): asyncio's accept loop, out of file descriptors
 (``EMFILE``/``ENFILE``), logs a traceback and schedules a retry for every one of up to ``backlog`` attempts per wake-up,

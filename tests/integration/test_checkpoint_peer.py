@@ -1,0 +1,404 @@
+"""The neighbour copy's keep endpoint and its client calls (``rankrun.checkpoint.peer``) on 127.0.0.x: real sockets,
+real memory files, no torch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import mmap
+import os
+
+import pytest
+
+from rankrun import handshake
+from rankrun.checkpoint import peer
+from rankrun.checkpoint.peer import PeerError, PeerServer
+from rankrun.listen import listen
+
+BOUND = 60.0
+SECRET = b"s3cret-of-this-job"
+HOST = "127.0.0.1"
+
+
+def _run(body, room=lambda n: None, **options) -> None:
+    async def main() -> None:
+        server = PeerServer(HOST, SECRET, room=room, **options)
+        port = await server.start()
+        try:
+            async with asyncio.timeout(BOUND):
+                await body(server, port)
+        finally:
+            await server.close()
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # close leaves nothing of the server running
+        assert _memfds() == 0  # ... and no copy held
+
+    asyncio.run(main())
+
+
+def _memfds() -> int:
+    """The keep endpoint's memory files open in this process now."""
+    count = 0
+    for entry in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            count += os.readlink(f"/proc/self/fd/{entry}").startswith(f"/memfd:{peer.NAME}-")
+    return count
+
+
+def _source(data: bytes) -> int:
+    fd = os.memfd_create("test-source", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    return fd
+
+
+def _digest(fd: int) -> tuple[int, str]:
+    size = os.fstat(fd).st_size
+    if not size:
+        return 0, hashlib.sha256().hexdigest()
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+        return size, hashlib.sha256(mapped).hexdigest()
+
+
+async def _put(port: int, fd: int, *, node: str = "n1", rank: int = 0, step: int = 1, world: int = 8,
+               secret: bytes | None = SECRET) -> None:
+    await peer.put(HOST, port, secret, node=node, rank=rank, step=step, world=world, fd=fd, length=os.fstat(fd).st_size)
+
+
+async def _held_bytes(server: PeerServer, node: str, rank: int) -> bytes:
+    where = server.fd_of(node, rank)
+    assert where is not None
+    fd, length = where
+    return os.pread(fd, length, 0)
+
+
+async def _drained(server: PeerServer) -> None:
+    async with asyncio.timeout(10):
+        while server.connections:
+            await asyncio.sleep(0.01)
+
+
+async def _authenticated(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    await handshake.prove(reader, writer, peer.MAGIC, SECRET)
+    return reader, writer
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    op, n = peer._HEAD.unpack(await reader.readexactly(peer._HEAD.size))
+    return op, await reader.readexactly(n)
+
+
+@pytest.mark.parametrize("size", [3 << 20, 64 << 20, 0])
+def test_a_put_then_a_get_gives_the_same_bytes(size):
+    data = os.urandom(size)
+    changes = []
+
+    async def body(server, port):
+        fd = _source(data)
+        await _put(port, fd, node="n1", rank=5, step=7, world=16)
+        os.close(fd)
+        assert changes == ["changed"]
+        assert server.held() == {"n1": {5: (7, 16, size)}}
+        held_fd, length = server.fd_of("n1", 5)
+        assert length == size and _digest(held_fd) == (size, hashlib.sha256(data).hexdigest())
+        copy = await peer.get(HOST, port, SECRET, node="n1", rank=5, step=7)
+        try:
+            assert _digest(copy) == (size, hashlib.sha256(data).hexdigest())
+        finally:
+            os.close(copy)
+
+    _run(body, on_change=lambda: changes.append("changed"))
+
+
+def test_a_put_sends_only_the_length_given_and_refuses_more_than_the_file_holds():
+    async def body(server, port):
+        fd = _source(b"abcdefgh")
+        await peer.put(HOST, port, SECRET, node="n1", rank=0, step=1, world=1, fd=fd, length=5)
+        assert await _held_bytes(server, "n1", 0) == b"abcde"
+        with pytest.raises(PeerError, match=rf"checkpoint peer 127\.0\.0\.1:{port}: a copy of 9 bytes from a memory file "
+                                            "of 8"):
+            await peer.put(HOST, port, SECRET, node="n1", rank=0, step=2, world=1, fd=fd, length=9)
+        os.close(fd)
+        assert server.held() == {"n1": {0: (1, 1, 5)}}
+
+    _run(body)
+
+
+def test_a_newer_put_replaces_the_older_only_once_complete():
+    old, new = os.urandom(1 << 20), os.urandom(4 << 20)
+
+    async def body(server, port):
+        fd = _source(old)
+        await _put(port, fd, step=1)
+        os.close(fd)
+        # a put of step 2 cut off halfway by its client: the copy of step 1 stays, and no memory of step 2
+        reader, writer = await _authenticated(port)
+        writer.write(peer._encode(b"P", {"node": "n1", "rank": 0, "step": 2, "world": 8, "bytes": len(new)}))
+        assert await _answer(reader) == (b"K", b"{}")  # go ahead
+        writer.write(new[:len(new) // 2])
+        await writer.drain()
+        writer.close()
+        await _drained(server)
+        assert server.held() == {"n1": {0: (1, 8, len(old))}}
+        assert await _held_bytes(server, "n1", 0) == old
+        assert _memfds() == 1
+        # the whole of it: step 2 replaces step 1, whose memory is freed
+        fd = _source(new)
+        await _put(port, fd, step=2)
+        os.close(fd)
+        assert server.held() == {"n1": {0: (2, 8, len(new))}}
+        assert await _held_bytes(server, "n1", 0) == new
+        assert _memfds() == 1
+
+    _run(body)
+
+
+def test_a_put_that_stalls_is_cut_at_its_deadline_and_the_older_copy_stays():
+    async def body(server, port):
+        fd = _source(b"old")
+        await _put(port, fd, step=1)
+        os.close(fd)
+        reader, writer = await _authenticated(port)
+        writer.write(peer._encode(b"P", {"node": "n1", "rank": 0, "step": 2, "world": 8, "bytes": 1 << 20}))
+        assert await _answer(reader) == (b"K", b"{}")
+        writer.write(b"x" * 1000)  # and no more
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await reader.read() == b""  # closed by the server
+        assert 0.3 < loop.time() - start < 5.0
+        writer.close()
+        await _drained(server)
+        assert server.held() == {"n1": {0: (1, 8, 3)}} and _memfds() == 1
+
+    _run(body, floor=0.5)
+
+
+def test_a_wrong_secret_is_refused_holds_nothing_and_is_logged_once(caplog):
+    async def body(server, port):
+        fd = _source(b"weights")
+        for _ in range(3):
+            with pytest.raises(PeerError, match=rf"checkpoint peer 127\.0\.0\.1:{port}: refused: authentication "
+                                                "failed: this job's neighbour copy needs its secret"):
+                await _put(port, fd, secret=b"not the secret")
+        with pytest.raises(PeerError, match="refused: authentication failed"):
+            await peer.held(HOST, port, b"not the secret")
+        os.close(fd)
+        await _drained(server)
+        assert server.held() == {} and _memfds() == 0
+
+    with caplog.at_level(logging.DEBUG, logger="rankrun.checkpoint.peer"):
+        _run(body)
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert loud == ["checkpoint peer: rejected a connection from 127.0.0.1 that does not know this job's secret"]
+
+
+def test_an_endpoint_that_does_not_prove_the_secret_is_sent_nothing():
+    """Weights never go to an endpoint that cannot prove it knows the secret, and none are taken from it."""
+    received = []
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if await handshake.accept(reader, writer, peer.MAGIC, None, "no"):  # asks no proof, cannot give one
+                received.append(await reader.read(1 << 16))
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        def protocol() -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(), lambda r, w: tasks.add(asyncio.create_task(impostor(r, w))))
+
+        tasks: set[asyncio.Task[None]] = set()
+        server, port = await listen(HOST, 0, protocol)
+        fd = _source(b"weights")
+        with pytest.raises(PeerError, match=rf"checkpoint peer 127\.0\.0\.1:{port}: the endpoint does not know this "
+                                            "job's secret"):
+            await _put(port, fd)
+        with pytest.raises(PeerError, match="does not know this job's secret"):
+            await peer.get(HOST, port, SECRET, node="n1", rank=0, step=1)
+        os.close(fd)
+        await asyncio.gather(*tasks)
+        server.close()
+        await server.wait_closed()
+        assert received == [b"", b""]  # the client closed without a request
+
+    asyncio.run(main())
+
+
+def test_without_a_secret_there_is_no_neighbour_copy():
+    for secret in (None, b""):
+        with pytest.raises(PeerError, match=r"checkpoint peer: no job secret \(RANKRUN_RDZV_SECRET\): the neighbour "
+                                            r"copy carries the model's weights and is off"):
+            PeerServer(HOST, secret, room=lambda n: None)
+
+    async def body(server, port):
+        fd = _source(b"weights")
+        with pytest.raises(PeerError, match=rf"checkpoint peer 127\.0\.0\.1:{port}: no job secret"):
+            await _put(port, fd, secret=None)
+        os.close(fd)
+        with pytest.raises(PeerError, match="no job secret"):
+            await peer.get(HOST, port, None, node="n1", rank=0, step=1)
+        with pytest.raises(PeerError, match="no job secret"):
+            await peer.held(HOST, port, b"")
+        # a client that offers no proof at all is refused by the endpoint
+        reader, writer = await asyncio.open_connection(HOST, port)
+        with pytest.raises(handshake.HandshakeError, match="refused: authentication failed"):
+            await handshake.prove(reader, writer, peer.MAGIC, None)
+        writer.close()
+        await _drained(server)
+        assert server.held() == {}
+
+    _run(body)
+
+
+def test_a_put_the_room_does_not_take_is_refused_and_the_older_copy_stays():
+    asked = []
+
+    def room(nbytes: int) -> str | None:
+        asked.append(nbytes)
+        return None if nbytes <= 1 << 20 else "this node has 1.0 MiB of room"
+
+    async def body(server, port):
+        small, big = _source(b"s" * 100), _source(b"b" * (2 << 20))
+        await _put(port, small, step=1)
+        with pytest.raises(PeerError, match=rf"checkpoint peer 127\.0\.0\.1:{port}: refused: no room for a copy of "
+                                            r"2097152 bytes \(node n1 rank 0 step 2\): this node has 1\.0 MiB of room$"):
+            await _put(port, big, step=2)
+        for fd in (small, big):
+            os.close(fd)
+        assert asked == [100, 2 << 20]
+        assert server.held() == {"n1": {0: (1, 8, 100)}} and _memfds() == 1
+
+    _run(body, room=room)
+
+
+def test_a_get_of_a_copy_not_held_is_an_error():
+    async def body(server, port):
+        fd = _source(b"kept")
+        await _put(port, fd, node="n1", rank=2, step=4)
+        os.close(fd)
+        with pytest.raises(PeerError, match=rf"checkpoint peer 127\.0\.0\.1:{port}: refused: no copy of node n9 rank 2 "
+                                            "is held here"):
+            await peer.get(HOST, port, SECRET, node="n9", rank=2, step=4)
+        with pytest.raises(PeerError, match="refused: no copy of node n1 rank 3 is held here"):
+            await peer.get(HOST, port, SECRET, node="n1", rank=3, step=4)
+        with pytest.raises(PeerError, match="refused: the copy of node n1 rank 2 held here is of step 4, not 5"):
+            await peer.get(HOST, port, SECRET, node="n1", rank=2, step=5)
+        assert _memfds() == 1  # the copy's: none left behind by the failed gets
+
+    _run(body)
+
+
+def test_held_lists_every_copy_here_and_there_and_drop_frees_them():
+    changes = []
+
+    async def body(server, port):
+        listing = {"n1": {0: (3, 4, 10), 1: (3, 4, 11)}, "n2": {2: (5, 4, 12)}}
+        for node, ranks in listing.items():
+            for rank, (step, world, size) in ranks.items():
+                fd = _source(b"x" * size)
+                await _put(port, fd, node=node, rank=rank, step=step, world=world)
+                os.close(fd)
+        assert server.held() == listing
+        assert await peer.held(HOST, port, SECRET) == listing
+        assert server.fd_of("n2", 0) is None
+        server.drop("n1", 1)
+        assert server.held() == {"n1": {0: (3, 4, 10)}, "n2": {2: (5, 4, 12)}} and _memfds() == 2
+        server.drop("n2")
+        server.drop("n3")  # nothing of it: no change
+        assert await peer.held(HOST, port, SECRET) == {"n1": {0: (3, 4, 10)}} and _memfds() == 1
+        assert len(changes) == 3 + 2
+
+    _run(body, on_change=lambda: changes.append(1))
+
+
+def test_close_frees_every_copy():
+    async def main() -> None:
+        server = PeerServer(HOST, SECRET, room=lambda n: None)
+        port = await server.start()
+        for rank in range(3):
+            fd = _source(os.urandom(1 << 20))
+            await _put(port, fd, rank=rank)
+            os.close(fd)
+        assert _memfds() == 3
+        idle = await _authenticated(port)  # a connection open at close: ended too
+        await server.close()
+        assert _memfds() == 0 and server.held() == {} and server.fd_of("n1", 0) is None
+        assert await idle[0].read() == b""
+        idle[1].close()
+
+    asyncio.run(main())
+
+
+def test_a_get_reads_the_copy_it_asked_for_even_if_a_newer_one_replaces_it_meanwhile():
+    old, new = os.urandom(32 << 20), os.urandom(1 << 20)
+
+    async def body(server, port):
+        fd = _source(old)
+        await _put(port, fd, step=1)
+        os.close(fd)
+        reader, writer = await _authenticated(port)
+        writer.write(peer._encode(b"G", {"node": "n1", "rank": 0, "step": 1}))
+        op, meta = await _answer(reader)
+        assert op == b"K" and b'"bytes":33554432' in meta
+        first = await reader.readexactly(1 << 20)  # the rest waits in the socket while step 2 arrives
+        fd = _source(new)
+        await _put(port, fd, step=2)
+        os.close(fd)
+        rest = await reader.readexactly(len(old) - len(first))
+        assert first + rest == old
+        writer.close()
+        assert await _held_bytes(server, "n1", 0) == new
+
+    _run(body)
+
+
+@pytest.mark.parametrize(("request_", "refusal"), [
+    ({"node": "n1", "rank": -1, "step": 1, "world": 8, "bytes": 1}, "a request whose 'rank' is -1"),
+    ({"node": "", "rank": 0, "step": 1, "world": 8, "bytes": 1}, "a request whose 'node' is ''"),
+    ({"node": "n1", "rank": 0, "step": 1, "world": 0, "bytes": 1}, "a request whose 'world' is 0"),
+    ({"node": "n1", "rank": 0, "step": True, "world": 1, "bytes": 1}, "a request whose 'step' is True"),
+    ({"node": "n1", "rank": 0, "step": 1, "world": 1}, "a request whose 'bytes' is None"),
+])
+def test_a_malformed_put_is_refused_and_the_connection_closed(request_, refusal):
+    async def body(server, port):
+        reader, writer = await _authenticated(port)
+        writer.write(peer._encode(b"P", request_))
+        op, message = await _answer(reader)
+        assert op == b"X" and message.decode().startswith(refusal)
+        assert await reader.read() == b""
+        writer.close()
+        assert server.held() == {}
+
+    _run(body)
+
+
+def test_an_unknown_or_oversized_request_is_refused():
+    async def body(server, port):
+        for head, refusal in ((peer._HEAD.pack(b"Z", 0), b"an unknown request b'Z'"),
+                              (peer._HEAD.pack(b"P", peer.MAX_REQUEST + 1), b"a request of 1025 bytes (limit 1024)")):
+            reader, writer = await _authenticated(port)
+            writer.write(head)
+            assert await _answer(reader) == (b"X", refusal)
+            writer.close()
+
+    _run(body)
+
+
+def test_connections_are_bounded_and_a_silent_one_is_cut_at_the_timeout():
+    async def body(server, port):
+        first = await asyncio.open_connection(HOST, port)  # connects, says nothing
+        second = await _authenticated(port)  # proved, asks nothing
+        async with asyncio.timeout(5):
+            while server.connections < 2:
+                await asyncio.sleep(0.01)
+        third = await asyncio.open_connection(HOST, port)
+        assert await third[0].read() == b""  # full: closed at once
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await first[0].read() == b"" and await second[0].read() == b""
+        assert 0.3 < loop.time() - start < 5.0
+        for _, writer in (first, second, third):
+            writer.close()
+
+    _run(body, max_connections=2, timeout=0.5)
