@@ -402,3 +402,108 @@ def test_connections_are_bounded_and_a_silent_one_is_cut_at_the_timeout():
             writer.close()
 
     _run(body, max_connections=2, timeout=0.5)
+
+
+def test_a_stranger_that_goes_on_after_its_refusal_is_served_nothing():
+    async def body(server, port):
+        reader, writer = await asyncio.open_connection(HOST, port)
+        with pytest.raises(handshake.HandshakeError, match="refused: authentication failed"):
+            await handshake.prove(reader, writer, peer.MAGIC, b"not the secret")
+        with contextlib.suppress(OSError):  # as if it had been let in (the server may have closed already)
+            writer.write(peer._encode(b"H", {}))
+            writer.write(peer._encode(b"P", {"node": "n1", "rank": 0, "step": 1, "world": 1, "bytes": 3}) + b"abc")
+            await writer.drain()
+        got = b""
+        with contextlib.suppress(OSError):  # reset, or the write's broken pipe: closed either way
+            got = await reader.read()
+        assert got == b""  # closed: no listing, no go-ahead
+        writer.close()
+        await _drained(server)
+        assert server.held() == {"n1": {0: (1, 8, 4)}}
+
+    fd = _source(b"kept")
+
+    async def with_a_copy(server, port):
+        await _put(port, fd)
+        await body(server, port)
+
+    _run(with_a_copy)
+    os.close(fd)
+
+
+def test_one_connection_serves_its_requests_in_turn():
+    first, second = os.urandom(3 << 20), os.urandom(1 << 20)
+
+    async def body(server, port):
+        reader, writer = await _authenticated(port)
+        for step, data in ((1, first), (2, second)):
+            request = {"node": "n1", "rank": 0, "step": step, "world": 2, "bytes": len(data)}
+            encoded = peer._encode(b"P", request | {"pad": ""})
+            pad = peer.MAX_REQUEST - (len(encoded) - peer._HEAD.size)  # a request of exactly the most it may be
+            writer.write(peer._encode(b"P", request | {"pad": "x" * pad}))
+            assert await _answer(reader) == (b"K", b"{}")
+            writer.write(data)
+            assert await _answer(reader) == (b"K", b"{}")
+        writer.write(peer._encode(b"H", {}))
+        assert await _answer(reader) == (b"K", b'{"n1":{"0":[2,2,1048576]}}')
+        writer.write(peer._encode(b"G", {"node": "n1", "rank": 0, "step": 2}))
+        assert await _answer(reader) == (b"K", b'{"step":2,"world":2,"bytes":1048576}')
+        assert await reader.readexactly(len(second)) == second
+        writer.close()
+        assert await _held_bytes(server, "n1", 0) == second and _memfds() == 1
+
+    _run(body)
+
+
+def test_the_memory_files_are_closed_on_exec():
+    async def body(server, port):
+        fd = _source(b"kept")
+        await _put(port, fd)
+        os.close(fd)
+        copy = await peer.get(HOST, port, SECRET, node="n1", rank=0, step=1)
+        held_fd, _ = server.fd_of("n1", 0)
+        assert not os.get_inheritable(copy) and not os.get_inheritable(held_fd)
+        os.close(copy)
+
+    _run(body)
+
+
+def test_a_request_that_is_not_an_object_is_refused():
+    async def body(server, port):
+        reader, writer = await _authenticated(port)
+        writer.write(peer._HEAD.pack(b"H", 2) + b"[]")
+        assert await _answer(reader) == (b"X", b"a request that is not a JSON object")
+        writer.close()
+
+    _run(body)
+
+
+def test_a_client_says_in_one_line_what_it_met_instead_of_a_keep_endpoint():
+    async def main() -> None:
+        async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(len(peer.MAGIC))
+            writer.close()
+
+        async def garbling(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"\x00\x02[]")  # a frame, but not an object
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        tasks: set[asyncio.Task[None]] = set()
+        for serve, said in ((closing, "the endpoint closed the connection"),
+                            (garbling, r"not a rankrun keep endpoint \(a handshake frame that is not an object\)")):
+            def protocol(serve=serve) -> asyncio.StreamReaderProtocol:
+                return asyncio.StreamReaderProtocol(asyncio.StreamReader(), lambda r, w: tasks.add(asyncio.create_task(serve(r, w))))
+
+            server, port = await listen(HOST, 0, protocol)
+            with pytest.raises(PeerError, match=rf"^checkpoint peer 127\.0\.0\.1:{port}: {said}"):
+                await peer.held(HOST, port, SECRET)
+            server.close()
+            await server.wait_closed()
+        await asyncio.gather(*tasks)
+        # and nobody there: the port was just freed
+        with pytest.raises(PeerError, match=rf"^checkpoint peer 127\.0\.0\.1:{port}: .*[Cc]onnect"):
+            await peer.held(HOST, port, SECRET)
+
+    asyncio.run(main())

@@ -448,9 +448,10 @@ async def get(addr: str, port: int, secret: bytes | None, *, node: str, rank: in
     async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
         writer.write(_encode(b"G", {"node": node, "rank": rank, "step": step}))
         async with asyncio.timeout(TIMEOUT):
-            nbytes = (await _answer(reader)).get("bytes")
-        if not isinstance(nbytes, int) or nbytes < 0:
-            raise ValueError(f"an answer of {nbytes!r} bytes")
+            answer = await _answer(reader)
+        nbytes = answer.get("bytes")
+        if not isinstance(nbytes, int) or nbytes < 0 or answer.get("step") != step:
+            raise ValueError(f"an answer of {nbytes!r} bytes of step {answer.get('step')!r} to a get of step {step}")
         fd = _memfd(rank)
         try:
             await _reserve(fd, nbytes)
