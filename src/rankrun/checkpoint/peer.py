@@ -363,7 +363,8 @@ class PeerServer:
                 writer.write(_encode(b"K", listing))
             else:
                 raise _Refused(f"an unknown request {op!r}")
-            await writer.drain()
+            async with asyncio.timeout(self.timeout):  # a client that reads no answers holds nothing for long
+                await writer.drain()
 
     async def _put(self, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
         node, rank, step, world, nbytes = put_request(body)
