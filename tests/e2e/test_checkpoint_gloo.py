@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, fresh_loopback, payload, run_cli
+from conftest import Launcher, clean_environ, fresh_loopback, payload, run_cli
 from rankrun.checkpoint.manifest import newest_complete
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
@@ -53,8 +55,13 @@ def _two_nodes(launch, tmp_path: Path, name: str) -> dict[str, dict[str, object]
     return _results(out)
 
 
-def test_a_rank_killed_at_step_7_costs_no_step(launch, tmp_path):
-    whole = _train(tmp_path, "whole", "--preload", "torch")  # the reference: one import of torch, not two
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    """The reference: ``keep_steps.py`` on 2 ranks, uninterrupted (one import of torch, not two)."""
+    return _train(tmp_path_factory.mktemp("whole"), "whole", "--preload", "torch")
+
+
+def test_a_rank_killed_at_step_7_costs_no_step(launch, tmp_path, whole):
     assert sorted(whole) == ["0.0", "1.0"]
     assert whole["0.0"]["ran"] == list(range(1, 13))
     events = tmp_path / "events.jsonl"
@@ -112,3 +119,53 @@ def test_a_preempted_job_leaves_its_newest_step_on_disk_and_a_fresh_job_resumes_
     written = [(e["step"], e["to"], e["state"]) for e in seen if e["event"] == "checkpoint.written"]
     assert written[-1] == (12, "disk", "complete"), written  # the newest wins (a step a save overtook is abandoned)
     assert json.loads(next((kept / "step_000000012").glob("node_*.json")).read_text())["ranks"] == "0-1"
+
+
+def test_a_lost_nodes_ranks_resume_from_the_neighbours_copy(launch, tmp_path, whole):
+    """Two nodes of one rank each hold after step 5 (each has put its steps to the other, the ring's next node);
+    node B's launcher is SIGKILLed (its rank dies with it); the spare C takes B's place, and its rank 1 loads B's
+    step from A's copy over the network: no directory, and the job ends as an uninterrupted run does."""
+    endpoint = fresh_loopback()
+    conf = ("--rdzv-conf", "last_call_timeout=0.2,keep_alive_interval=0.5,keep_alive_max_attempt=2")
+    env = clean_environ() | {"RANKRUN_RDZV_SECRET": "kept", "OUT": str(tmp_path), "HOLD_AT": "5",
+                             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+
+    def node(name: str, addr: str) -> Launcher:
+        return launch("--nnodes", "2:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id",
+                      "lost", *conf, "--local-addr", addr, "--nproc-per-node", "1", "--preload", "torch", "--events",
+                      str(tmp_path / f"{name}.jsonl"), payload("keep_steps.py"), env=env)
+
+    a = node("a", endpoint)  # the host: it serves the job's store and stays
+    b = node("b", fresh_loopback())
+    for launcher in (a, b):
+        launcher.wait_for(r"HELD 5", timeout=120)
+    _until(lambda: ("b", 5) in _copies(tmp_path), 60)  # B's step 5 complete at A
+    c = node("c", fresh_loopback())
+    c.wait_for(r"this node waits as a spare", timeout=60)
+    b.proc.kill()
+    b.finish()
+    assert [a.finish(timeout=180), c.finish(timeout=180)] == [0, 0], (a.err, c.err)
+    for rank in ("0", "1"):
+        (done,) = [v for k, v in _results(tmp_path).items() if k.startswith(f"{rank}.")]
+        assert done["resumed"] == 5 and done["ran"] == [6, 7, 8, 9, 10, 11, 12], done
+        assert done["params"] == whole[f"{rank}.0"]["params"]
+    (restored,) = [e for e in _read(tmp_path / "c.jsonl") if e["event"] == "checkpoint.restored"]
+    assert (restored["step"], restored["source"], restored["ranks"]) == (5, "neighbour", "1")
+    assert any("resumes from step 5 from the neighbour's copy: ranks 1," in line for line in c.err), c.err
+
+
+def _read(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _copies(tmp_path: Path) -> set[tuple[str, int]]:
+    """(node, step) of each neighbour's copy a node's events say is complete."""
+    return {(name, int(e["step"])) for name in ("a", "b", "c") for e in _read(tmp_path / f"{name}.jsonl")
+            if e["event"] == "checkpoint.written" and e["to"] == "neighbour" and e["state"] == "complete"}
+
+
+def _until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)

@@ -143,13 +143,20 @@ def test_a_newer_put_replaces_the_older_only_once_complete():
         assert server.held() == {"n1": {0: (1, 8, len(old))}}
         assert await _held_bytes(server, "n1", 0) == old
         assert _memfds() == 1
-        # the whole of it: step 2 replaces step 1, whose memory is freed
+        # the whole of it: step 2 is the newest, step 1 still held as the one before (the node's other ranks may
+        # not have theirs of step 2 here yet); step 3 then frees step 1's memory
         fd = _source(new)
         await _put(port, fd, step=2)
         os.close(fd)
         assert server.held() == {"n1": {0: (2, 8, len(new))}}
+        assert server.steps() == {"n1": {0: [(2, 8), (1, 8)]}}
         assert await _held_bytes(server, "n1", 0) == new
-        assert _memfds() == 1
+        assert _memfds() == 2
+        fd = _source(old)
+        await _put(port, fd, step=3)
+        os.close(fd)
+        assert server.steps() == {"n1": {0: [(3, 8), (2, 8)]}} and _memfds() == 2
+        assert server.find(0, 2) is not None and server.find(0, 1) is None and server.find(1, 3) is None
 
     _run(body)
 
@@ -449,8 +456,11 @@ def test_one_connection_serves_its_requests_in_turn():
         writer.write(peer._encode(b"G", {"node": "n1", "rank": 0, "step": 2}))
         assert await _answer(reader) == (b"K", b'{"step":2,"world":2,"bytes":1048576}')
         assert await reader.readexactly(len(second)) == second
+        writer.write(peer._encode(b"G", {"node": "n1", "rank": 0, "step": 1}))  # the one before: held too
+        assert await _answer(reader) == (b"K", b'{"step":1,"world":2,"bytes":3145728}')
+        assert await reader.readexactly(len(first)) == first
         writer.close()
-        assert await _held_bytes(server, "n1", 0) == second and _memfds() == 1
+        assert await _held_bytes(server, "n1", 0) == second and _memfds() == 2
 
     _run(body)
 
@@ -507,3 +517,51 @@ def test_a_client_says_in_one_line_what_it_met_instead_of_a_keep_endpoint():
             await peer.held(HOST, port, SECRET)
 
     asyncio.run(main())
+
+
+def test_a_get_of_the_servers_own_node_is_answered_by_its_keeper():
+    """A rank whose kept state this launcher holds in its own slots (``own``): served with a descriptor of the
+    keeper's, closed once sent; a step the keeper does not hold is refused by name."""
+    data = os.urandom(1 << 20)
+    asked: list[tuple[int, int]] = []
+
+    async def own(rank: int, step: int) -> tuple[int, int, int] | None:
+        asked.append((rank, step))
+        return (_source(data), 4, len(data)) if step == 7 else None
+
+    async def body(server, port):
+        fd = await peer.get(HOST, port, SECRET, node="me", rank=3, step=7)
+        try:
+            assert os.pread(fd, len(data) + 1, 0) == data
+        finally:
+            os.close(fd)
+        with pytest.raises(peer.PeerError, match="rank 3's step 8 is not kept on node me"):
+            await peer.get(HOST, port, SECRET, node="me", rank=3, step=8)
+        assert asked == [(3, 7), (3, 8)]
+
+    _run(body, node="me", own=own)
+
+
+def test_the_sender_puts_each_step_to_its_neighbour_and_says_a_failure_once():
+    lines: list[str] = []
+    sent: list[tuple[int, str, int, str]] = []
+
+    async def body(server, port):
+        sender = peer.Sender(SECRET, "n1", say=lines.append,
+                             sent=lambda step, where, n, seconds, state: sent.append((step, where, n, state)))
+        try:
+            sender.to = (HOST, port)
+            sender.offer(4, 2, {0: (_source(b"a" * 10), 10), 1: (_source(b"b" * 20), 20)})
+            await sender._task
+            assert server.steps() == {"n1": {0: [(4, 2)], 1: [(4, 2)]}}
+            assert sent == [(4, f"{HOST}:{port}", 30, "complete")]
+            sender.to = (HOST, 1)  # nobody there
+            for step in (5, 6):
+                sender.offer(step, 2, {0: (_source(b"c"), 1)})
+                await sender._task
+            assert [s[3] for s in sent[1:]] == ["abandoned", "abandoned"]
+            assert len(lines) == 1 and lines[0].startswith("checkpoint: the neighbour's copy of step 5 was not made: ")
+        finally:
+            await sender.close()
+
+    _run(body)

@@ -20,10 +20,8 @@ from typing import TYPE_CHECKING, Any
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.race import first_of
 from rankrun.agent.round import Feature, Round
-from rankrun.checkpoint.disk import DiskWriter, Written
 from rankrun.checkpoint.keeper import Keeper, OnDisk, Told
-from rankrun.checkpoint.manifest import NO_RUN_ID, newest_complete, run_folder
-from rankrun.checkpoint.plan import Plan
+from rankrun.checkpoint.plan import Plan, Source
 from rankrun.checkpoint.wire import ENV
 from rankrun.errors import StoreUnavailable
 from rankrun.events.records import CheckpointKept, CheckpointRestored, CheckpointWritten
@@ -34,6 +32,8 @@ from rankrun.spec import LaunchSpec, Standalone
 from rankrun.stacks.sampler import Target
 
 if TYPE_CHECKING:
+    from rankrun.checkpoint.disk import DiskWriter, Written
+    from rankrun.checkpoint.peer import Sender
     from rankrun.rendezvous.member import Member
 
 
@@ -54,8 +54,10 @@ async def keeping(spec: LaunchSpec, deps: AgentDeps, stops: StopStream) -> Async
     writer: DiskWriter | None = None
     flush: Flush | None = None
     if folder is not None:  # each launcher's manifests under a name of its own: two nodes may share a host name
+        from rankrun.checkpoint.disk import DiskWriter  # noqa: PLC0415 - --checkpoint-dir only (json, shutil)
+
         writer = DiskWriter(folder, f"{deps.host}.{os.getpid()}", say=deps.console.say, on_written=_written(deps))
-        keeper.on_step = writer.offer
+        keeper.on_step.append(writer.offer)
         flush = Flush(writer, stops, spec.restart.shutdown_timeout)
     env = await keeper.start()
     try:
@@ -99,10 +101,14 @@ def _folder(spec: LaunchSpec) -> Path | None:
     standalone job's run id is fresh at every launch, as torchrun's: the next job could never find its steps)."""
     if spec.checkpoint.dir is None:
         return None
+    from rankrun.checkpoint.manifest import NO_RUN_ID, run_folder  # noqa: PLC0415 - --checkpoint-dir only
+
     return run_folder(spec.checkpoint.dir, NO_RUN_ID if isinstance(spec.rendezvous, Standalone) else spec.rendezvous.run_id)
 
 
 def _on_disk(folder: Path) -> OnDisk | None:
+    from rankrun.checkpoint.manifest import newest_complete  # noqa: PLC0415 - --checkpoint-dir only
+
     step = newest_complete(folder)
     return (step.step, step.world, step.files) if step is not None else None
 
@@ -170,30 +176,80 @@ def running(keeper: Keeper, targets: list[Target]) -> None:
         keeper.workers({t.pid: (t.rank, ranks.index(t.rank)) for t in targets})
 
 
+@contextlib.asynccontextmanager
+async def across_nodes(keeping: Keeping, spec: LaunchSpec, deps: AgentDeps, stops: StopStream, *, member: Member,
+                       address: str) -> AsyncIterator[KeptAcrossNodes]:
+    """Kept progress on several nodes for the session's length: with the job's secret, this node's keep endpoint on
+    its address (``checkpoint.peer``: it holds the ring's previous node's copies and serves any node a step it holds)
+    and its sender to the next node; without one, no neighbour's copy, said once."""
+    from rankrun.checkpoint import peer  # noqa: PLC0415 - several nodes only
+
+    keeper, node = keeping.keeper, member.info.id
+    keeper.node = node
+    if not spec.secret:
+        deps.console.say(f"checkpoint: {peer.NO_SECRET}")
+        yield KeptAcrossNodes(keeping, deps, stops, member)
+        return
+    secret = spec.secret
+    server = peer.PeerServer(address, secret, room=_room, node=node, own=keeper.copy_of)
+    port = await server.start()
+    sender = peer.Sender(secret, node, say=deps.console.say, sent=_sent(deps))
+
+    async def remote(source: Source, rank: int, step: int) -> int:
+        if source.peer is None:
+            raise OSError(f"node {source.node} serves no copies")
+        try:
+            return await peer.get(*source.peer, secret, node=source.node, rank=rank, step=step)
+        except peer.PeerError as exc:
+            raise OSError(str(exc)) from None
+
+    keeper.neighbours, keeper.remote = server, remote
+    keeper.on_step.append(sender.offer)
+    try:
+        yield KeptAcrossNodes(keeping, deps, stops, member, peer=(address, port), sender=sender)
+    finally:
+        keeper.on_step.remove(sender.offer)
+        keeper.neighbours = keeper.remote = None
+        await sender.close()
+        await server.close()
+
+
+def _sent(deps: AgentDeps) -> Written:
+    def sent(step: int, where: str, nbytes: int, seconds: float, state: str) -> None:
+        deps.events.emit(CheckpointWritten(step, "neighbour", where, nbytes, seconds,
+                                           "complete" if state == "complete" else "abandoned"))
+
+    return sent
+
+
 class KeptAcrossNodes(Feature):
     """Each round's part of kept progress on several nodes: the step agreed by every node of the round before its
     workers start (a round that moves on meanwhile, or a stop, leaves the attempt with nothing to resume: it is
-    stopped at once anyway)."""
+    stopped at once anyway), and the next node of the round's ring as the neighbour that holds this node's copies."""
 
-    def __init__(self, keeping: Keeping, deps: AgentDeps, stops: StopStream, member: Member) -> None:
+    def __init__(self, keeping: Keeping, deps: AgentDeps, stops: StopStream, member: Member, *,
+                 peer: tuple[str, int] | None = None, sender: Sender | None = None) -> None:
         self._keeping, self._deps, self._stops, self._member = keeping, deps, stops, member
-        keeping.keeper.node = member.info.id
+        self._peer, self._sender = peer, sender
 
     @contextlib.asynccontextmanager
     async def serving(self, round_: Round) -> AsyncIterator[None]:
         keeper, member, word = self._keeping.keeper, self._member, round_.word
         assert word is not None
         round_.env = (*round_.env, (ENV, self._keeping.env))
-        from rankrun.rendezvous.kept import agree  # noqa: PLC0415 - one node never loads the rendezvous
+        from rankrun.rendezvous.kept import agree, successor  # noqa: PLC0415 - one node never loads the rendezvous
 
         agreed: Plan | str = ""
         try:
             index, result = await first_of(
                 agree(member.store, member.keys, word.round, word.group_rank, word.group_world_size,
-                      mine=keeper.holdings(), lease=member.lease.id),
+                      mine=keeper.holdings(self._peer), lease=member.lease.id, peer=self._peer),
                 member.round_changed(word.round), self._stops.arrived())
             if index == 0:
                 agreed = result
+                if self._sender is not None:
+                    self._sender.to = await successor(member.store, member.keys, word.round, word.group_rank,
+                                                      word.group_world_size)
         except StoreUnavailable:
             pass  # the round's own watches say the store is gone; the attempt is stopped
         keeper.attempt_starts(round_.attempt, word.ranks.world_size, agreed)
@@ -205,4 +261,4 @@ class KeptAcrossNodes(Feature):
             keeper.attempt_ended()
 
 
-__all__ = ["Keeping", "KeptProgress", "keeping"]
+__all__ = ["Keeping", "KeptAcrossNodes", "KeptProgress", "across_nodes", "keeping", "record", "running"]

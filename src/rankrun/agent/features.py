@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from rankrun.agent import store_relay
-from rankrun.agent.checkpoint import Keeping, KeptAcrossNodes
+from rankrun.agent.checkpoint import Keeping, across_nodes
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure, failure_value
 from rankrun.agent.gate import HealthGate, unhealthy
@@ -52,14 +52,18 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
     host = session.coordinator is not None  # the host of the workers' store says if it cannot hold them
     features: list[Feature] = [gate]
     try:
-        async with _probe_endpoint(spec, address) as probe:
+        async with contextlib.AsyncExitStack() as stack:
+            probe = await stack.enter_async_context(_probe_endpoint(spec, address))
             if probe is not None:
                 features.append(NetworkCheck(spec, deps, stops, session, probe))
             if host:
                 features.append(OpenFiles(deps.console.say, spec, nodes=None if session.hosting else 0,
                                           relaying=lambda word: store_relay.wanted(spec, word, relayable=session.relayable)))
             env = WorkerEnv(await _collective_env(spec, deps, session.address))
-            progress = [KeptAcrossNodes(kept, deps, stops, member)] if kept is not None else []
+            progress: list[Feature] = []
+            if kept is not None:
+                progress.append(await stack.enter_async_context(across_nodes(kept, spec, deps, stops, member=member,
+                                                                           address=address)))
             features += [news, env, *progress, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
                          MemberReport(spec, deps, member)]
             yield Rounds(features, news, gate)

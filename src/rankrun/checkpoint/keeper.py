@@ -30,7 +30,7 @@ import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rankrun.checkpoint import slots, wire
 from rankrun.checkpoint.plan import Holding, Plan, Source, plan, summarize
@@ -99,6 +99,14 @@ OnDisk = tuple[int, int, Mapping[int, Path]]  # --checkpoint-dir's newest comple
 Remote = Callable[[Source, int, int], Awaitable[int]]  # (where, rank, step) -> a descriptor of another node's copy
 
 
+class Neighbours(Protocol):
+    """The copies this node holds for other nodes (``peer.PeerServer``)."""
+
+    def steps(self) -> dict[str, dict[int, list[tuple[int, int]]]]: ...
+
+    def find(self, rank: int, step: int) -> Any: ...  # a peer.Copy (fd, world, length) or None
+
+
 class Keeper:
     """The node's keeper (from ``start``), for the job's length; ``close`` frees everything."""
 
@@ -108,6 +116,7 @@ class Keeper:
         self._disk = disk  # the disk's newest complete step (--checkpoint-dir), read at each attempt's start
         self._on_disk: OnDisk | None = None
         self.remote: Remote | None = None  # several nodes: a rank's state from another node
+        self.neighbours: Neighbours | None = None  # several nodes: the copies this node holds for another (peer.py)
         self._files: list[Files] = []
         self._server: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -119,7 +128,9 @@ class Keeper:
         self._kept: dict[int, Kept] = {}
         self._loaded = Loaded()
         self._refused_said: set[int] = set()  # the sizes (in powers of two) already said: one line each
-        self.on_step: Callable[[int, int, dict[int, tuple[int, int]]], None] | None = None  # disk: step, world, copies
+        # who takes a copy of each step every local rank kept (the disk's writer, the neighbour's sender): each gets
+        # descriptors of its own, to close
+        self.on_step: list[Callable[[int, int, dict[int, tuple[int, int]]], None]] = []
         self.name = ""
 
     async def start(self) -> str:
@@ -142,6 +153,9 @@ class Keeper:
             for _, desc in slots.complete(files.view):
                 held.setdefault(desc.rank, []).append((desc.step, desc.world))
         found = summarize(held, "memory", self.node, peer)
+        if self.neighbours is not None:
+            for copies in self.neighbours.steps().values():
+                found += summarize(copies, "neighbour", self.node, peer)
         self._on_disk = self._disk() if self._disk is not None else None
         if self._on_disk is not None:
             step, world, paths = self._on_disk
@@ -296,11 +310,11 @@ class Keeper:
             del self._kept[step]
             self._told("kept", {"step": step, "ranks": sorted(kept.bytes), "bytes": sum(kept.bytes.values()),
                                 "seconds": max(kept.seconds.values())})
-            if self.on_step is not None:
+            if self.on_step:
                 self._spawn(self._copy_step(step))
 
     async def _copy_step(self, step: int) -> None:
-        """Copies of this node's ranks' ``step`` for the disk's writer (``on_step``): each slot copied, then its
+        """Copies of this node's ranks' ``step`` for the disk's writer and the neighbour (``on_step``): each slot copied, then its
         descriptor read again: a rank that began its next save into that slot meanwhile spoils the copy, and the step
         is skipped (a newer one follows)."""
         copies: dict[int, tuple[int, int]] = {}
@@ -320,8 +334,12 @@ class Keeper:
             for fd, _ in copies.values():
                 os.close(fd)
             return
-        if copies and self.on_step is not None:
-            self.on_step(step, world, copies)
+        takers = list(self.on_step)
+        for i, take in enumerate(takers):
+            take(step, world, copies if i == len(takers) - 1 else {r: (os.dup(fd), n) for r, (fd, n) in copies.items()})
+        if not takers:
+            for fd, _ in copies.values():
+                os.close(fd)
 
     async def _fetch(self, conn: socket.socket, rank: int, own: bool) -> None:
         resume = self.plan
@@ -350,18 +368,29 @@ class Keeper:
             os.close(fd)
 
     async def _open(self, rank: int, step: int, world: int, source: Source) -> int:
-        """A descriptor of ``rank``'s state of ``step`` that never changes: a copy of this node's slot, the disk's
-        file, or another node's copy; ``OSError`` when it cannot be had."""
+        """A descriptor of ``rank``'s state of ``step`` that never changes: a copy of this node's slot or of a copy it
+        holds for another node, the disk's file, or another node's copy; ``OSError`` when it cannot be had."""
         if source.where == "disk" and self._on_disk is not None and rank in self._on_disk[2]:
             return os.open(self._on_disk[2][rank], os.O_RDONLY | os.O_CLOEXEC)
-        if source.where == "memory" and source.node == self.node:
-            for files in self._files:
-                for index, desc in slots.complete(files.view):
-                    if (desc.rank, desc.step, desc.world) == (rank, step, world):
-                        return await asyncio.to_thread(snapshot, files.slots[index], desc.length)
-        if self.remote is not None and source.node != self.node:
+        if source.node == self.node:
+            mine = await self.copy_of(rank, step)
+            if mine is not None and mine[1] == world:
+                return mine[0]
+            if mine is not None:
+                os.close(mine[0])
+        elif self.remote is not None:
             return await self.remote(source, rank, step)
         raise OSError(f"not held on this node ({self.node or 'one node'})")
+
+    async def copy_of(self, rank: int, step: int) -> tuple[int, int, int] | None:
+        """A descriptor of ``rank``'s ``step`` held on this node (its own slots, else a neighbour's copy), that never
+        changes and is the caller's to close, with the step's world and bytes; ``None`` when it holds none."""
+        for files in self._files:
+            for index, desc in slots.complete(files.view):
+                if (desc.rank, desc.step) == (rank, step):
+                    return await asyncio.to_thread(snapshot, files.slots[index], desc.length), desc.world, desc.length
+        copy = self.neighbours.find(rank, step) if self.neighbours is not None else None
+        return None if copy is None else (os.dup(copy.fd), copy.world, copy.length)
 
     async def close(self) -> None:
         for task in list(self._tasks):

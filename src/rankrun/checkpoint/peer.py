@@ -59,6 +59,7 @@ NO_SECRET = ("no job secret (RANKRUN_RDZV_SECRET): the neighbour copy carries th
              "this node's memory only")
 
 _HEAD = struct.Struct(">cI")
+Own = Callable[[int, int], Awaitable[tuple[int, int, int] | None]]  # (rank, step) -> a fresh fd, its world, its bytes
 _T = TypeVar("_T")
 
 
@@ -237,7 +238,8 @@ class PeerServer:
 
     def __init__(self, host: str, secret: bytes | None, *, room: Callable[[int], str | None],
                  on_change: Callable[[], None] | None = None, timeout: float = TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS, floor: float = FLOOR_S) -> None:
+                 max_connections: int = MAX_CONNECTIONS, floor: float = FLOOR_S, node: str = "",
+                 own: Own | None = None) -> None:
         if not secret:
             raise PeerError(f"checkpoint peer: {NO_SECRET}")
         self.host = host
@@ -247,7 +249,9 @@ class PeerServer:
         self.timeout = timeout
         self.max_connections = max_connections
         self.floor = floor
+        self.node, self.own = node, own  # this launcher's node id, and its own ranks' kept steps for a get
         self._held: dict[tuple[str, int], Copy] = {}
+        self._before: dict[tuple[str, int], Copy] = {}  # the copy each newest one replaced: see _keep
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._rejected: set[str] = set()
@@ -285,15 +289,39 @@ class PeerServer:
         gone = [key for key in self._held if key[0] == node and (rank is None or key[1] == rank)]
         for key in gone:
             os.close(self._held.pop(key).fd)
+            if (before := self._before.pop(key, None)) is not None:
+                os.close(before.fd)
         if gone:
             self._changed()
 
     def _keep(self, node: str, rank: int, copy: Copy) -> None:
-        old = self._held.get((node, rank))
-        self._held[(node, rank)] = copy
+        """The newest copy of ``node``'s ``rank``, and the one it replaced: a node's ranks are put one after another,
+        so while a step is on its way some of them hold the new step and some the one before; with the one before
+        still held for every rank, the node's last complete step is always whole here."""
+        old = self._before.pop((node, rank), None)
         if old is not None:
             os.close(old.fd)  # only now: the new copy is complete
+        replaced = self._held.get((node, rank))
+        self._held[(node, rank)] = copy
+        if replaced is not None:
+            if replaced.step == copy.step:
+                os.close(replaced.fd)
+            else:
+                self._before[(node, rank)] = replaced
         self._changed()
+
+    def steps(self) -> dict[str, dict[int, list[tuple[int, int]]]]:
+        """node → rank → the (step, world) pairs held here, the newest first (the one before it too)."""
+        out: dict[str, dict[int, list[tuple[int, int]]]] = {}
+        for held in (self._held, self._before):
+            for (node, rank), copy in sorted(held.items()):
+                out.setdefault(node, {}).setdefault(rank, []).append((copy.step, copy.world))
+        return out
+
+    def find(self, rank: int, step: int) -> Copy | None:
+        """A copy of ``rank`` at ``step`` held here for any node (a rank's state of a step is one, whoever sent it)."""
+        return next((c for held in (self._held, self._before) for (_, r), c in held.items()
+                     if r == rank and c.step == step), None)
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -390,19 +418,29 @@ class PeerServer:
 
     async def _get(self, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
         node, rank, step = get_request(body)
-        copy = self._held.get((node, rank))
-        if copy is None:
-            raise _Refused(f"no copy of node {node} rank {rank} is held here")
-        if copy.step != step:
-            raise _Refused(f"the copy of node {node} rank {rank} held here is of step {copy.step}, not {step}")
-        fd = os.dup(copy.fd)  # the copy stays readable if a newer put replaces it meanwhile
+        if node == self.node and self.own is not None:  # this launcher's own ranks' kept step
+            mine = await self.own(rank, step)
+            if mine is None:
+                raise _Refused(f"rank {rank}'s step {step} is not kept on node {node}")
+            copy = Copy(fd=mine[0], step=step, world=mine[1], length=mine[2])  # a descriptor of its own: closed below
+        else:
+            held = self._held.get((node, rank))
+            if held is None:
+                raise _Refused(f"no copy of node {node} rank {rank} is held here")
+            if held.step != step:
+                held = self._before.get((node, rank))
+                if held is None or held.step != step:
+                    raise _Refused(f"the copy of node {node} rank {rank} held here is of step "
+                                   f"{self._held[(node, rank)].step}, not {step}")
+            copy = Copy(fd=os.dup(held.fd), step=held.step, world=held.world, length=held.length)  # readable if
+            # a newer put replaces it meanwhile
         try:
             writer.write(_encode(b"K", {"step": copy.step, "world": copy.world, "bytes": copy.length}))
             async with asyncio.timeout(deadline(copy.length, self.floor)):
                 await writer.drain()
-                await _send(writer, fd, copy.length)
+                await _send(writer, copy.fd, copy.length)
         finally:
-            os.close(fd)
+            os.close(copy.fd)
 
     async def close(self) -> None:
         server, self._server = self._server, None
@@ -414,8 +452,8 @@ class PeerServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
-        held, self._held = self._held, {}
-        for copy in held.values():
+        held, self._held, before, self._before = self._held, {}, self._before, {}
+        for copy in (*held.values(), *before.values()):
             os.close(copy.fd)
 
 
@@ -523,3 +561,66 @@ async def _call(addr: str, port: int, secret: bytes | None,
         raise PeerError(f"checkpoint peer {where}: {exc.strerror or exc}") from None
     except (ValueError, EOFError) as exc:
         raise PeerError(f"checkpoint peer {where}: not a rankrun keep endpoint ({exc})") from None
+
+
+Sent = Callable[[int, str, int, float, str], None]  # (step, the neighbour's address, bytes, seconds, complete|abandoned)
+
+
+class Sender:
+    """This node's kept steps put to its neighbour's keep endpoint (``to``), in the background: a step at a time, its
+    ranks one after another; a step offered while one is on its way waits, and only the newest waiting one is sent.
+    Failures are said once per neighbour (one line; the next step tries again). Called from the loop's thread."""
+
+    def __init__(self, secret: bytes, node: str, *, say: Callable[[str], None], sent: Sent | None = None) -> None:
+        self._secret, self._node, self._say, self._sent = secret, node, say, sent
+        self.to: tuple[str, int] | None = None  # the neighbour's keep endpoint, for this round
+        self._pending: tuple[int, int, dict[int, tuple[int, int]]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failed: set[tuple[str, int]] = set()
+
+    def offer(self, step: int, world: int, files: dict[int, tuple[int, int]]) -> None:
+        """A step's copies (rank → (fd, length): fds this sender owns and closes)."""
+        if self._pending is not None:
+            _close(self._pending[2])
+        self._pending = (step, world, files)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="rankrun-checkpoint-neighbour")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending is not None:
+            (step, world, files), self._pending = self._pending, None
+            to, started = self.to, loop.time()
+            try:
+                if to is None:
+                    continue
+                for rank, (fd, length) in sorted(files.items()):
+                    await put(*to, self._secret, node=self._node, rank=rank, step=step, world=world, fd=fd,
+                              length=length)
+                self._report(step, to, files, loop.time() - started, "complete")
+            except PeerError as exc:
+                self._report(step, to, files, loop.time() - started, "abandoned")
+                if to is not None and to not in self._failed:
+                    self._failed.add(to)
+                    self._say(f"checkpoint: the neighbour's copy of step {step} was not made: {exc}")
+            finally:
+                _close(files)
+
+    def _report(self, step: int, to: tuple[str, int] | None, files: dict[int, tuple[int, int]], seconds: float,
+                state: str) -> None:
+        if self._sent is not None and to is not None:
+            self._sent(step, f"{to[0]}:{to[1]}", sum(length for _, length in files.values()), seconds, state)
+
+    async def close(self) -> None:
+        if self._pending is not None:
+            _close(self._pending[2])
+            self._pending = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _close(files: dict[int, tuple[int, int]]) -> None:
+    for fd, _ in files.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)

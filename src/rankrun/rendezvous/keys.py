@@ -2,7 +2,7 @@
 
 Keys (small, but for a ``rankrun.launch`` job's values). Who writes them: a node its own (``nodes/``, ``result/``,
 ``unhealthy/``, ``stacks/answer/``, ``values/``, ``failures/``, ``netcheck/<round>/endpoint|link|re/``,
-``straggler/<round>/ask|window/``, ``kept/<round>/held/``), a round's group rank 0 ``kept/<round>/plan``; the
+``straggler/<round>/ask|window/``, ``kept/<round>/held|peer/``), a round's group rank 0 ``kept/<round>/plan``; the
 coordinator ``round``, ``assign/``, ``status``, ``closed``, ``blocklist/``,
 ``netcheck/<round>/reprobe|verdict``, ``straggler/<round>/time/`` and ``straggler/<round>/verdict``, and the
 ``unhealthy/`` key of a node its network check found unhealthy (on etcd, each elected coordinator in turn); whichever
@@ -36,6 +36,7 @@ node wins a compare-and-set, ``coordinator`` (the election) and ``job`` (the fir
     straggler/<round>/window/<node>  a node's latest window (``straggler.summary``), on the host's clock
     straggler/<round>/verdict        the host: the job's stragglers now (``straggler.summary``), which every node says
     kept/<round>/held/<g>   ``rankrun.checkpoint``: what the node of group rank g holds of the ranks' kept steps
+    kept/<round>/peer/<g>   where that node serves the neighbour's copy: the node of group rank g - 1 puts its steps there
     kept/<round>/plan       the round's group rank 0: the step the round resumes from, and where each rank's is read
 
 Each rendezvous record is written and read here, and only here: ``node_value``/``node_from``, ``RoundWord``,
@@ -183,6 +184,10 @@ class Keys:
 
     def kept_held(self, round_: int, group_rank: int) -> str:
         return f"{self.kept_holdings(round_)}{group_rank}"
+
+    def kept_peer(self, round_: int, group_rank: int) -> str:
+        """Where the node of group rank g serves the neighbour's copy (``checkpoint.peer``) in this round."""
+        return f"{self.root}kept/{round_}/peer/{group_rank}"
 
     def kept_plan(self, round_: int) -> str:
         return f"{self.root}kept/{round_}/plan"
