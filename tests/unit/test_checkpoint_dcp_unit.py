@@ -18,6 +18,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 from rankrun.checkpoint import client, serial  # noqa: E402 - after the skip
 from rankrun.checkpoint.dcp import FORMAT, MemoryReader, MemoryWriter, own_bytes, step_of  # noqa: E402
 from rankrun.checkpoint.keeper import Keeper  # noqa: E402
+from rankrun.checkpoint.plan import Plan  # noqa: E402
 
 # a world of one without a process group: DCP says it assumes one process, which is the point here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -64,7 +65,7 @@ async def test_dcp_save_keeps_the_step_with_its_metadata_and_dcp_load_reads_it(m
         for step in (3, 4):
             await asyncio.to_thread(dcp.save, _state(step), storage_writer=MemoryWriter(step), no_dist=True)
         _restart(keeper)
-        assert keeper.resume is not None and keeper.resume.step == 4
+        assert isinstance(keeper.plan, Plan) and keeper.plan.step == 4
         kept = await asyncio.to_thread(lambda: serial.load(client.connect(), None))
         assert kept is not None
         step, raw = kept
@@ -118,7 +119,7 @@ async def test_a_dcp_save_refused_for_room_keeps_nothing_and_returns(monkeypatch
         keeper.workers({os.getpid(): (0, 0)})
         await asyncio.to_thread(dcp.save, _state(1), storage_writer=MemoryWriter(1), no_dist=True)
         _restart(keeper)
-        assert keeper.resume is None
+        assert not isinstance(keeper.plan, Plan)
     finally:
         await keeper.close()
 
