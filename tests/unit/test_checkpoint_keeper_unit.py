@@ -204,3 +204,21 @@ def test_a_snapshot_copies_exactly_the_length_asked():
             snapshot(source, 20)
     finally:
         os.close(source)
+
+
+@runs
+async def test_an_attempt_with_kept_steps_but_none_common_says_so_once(monkeypatch):
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen, nproc=2)
+    try:
+        keeper.attempt_starts(0, 2)
+        keeper.workers({os.getpid(): (0, 0)})
+        kept = await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(_save, kept, 1, b"x" * 10)  # rank 1 never kept anything
+        for attempt in (1, 2):
+            assert keeper.attempt_starts(attempt, 2) == "no step is kept by every rank: rank 0 kept step 1, rank 1 kept nothing"
+        assert seen.lines == ["checkpoint: attempt 1 has no step to resume from (no step is kept by every rank: rank 0 "
+                              "kept step 1, rank 1 kept nothing); without --checkpoint-dir holding one, its ranks start "
+                              "from the beginning"]
+    finally:
+        await keeper.close()

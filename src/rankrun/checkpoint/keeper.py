@@ -125,6 +125,7 @@ class Keeper:
         self._known = asyncio.Event()
         self.attempt, self.world = 0, 0
         self.plan: Plan | str = ""  # the step the running attempt resumes from, or why none ("": nothing kept)
+        self._said_none = ""
         self._kept: dict[int, Kept] = {}
         self._loaded = Loaded()
         self._refused_said: set[int] = set()  # the sizes (in powers of two) already said: one line each
@@ -169,6 +170,10 @@ class Keeper:
         self._workers, self._known = {}, asyncio.Event()
         self._loaded = Loaded()
         self.plan = agreed if agreed is not None else plan(self.holdings())
+        if isinstance(self.plan, str) and self.plan and self.plan != self._said_none:  # something kept, no step whole
+            self._said_none = self.plan
+            self._say(f"checkpoint: attempt {attempt} has no step to resume from ({self.plan}); without "
+                      "--checkpoint-dir holding one, its ranks start from the beginning")
         return self.plan
 
     def workers(self, pids: Mapping[int, tuple[int, int]]) -> None:
