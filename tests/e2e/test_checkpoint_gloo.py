@@ -121,25 +121,38 @@ def test_a_preempted_job_leaves_its_newest_step_on_disk_and_a_fresh_job_resumes_
     assert json.loads(next((kept / "step_000000012").glob("node_*.json")).read_text())["ranks"] == "0-1"
 
 
-def test_a_lost_nodes_ranks_resume_from_the_neighbours_copy(launch, tmp_path, whole):
+@pytest.mark.parametrize("spare", [True, False], ids=["a-spare-takes-its-place", "the-world-shrinks"])
+def test_a_lost_nodes_ranks_resume_from_the_neighbours_copy(launch, tmp_path, whole, spare):
     """Two nodes of one rank each hold after step 5 (each has put its steps to the other, the ring's next node);
-    node B's launcher is SIGKILLed (its rank dies with it); the spare C takes B's place, and its rank 1 loads B's
-    step from A's copy over the network: no directory, and the job ends as an uninterrupted run does."""
+    node B's launcher is SIGKILLed (its rank dies with it). With a spare, C takes B's place and its rank 1 loads B's
+    step from A's copy over the network: no directory, and the job ends as an uninterrupted run does. Without one
+    (``--nnodes 1:2``), A goes on alone: its rank's ``load()`` refuses the changed world, and ``load(rank=0)`` and
+    ``load(rank=1)`` give both old ranks' step 5 (rank 1's from the copy A holds)."""
     endpoint = fresh_loopback()
-    conf = ("--rdzv-conf", "last_call_timeout=0.2,keep_alive_interval=0.5,keep_alive_max_attempt=2")
+    # B's loss noticed within 3 s, and no node lost for a late keep-alive on a busy machine
+    conf = "last_call_timeout=0.2,keep_alive_interval=0.5,keep_alive_max_attempt=6"
     env = clean_environ() | {"RANKRUN_RDZV_SECRET": "kept", "OUT": str(tmp_path), "HOLD_AT": "5",
                              "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
 
-    def node(name: str, addr: str) -> Launcher:
-        return launch("--nnodes", "2:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:29400", "--rdzv-id",
-                      "lost", *conf, "--local-addr", addr, "--nproc-per-node", "1", "--preload", "torch", "--events",
+    def node(name: str, addr: str) -> Launcher:  # A hosts the job's store, whoever binds first: it is never killed
+        return launch("--nnodes", "2:2" if spare else "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      f"{endpoint}:29400", "--rdzv-id", "lost", "--rdzv-conf", f"{conf},is_host={name == 'a'}",
+                      "--local-addr", addr, "--nproc-per-node", "1", "--preload", "torch", "--events",
                       str(tmp_path / f"{name}.jsonl"), payload("keep_steps.py"), env=env)
 
-    a = node("a", endpoint)  # the host: it serves the job's store and stays
+    a = node("a", endpoint)
     b = node("b", fresh_loopback())
     for launcher in (a, b):
         launcher.wait_for(r"HELD 5", timeout=120)
     _until(lambda: ("b", 5) in _copies(tmp_path), 60)  # B's step 5 complete at A
+    if not spare:
+        b.proc.kill()
+        b.finish()
+        assert a.finish(timeout=180) == 0, a.err
+        (alone,) = [v for k, v in _results(tmp_path).items() if k.startswith("0.")]
+        assert (alone["resumed"], alone["ran"], alone["world"]) == (5, [6, 7, 8, 9, 10, 11, 12], 1)
+        assert alone["resharded"] == {"steps": [5, 5], "same": True}
+        return
     c = node("c", fresh_loopback())
     c.wait_for(r"this node waits as a spare", timeout=60)
     b.proc.kill()

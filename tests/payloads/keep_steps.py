@@ -4,7 +4,8 @@ Each rank of a gloo group trains a small linear model for ``STEPS`` steps: the d
 and the rank, the gradients are averaged with an all-reduce, the learning rate is a function of the step, and every
 step ends with ``save(step, {model, optimizer, torch's RNG state})``. At its start a rank ``load()``s: the kept step's
 state, or nothing (step 0, the seeded initial model). Rank ``KILL_RANK`` SIGKILLs itself in step ``KILL_AT`` of attempt
-0, before that step's save; with ``HOLD_AT``, every rank of attempt 0 prints ``HELD <step>`` after that step's save and
+0, before that step's save; a rank whose world changed since the kept step loads old ranks 0 and 1 by rank (their
+models are the same: gradients are averaged) and goes on from rank 0's; with ``HOLD_AT``, every rank of attempt 0 prints ``HELD <step>`` after that step's save and
 waits there (for the test's SIGTERM). Each rank writes ``$OUT/<rank>.<attempt>.json``: the step it resumed from, the steps it ran,
 and its final parameters.
 """
@@ -33,7 +34,14 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    kept = rankrun.checkpoint.load()
+    resharded = None
+    try:
+        kept = rankrun.checkpoint.load()
+    except ValueError:  # the world changed: every old rank's state is there, by rank, to re-shard from
+        kept, other = rankrun.checkpoint.load(rank=0), rankrun.checkpoint.load(rank=1)
+        assert kept is not None and other is not None
+        resharded = {"steps": [kept[0], other[0]], "same": all(
+            torch.equal(a, b) for a, b in zip(kept[1]["model"].values(), other[1]["model"].values(), strict=True))}
     first = 1
     if kept is not None:
         step, state = kept
@@ -61,7 +69,8 @@ def main() -> None:
         if attempt == 0 and step == int(os.environ.get("HOLD_AT", "-1")):  # a preemption's SIGTERM comes here
             print(f"HELD {step}", flush=True)
             time.sleep(120)
-    result = {"resumed": first - 1, "ran": ran, "params": [p.tolist() for p in model.parameters()]}
+    result = {"resumed": first - 1, "ran": ran, "params": [p.tolist() for p in model.parameters()],
+              "world": dist.get_world_size(), "resharded": resharded}
     with open(os.path.join(os.environ["OUT"], f"{rank}.{attempt}.json"), "w") as fh:
         json.dump(result, fh)
     dist.destroy_process_group()
