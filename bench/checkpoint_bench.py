@@ -17,6 +17,12 @@
   rankrun with ``rankrun.checkpoint.save`` every step, cold and ``--preload torch``; and the same restart without
   it, where the script ``torch.save``s every ``DISK_EVERY`` steps to a local file and ``torch.load``s it at its start,
   under rankrun (cold) and under torchrun (with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as ``warm_bench.py``).
+- **the neighbour's copy**: two nodes on loopback (c10d, each its own fresh ``--local-addr``, ``RANKRUN_RDZV_SECRET``
+  set), one rank each (``payloads/ckpt_neighbour.py``), per size (10 MB, 100 MB) one job saving every step for
+  ``NEIGHBOUR_STEPS`` steps with a ``NEIGHBOUR_PAUSE`` s pause after each; each node's ``--events`` file gives, per
+  step, the time from its ``checkpoint.kept`` event to its ``checkpoint.written`` event with ``to: "neighbour"``,
+  ``state: "complete"`` (the events' ``mono``, one clock on one machine), and the copy's throughput (its bytes ÷ those
+  seconds). The machine's load average and the other processes' share of its CPU during the jobs are reported with it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 from collections.abc import Sequence
@@ -35,10 +42,15 @@ from harness import (
     TORCHRUN,
     BenchError,
     Launcher,
+    cpu_mark,
+    finish,
+    foreign_load,
     log,
     pycache,
     run_timed,
     scratch,
+    start,
+    tail,
 )
 from report import Row, Target, fmt_samples, text_table
 
@@ -57,6 +69,10 @@ LOAD_WAYS = (("rankrun", "rankrun.checkpoint.load() (tensors mapped)"),
              ("torch_load", "torch.load(file)"), ("torch_load_copy", "torch.load(file) + copy into the model"),
              ("dcp", "dcp.load into the model (copies in place)"))
 ONE_RANK = Launcher("rankrun", "rankrun", RANKRUN.argv, ("--standalone", "--max-restarts", "1"))
+NEIGHBOUR_PAYLOAD = PAYLOADS / "ckpt_neighbour.py"
+NEIGHBOUR_SIZES = (10_000_000, 100_000_000)  # per rank (one rank per node)
+NEIGHBOUR_STEPS = 6
+NEIGHBOUR_PAUSE = 1.0  # seconds after each save: a step's time, so that a copy completes before the next save
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,55 @@ def restart_from(records: dict[tuple[int, int], dict[str, object]], fail_ts: flo
                    resumed.pop(), saves)
 
 
+@dataclass(frozen=True)
+class Copy:
+    """One step's copy to the neighbour node, from one node's events."""
+
+    node: int
+    step: int
+    after: float  # seconds from the node's ``checkpoint.kept`` of the step to its neighbour copy's completion
+    seconds: float  # the ``checkpoint.written`` event's own (from the step's being kept, as the sender saw it)
+    nbytes: int
+
+
+def copies_from(events: Sequence[dict[str, object]], node: int) -> tuple[list[Copy], list[int]]:
+    """The neighbour copies one node's events say are complete, by step, and the kept steps with none (abandoned:
+    overtaken by a later save, or never sent)."""
+    kept: dict[int, float] = {}
+    done: dict[int, dict[str, object]] = {}
+    for e in events:
+        if e.get("event") == "checkpoint.kept" and e.get("state") == "kept":
+            kept[int(e["step"])] = float(e["mono"])  # type: ignore[call-overload, arg-type]
+        elif e.get("event") == "checkpoint.written" and e.get("to") == "neighbour" and e.get("state") == "complete":
+            done[int(e["step"])] = e  # type: ignore[call-overload]
+    copies = [Copy(node, step, float(done[step]["mono"]) - mono, float(done[step]["seconds"]),  # type: ignore[arg-type]
+                   int(done[step]["bytes"]))  # type: ignore[call-overload]
+              for step, mono in sorted(kept.items()) if step in done]
+    return copies, sorted(set(kept) - set(done))
+
+
+@dataclass
+class Neighbour:
+    """One two-node job's neighbour copies."""
+
+    copies: list[Copy]
+    missing: list[tuple[int, int]]  # (node, step) kept with no complete copy
+    loadavg: float  # the 1-minute load average at the job's start
+    foreign: float  # the share of the machine's CPU other processes used during the job
+
+    def after(self) -> list[float]:
+        return [c.after for c in self.copies]
+
+    def gbps(self) -> list[float]:
+        return [gbps(c.nbytes, c.after) for c in self.copies]
+
+
+def _fresh_address() -> str:
+    """A loopback address outside 127.0.0.x, random (as against.py): the rendezvous's fixed port cannot collide."""
+    a, b, c = os.urandom(3)
+    return f"127.{1 + a % 254}.{b}.{1 + c % 254}"
+
+
 # --------------------------------------------------------------------------- the jobs
 
 
@@ -165,6 +230,35 @@ def measure_restart(variant: Variant) -> Restart:
     return restart_from(records, fail_ts)
 
 
+def measure_neighbour(nbytes: int, steps: int = NEIGHBOUR_STEPS) -> Neighbour:
+    """Two nodes of one rank each saving ``nbytes`` every step; each node's neighbour copies, from its events."""
+    host, other = _fresh_address(), _fresh_address()
+    loadavg, mark = os.getloadavg()[0], cpu_mark()
+    with scratch("ckpt-neighbour") as tmp:
+        procs = []
+        for i, addr in enumerate((host, other)):
+            argv = RANKRUN.command(1, NEIGHBOUR_PAYLOAD, [str(nbytes), str(steps), str(NEIGHBOUR_PAUSE)],
+                                   ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:29400",
+                                    "--rdzv-id", f"neighbour-{nbytes}", "--local-addr", addr, "--max-restarts", "0",
+                                    "--events", str(tmp / f"node{i}.jsonl")])
+            with (tmp / f"node{i}.err").open("wb") as err:
+                procs.append(start(argv, stderr=err.fileno(), extra_env={"RANKRUN_RDZV_SECRET": "bench"}))
+        rcs = [finish(proc, 120 + steps * NEIGHBOUR_PAUSE).rc for proc in procs]
+        if rcs != [0, 0]:
+            raise BenchError(f"neighbour {size_label(nbytes)}: the nodes exited {rcs}; stderr tails:\n"
+                             + "\n".join(tail(tmp / f"node{i}.err") for i in (0, 1)))
+        copies: list[Copy] = []
+        missing: list[tuple[int, int]] = []
+        for i in (0, 1):
+            events = [json.loads(line) for line in (tmp / f"node{i}.jsonl").read_text().splitlines() if line]
+            got, lost = copies_from(events, i)
+            copies += got
+            missing += [(i, step) for step in lost]
+    if not copies:
+        raise BenchError(f"neighbour {size_label(nbytes)}: no neighbour copy completed (missing {missing})")
+    return Neighbour(copies, missing, loadavg, foreign_load(mark, cpu_mark())[0])
+
+
 def warm_up() -> None:
     """torchrun's own modules into the run's bytecode cache (the save jobs, first, do torch's, dcp's and rankrun's)."""
     timed = run_timed([*TORCHRUN.argv, "--help"], timeout=120, stdout=subprocess.DEVNULL)
@@ -183,6 +277,7 @@ class Result:
     save: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # size → way → seconds
     load: dict[int, dict[str, float]] = field(default_factory=dict)  # size → way → seconds
     restarts: dict[str, list[Restart]] = field(default_factory=dict)  # variant key → jobs
+    neighbour: dict[int, Neighbour] = field(default_factory=dict)  # size → its two-node job
 
     def restart_values(self, key: str, attr: str) -> list[float]:
         return [float(getattr(r, attr)) for r in self.restarts.get(key, [])]
@@ -192,7 +287,8 @@ class Result:
         return statistics.median(values) if values else math.nan
 
 
-def run(sizes: Sequence[int], saves: Sequence[int], reps: int) -> Result:
+def run(sizes: Sequence[int], saves: Sequence[int], reps: int,
+        neighbour_sizes: Sequence[int] = NEIGHBOUR_SIZES) -> Result:
     result = Result(tuple(sizes), dict(zip(sizes, saves, strict=True)), reps)
     for nbytes, count in result.saves.items():
         result.save[nbytes], result.load[nbytes] = measure_save(nbytes, count)
@@ -206,6 +302,11 @@ def run(sizes: Sequence[int], saves: Sequence[int], reps: int) -> Result:
             result.restarts.setdefault(variant.key, []).append(measure_restart(variant))
         log(f"  checkpoint restart rep {rep + 1}/{reps}: " + ", ".join(
             f"{v.label} {result.restart_values(v.key, 'loaded')[-1] * 1000:.0f} ms" for v in VARIANTS))
+    for nbytes in neighbour_sizes:
+        job = result.neighbour[nbytes] = measure_neighbour(nbytes)
+        log(f"  checkpoint neighbour {size_label(nbytes)}: copy complete after the save, median "
+            f"{statistics.median(job.after()) * 1000:.0f} ms, max {max(job.after()) * 1000:.0f} ms "
+            f"({len(job.copies)} copies, {len(job.missing)} missing; load average {job.loadavg:.1f})")
     return result
 
 
@@ -237,6 +338,14 @@ def rows(result: Result) -> list[Row]:
     out.append(Row(f"checkpoint: completed steps lost by that failure (rank 1 killed in step {KILL_AT}; disk save every "
                    f"{DISK_EVERY} steps)", "steps", rankrun=KILL_AT - 1 - result.restart_median(KEEP_COLD.key, "resumed"),
                    torchrun=KILL_AT - 1 - result.restart_median(DISK_TORCHRUN.key, "resumed"), compare=False))
+    for nbytes, job in result.neighbour.items():
+        label, after = size_label(nbytes), job.after()
+        for which, value in (("median", statistics.median(after)), ("max", max(after))):
+            out.append(Row(f"checkpoint: the neighbour's copy complete after a save of {label}, {which} (2 nodes on "
+                           "loopback, 1 rank each)", "ms", rankrun=value * 1000, torchrun=math.nan, compare=False))
+        out.append(Row(f"checkpoint: the neighbour's copy of {label}, throughput (median: bytes ÷ save → complete)",
+                       "GB/s", rankrun=statistics.median(job.gbps()), torchrun=math.nan,
+                       decimals=2, compare=False))
     return out
 
 
@@ -310,6 +419,20 @@ def _restart_table(result: Result) -> list[str]:
     return lines
 
 
+def _neighbour_table(result: Result) -> list[str]:
+    lines = ["| state (per rank) | copies complete / kept | save → complete, median (ms) | max (ms) | every copy (ms, "
+             "node 0's steps then node 1's) | throughput, median (GB/s) | the events' own seconds, median (ms) | "
+             "load average at start | other processes' CPU share |", "|---|---|---|---|---|---|---|---|---|"]
+    for nbytes, job in result.neighbour.items():
+        after = job.after()
+        lines.append(f"| {size_label(nbytes)} | {len(job.copies)} / {len(job.copies) + len(job.missing)} | "
+                     f"{statistics.median(after) * 1000:,.0f} | {max(after) * 1000:,.0f} | {_ms(after)} | "
+                     f"{statistics.median(job.gbps()):.2f} | "
+                     f"{statistics.median(c.seconds for c in job.copies) * 1000:,.0f} | {job.loadavg:.1f} | "
+                     f"{job.foreign:.0%} |")
+    return lines
+
+
 def details(result: Result) -> list[str]:
     return [
         "### Kept progress (`rankrun.checkpoint`)",
@@ -340,6 +463,18 @@ def details(result: Result) -> list[str]:
         "",
         *_restart_table(result),
         "",
+        *([] if not result.neighbour else [
+            "**The neighbour's copy**: two nodes on loopback (`--nnodes 2`, c10d, each its own `--local-addr`, "
+            "`RANKRUN_RDZV_SECRET` set), one rank each (`bench/payloads/ckpt_neighbour.py`), saving every step for "
+            f"{NEIGHBOUR_STEPS} steps with a {NEIGHBOUR_PAUSE:g} s pause after each; each node puts each step it kept "
+            "to the other in the background. Per copy: from the node's `checkpoint.kept` event of the step to its "
+            "`checkpoint.written` event (`to: neighbour`, `state: complete`) of the same step (the events' `mono`); "
+            "throughput = the copy's bytes ÷ 10⁹ ÷ those seconds. Both nodes, their ranks and the copies share this "
+            f"machine's {os.cpu_count()} CPUs: the copy competes with training for the CPU.",
+            "",
+            *_neighbour_table(result),
+            "",
+        ]),
     ]
 
 
