@@ -19,7 +19,7 @@
   under rankrun (cold) and under torchrun (with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as ``warm_bench.py``).
 - **the neighbour's copy**: two nodes on loopback (c10d, each its own fresh ``--local-addr``, ``RANKRUN_RDZV_SECRET``
   set), one rank each (``payloads/ckpt_neighbour.py``), per size (10 MB, 100 MB) one job saving every step for
-  ``NEIGHBOUR_STEPS`` steps with a ``NEIGHBOUR_PAUSE`` s pause after each; each node's ``--events`` file gives, per
+  ``NEIGHBOUR_STEPS`` steps with a pause after each (``NEIGHBOUR_PAUSE``: 1 s, 2 s); each node's ``--events`` file gives, per
   step, the time from its ``checkpoint.kept`` event to its ``checkpoint.written`` event with ``to: "neighbour"``,
   ``state: "complete"`` (the events' ``mono``, one clock on one machine), and the copy's throughput (its bytes ÷ those
   seconds). The machine's load average and the other processes' share of its CPU during the jobs are reported with it.
@@ -72,7 +72,10 @@ ONE_RANK = Launcher("rankrun", "rankrun", RANKRUN.argv, ("--standalone", "--max-
 NEIGHBOUR_PAYLOAD = PAYLOADS / "ckpt_neighbour.py"
 NEIGHBOUR_SIZES = (10_000_000, 100_000_000)  # per rank (one rank per node)
 NEIGHBOUR_STEPS = 6
-NEIGHBOUR_PAUSE = 1.0  # seconds after each save: a step's time, so that a copy completes before the next save
+# seconds after each save, by size: a step's time, long enough for a copy to complete before the next save (a copy
+# still under way when the next step is kept makes it wait, the newest waiting wins: 100 MB with 1 s here had 5 of 12
+# copies overtaken and the rest 3.2 s from their save, a queue's time, not a copy's)
+NEIGHBOUR_PAUSE = {10_000_000: 1.0, 100_000_000: 2.0}
 
 
 @dataclass(frozen=True)
@@ -232,18 +235,19 @@ def measure_restart(variant: Variant) -> Restart:
 
 def measure_neighbour(nbytes: int, steps: int = NEIGHBOUR_STEPS) -> Neighbour:
     """Two nodes of one rank each saving ``nbytes`` every step; each node's neighbour copies, from its events."""
+    pause = NEIGHBOUR_PAUSE.get(nbytes, 1.0)
     host, other = _fresh_address(), _fresh_address()
     loadavg, mark = os.getloadavg()[0], cpu_mark()
     with scratch("ckpt-neighbour") as tmp:
         procs = []
         for i, addr in enumerate((host, other)):
-            argv = RANKRUN.command(1, NEIGHBOUR_PAYLOAD, [str(nbytes), str(steps), str(NEIGHBOUR_PAUSE)],
+            argv = RANKRUN.command(1, NEIGHBOUR_PAYLOAD, [str(nbytes), str(steps), str(pause)],
                                    ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:29400",
                                     "--rdzv-id", f"neighbour-{nbytes}", "--local-addr", addr, "--max-restarts", "0",
                                     "--events", str(tmp / f"node{i}.jsonl")])
             with (tmp / f"node{i}.err").open("wb") as err:
                 procs.append(start(argv, stderr=err.fileno(), extra_env={"RANKRUN_RDZV_SECRET": "bench"}))
-        rcs = [finish(proc, 120 + steps * NEIGHBOUR_PAUSE).rc for proc in procs]
+        rcs = [finish(proc, 120 + steps * pause).rc for proc in procs]
         if rcs != [0, 0]:
             raise BenchError(f"neighbour {size_label(nbytes)}: the nodes exited {rcs}; stderr tails:\n"
                              + "\n".join(tail(tmp / f"node{i}.err") for i in (0, 1)))
@@ -466,7 +470,9 @@ def details(result: Result) -> list[str]:
         *([] if not result.neighbour else [
             "**The neighbour's copy**: two nodes on loopback (`--nnodes 2`, c10d, each its own `--local-addr`, "
             "`RANKRUN_RDZV_SECRET` set), one rank each (`bench/payloads/ckpt_neighbour.py`), saving every step for "
-            f"{NEIGHBOUR_STEPS} steps with a {NEIGHBOUR_PAUSE:g} s pause after each; each node puts each step it kept "
+            f"{NEIGHBOUR_STEPS} steps with a pause after each (" + ", ".join(
+                f"{size_label(n)} {NEIGHBOUR_PAUSE.get(n, 1.0):g} s" for n in result.neighbour) + ": a copy still "
+            "under way when the next step is kept makes that step wait); each node puts each step it kept "
             "to the other in the background. Per copy: from the node's `checkpoint.kept` event of the step to its "
             "`checkpoint.written` event (`to: neighbour`, `state: complete`) of the same step (the events' `mono`); "
             "throughput = the copy's bytes ÷ 10⁹ ÷ those seconds. Both nodes, their ranks and the copies share this "
