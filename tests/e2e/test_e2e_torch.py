@@ -57,6 +57,8 @@ def test_worker_env_nproc4_matches_golden_and_torchrun(tmp_path, private_tmpdir)
     # rankrun's one addition: the Flight Recorder's buffer for the straggler watch's arrivals (--straggler-window,
     # on by default), where the user configured none (docs/options.md, the worker's environment)
     assert [e.pop("TORCH_FR_BUFFER_SIZE") for e in ours.values()] == ["300"] * 4
+    # and the keeper of kept progress (rankrun.checkpoint): the same socket for every worker of the node
+    assert len({e.pop("RANKRUN_CHECKPOINT") for e in ours.values()}) == 1
     assert {r: _normalise(e) for r, e in ours.items()} == {r: _normalise(e) for r, e in theirs.items()}
     assert {r: e["MASTER_ADDR"] for r, e in ours.items()} == {str(r): "127.0.0.1" for r in range(4)}
     assert len({e["MASTER_PORT"] for e in ours.values()}) == 1

@@ -230,7 +230,7 @@ class CheckpointWritten(Stamp):
     to: CopyTarget
     where: str  # the neighbour node's address, or the disk path
     bytes: int
-    seconds: float  # from the step's being kept to the copy's being complete (or abandoned)
+    seconds: float  # the copy's own time, from its start to complete (or abandoned); it starts after the copy before it
     state: CopyState
 
 
