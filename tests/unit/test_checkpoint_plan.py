@@ -18,7 +18,7 @@ from rankrun.checkpoint.plan import (
     plan_value,
     summarize,
 )
-from rankrun.rendezvous.kept import agree
+from rankrun.rendezvous.kept import agree, successor
 from rankrun.rendezvous.keys import Keys
 from rankrun.store.memory import MemoryStore
 
@@ -87,3 +87,34 @@ def test_every_node_gets_the_plan_group_rank_0_computed():
     results = asyncio.run(main())
     expected = Plan(11, 8, (Source("0-3", "memory", "n1", A), Source("4-7", "memory", "n2", B)))
     assert results == [expected] * 3
+
+
+def test_the_first_node_waits_for_late_holdings_and_skips_what_is_not_a_nodes():
+    """Group rank 0 writes first: it waits for the others' keys as they come; a key that is not a group rank, a group
+    rank outside the round and unreadable holdings do not count as a node's (the last counts as holding nothing)."""
+    store, keys = MemoryStore(), Keys.for_run("job")
+
+    async def main() -> tuple[Plan | str, Plan | str]:
+        first = asyncio.ensure_future(agree(store, keys, 7, 0, 3, mine=[Holding("0", ((4, 3),), "memory", "n0", A)]))
+        await asyncio.sleep(0)
+        await store.put(keys.kept_holdings(7) + "junk", b"[]")
+        await store.put(keys.kept_held(7, 5), holdings_value([Holding("1-2", ((4, 3),), "memory", "n5", B)]))
+        await store.put(keys.kept_held(7, 2), b"not json")
+        assert not first.done()
+        second = await agree(store, keys, 7, 1, 3, mine=[Holding("1-2", ((4, 3),), "memory", "n1", B)])
+        return await first, second
+
+    first, second = asyncio.run(main())
+    expected = Plan(4, 3, (Source("0", "memory", "n0", A), Source("1-2", "memory", "n1", B)))
+    assert first == second == expected
+
+
+def test_each_node_finds_the_next_nodes_keep_endpoint():
+    store, keys = MemoryStore(), Keys.for_run("job")
+
+    async def main() -> list[tuple[str, int] | None]:
+        await asyncio.gather(*(agree(store, keys, 3, g, 3, mine=[], peer=peer) for g, peer in enumerate((A, B, C))))
+        found = [await successor(store, keys, 3, g, 3) for g in range(3)]
+        return [*found, await successor(store, keys, 3, 0, 1), await successor(store, keys, 4, 0, 2)]
+
+    assert asyncio.run(main()) == [B, C, A, None, None]  # the ring wraps; one node has none; no key, none
