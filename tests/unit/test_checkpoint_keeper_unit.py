@@ -14,7 +14,7 @@ import pytest
 
 from rankrun.checkpoint import client, slots
 from rankrun.checkpoint.keeper import Keeper, snapshot
-from rankrun.checkpoint.plan import Plan
+from rankrun.checkpoint.plan import Holding, Plan, Source
 from rankrun.checkpoint.slots import COMPLETE, Desc
 
 
@@ -220,5 +220,119 @@ async def test_an_attempt_with_kept_steps_but_none_common_says_so_once(monkeypat
         assert seen.lines == ["checkpoint: attempt 1 has no step to resume from (no step is kept by every rank: rank 0 "
                               "kept step 1, rank 1 kept nothing); without --checkpoint-dir holding one, its ranks start "
                               "from the beginning"]
+    finally:
+        await keeper.close()
+
+
+class FakeCopy:
+    def __init__(self, fd: int, world: int, length: int) -> None:
+        self.fd, self.world, self.length = fd, world, length
+
+
+class Held:
+    """The copies a node holds for its neighbour (``peer.PeerServer``'s part the keeper reads), in memory files."""
+
+    def __init__(self, copies: dict[str, dict[int, list[tuple[int, int, bytes]]]]) -> None:
+        self.files: dict[tuple[int, int], FakeCopy] = {}
+        self.copies = copies
+        for ranks in copies.values():
+            for rank, held in ranks.items():
+                for step, world, data in held:
+                    fd = os.memfd_create("test-held")
+                    os.write(fd, data)
+                    self.files[(rank, step)] = FakeCopy(fd, world, len(data))
+
+    def steps(self) -> dict[str, dict[int, list[tuple[int, int]]]]:
+        return {node: {rank: [(s, w) for s, w, _ in held] for rank, held in ranks.items()}
+                for node, ranks in self.copies.items()}
+
+    def find(self, rank: int, step: int) -> FakeCopy | None:
+        return self.files.get((rank, step))
+
+    def close(self) -> None:
+        for copy in self.files.values():
+            os.close(copy.fd)
+
+
+@runs
+async def test_what_a_node_holds_its_memory_its_neighbours_copies_and_the_disks_step(monkeypatch, tmp_path):
+    rank_file = tmp_path / "rank_1.pt"
+    rank_file.write_bytes(b"on disk")
+    seen = Seen()
+    keeper = Keeper(2, say=seen.lines.append, told=lambda what, facts: None, room=lambda growth: None,
+                    disk=lambda: (3, 2, {0: tmp_path / "none", 1: rank_file}), node="n1")
+    monkeypatch.setenv("RANKRUN_CHECKPOINT", await keeper.start())
+    held = Held({"n0": {4: [(6, 8, b"four at 6"), (5, 8, b"four at 5")], 5: [(6, 8, b"five at 6")]}})
+    keeper.neighbours = held
+    try:
+        keeper.attempt_starts(0, 2)
+        keeper.workers({os.getpid(): (0, 0)})
+        kept = await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(_save, kept, 7, b"own")
+        peer = ("10.0.0.1", 9)
+        assert keeper.holdings(peer) == [
+            Holding("0", ((7, 2),), "memory", "n1", peer),
+            Holding("4", ((6, 8), (5, 8)), "neighbour", "n1", peer), Holding("5", ((6, 8),), "neighbour", "n1", peer),
+            Holding("0-1", ((3, 2),), "disk", "n1", None)]
+        for (rank, step), (data, world) in {(0, 7): (b"own", 2), (4, 5): (b"four at 5", 8)}.items():
+            found = await keeper.copy_of(rank, step)
+            assert found is not None
+            fd, got_world, length = found
+            assert (os.pread(fd, 100, 0), got_world, length) == (data, world, len(data))
+            os.close(fd)
+        assert await keeper.copy_of(4, 7) is None
+        # where an attempt's rank is read from: this node's copies (of the right world), the disk, another node
+        asked: list[tuple[Source, int, int]] = []
+
+        async def remote(source: Source, rank: int, step: int) -> int:
+            asked.append((source, rank, step))
+            fd = os.memfd_create("test-remote")
+            os.write(fd, b"remote")
+            return fd
+
+        keeper.remote = remote
+        for source, rank, step, world, data in (
+                (Source("4", "neighbour", "n1"), 4, 6, 8, b"four at 6"), (Source("0-1", "disk", "n1"), 1, 3, 2, b"on disk"),
+                (Source("2", "memory", "n2", ("10.0.0.2", 9)), 2, 6, 8, b"remote")):
+            fd = await keeper._open(rank, step, world, source)
+            assert os.pread(fd, 100, 0) == data
+            os.close(fd)
+        assert asked == [(Source("2", "memory", "n2", ("10.0.0.2", 9)), 2, 6)]
+        for source, rank, step, world in ((Source("4", "neighbour", "n1"), 4, 6, 9), (Source("9", "memory", "n1"), 9, 6, 8)):
+            with pytest.raises(OSError, match="not held on this node"):
+                await keeper._open(rank, step, world, source)
+    finally:
+        held.close()
+        await keeper.close()
+
+
+@runs
+async def test_each_taker_of_a_kept_step_gets_copies_of_its_own(monkeypatch):
+    keeper = await _keeper(monkeypatch, Seen())
+    got: list[tuple[str, int, int, dict[int, tuple[int, int]]]] = []
+    done = asyncio.Event()
+
+    def taker(name: str) -> Callable[[int, int, dict[int, tuple[int, int]]], None]:
+        def take(step: int, world: int, copies: dict[int, tuple[int, int]]) -> None:
+            got.append((name, step, world, copies))
+            if len(got) == 2:
+                done.set()
+        return take
+
+    keeper.on_step += [taker("disk"), taker("neighbour")]
+    try:
+        keeper.attempt_starts(0, 1)
+        keeper.workers({os.getpid(): (0, 0)})
+        kept = await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(_save, kept, 3, b"state of 3")
+        async with asyncio.timeout(10):
+            await done.wait()
+        assert [(name, step, world, list(copies)) for name, step, world, copies in got] == [
+            ("disk", 3, 1, [0]), ("neighbour", 3, 1, [0])]
+        (fd_a, n_a), (fd_b, n_b) = got[0][3][0], got[1][3][0]
+        assert fd_a != fd_b and n_a == n_b == 10
+        for fd in (fd_a, fd_b):
+            assert os.pread(fd, 100, 0) == b"state of 3"
+            os.close(fd)
     finally:
         await keeper.close()
