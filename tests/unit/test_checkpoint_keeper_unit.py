@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import rankrun.checkpoint
 from rankrun.checkpoint import client, slots
 from rankrun.checkpoint.keeper import Keeper, snapshot
 from rankrun.checkpoint.plan import Holding, Plan, Source
@@ -334,5 +335,23 @@ async def test_each_taker_of_a_kept_step_gets_copies_of_its_own(monkeypatch):
         for fd in (fd_a, fd_b):
             assert os.pread(fd, 100, 0) == b"state of 3"
             os.close(fd)
+    finally:
+        await keeper.close()
+
+
+@runs
+async def test_reserve_maps_both_slots_ahead_of_the_first_save(monkeypatch):
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen, room=1 << 20)
+    try:
+        keeper.attempt_starts(0, 1)
+        keeper.workers({os.getpid(): (0, 0)})
+        assert await asyncio.to_thread(rankrun.checkpoint.reserve, 4096)
+        kept = await asyncio.to_thread(client.connect)
+        assert [s.capacity for s in kept.slots] == [4096, 4096] and all(s.view is not None for s in kept.slots)
+        assert not await asyncio.to_thread(rankrun.checkpoint.reserve, 2 << 20)  # no room: said once, by the keeper
+        assert len(seen.lines) == 1
+        monkeypatch.delenv("RANKRUN_CHECKPOINT")
+        assert not rankrun.checkpoint.reserve(4096)  # outside a rankrun job
     finally:
         await keeper.close()
