@@ -8,6 +8,7 @@ The detector reads the syntax tree, so a power is found however it is spelled: `
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -154,11 +155,17 @@ def _imported_names(tree: ast.Module) -> dict[str, str]:
 
 
 def _users() -> dict[str, set[str]]:
+    return {name: set(modules) for name, modules in _source_users().items()}
+
+
+@functools.cache
+def _source_users() -> dict[str, frozenset[str]]:
+    """Each power's users in the source, read once a run: every parametrized case asks the same of the same files."""
     users: dict[str, set[str]] = {name: set() for name in ALLOWED}
     for path in SRC.rglob("*.py"):
         for name in _uses(path):
             users[name].add(path.relative_to(SRC).as_posix())
-    return users
+    return {name: frozenset(modules) for name, modules in users.items()}
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
