@@ -16,7 +16,7 @@ complete slots and the disk's newest complete step; with several nodes, every no
 every rank of the attempt loads the same one. A
 rank's ``load`` gets a copy of the slot that never changes (its tensors are mapped from it, and may stay so in an
 optimizer's state while the rank saves into that slot again). A step that every local rank has kept is copied the
-same way for ``--checkpoint-dir``'s writer (``checkpoint.disk``).
+same way for ``--checkpoint-dir``'s writer (``checkpoint.disk``) and the neighbour's copy (``checkpoint.peer``).
 """
 
 from __future__ import annotations

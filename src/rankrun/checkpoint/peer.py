@@ -15,11 +15,14 @@ closes the connection. Sizes are in the JSON, so a copy may be larger than 4 GiB
 - ``P {"node", "rank", "step", "world", "bytes"}`` (put): the server judges its room (``room(bytes)``: ``None`` or why
   not), makes a fresh memory file (``memfd_create``) and reserves it (``posix_fallocate``), then answers ``K {}`` (go
   ahead: the client sends nothing before, so a refusal costs no bytes); the client sends the bytes (``sendfile`` from
-  its memory file); the server answers ``K {}`` once it holds them all. Only then is the copy it held before for that
-  ``(node, rank)`` dropped: a put cut off anywhere leaves the previous copy held. The last complete put wins.
+  its memory file); the server answers ``K {}`` once it holds them all. Only then does the new copy become the newest
+  for that ``(node, rank)``: the one it replaces is still held (a node's ranks are put one after another, so its last
+  complete step stays whole here), and the one before that is dropped. A put cut off anywhere changes nothing.
 - ``G {"node", "rank", "step"}`` (get): ``K {"step", "world", "bytes"}`` and the bytes (``sendfile``), or ``X`` when
-  that step of that rank is not held here.
-- ``H {}`` (held): ``K {node: {rank: [step, world, bytes]}}``.
+  that step of that rank is not held here; for the server's own node id, the step its keeper holds (``own``).
+- ``H {}`` (held): ``K {node: {rank: [step, world, bytes]}}``, the newest copy of each.
+
+``Sender`` is the other side: a node's kept steps put to the next node's endpoint in the background.
 
 Bounded: at most ``max_connections`` connections at once (more are closed at once); the handshake and each wait for a
 request take at most ``timeout`` seconds; a transfer at most ``deadline(bytes)``: 30 s, or the time at 50 MB/s when
