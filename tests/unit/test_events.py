@@ -25,6 +25,7 @@ from rankrun.events.records import (
     CheckpointRestored,
     CheckpointWritten,
     Failure,
+    Goodput,
     JobEnd,
     JobStart,
     NodeExcluded,
@@ -34,9 +35,11 @@ from rankrun.events.records import (
     Record,
     Restart,
     Stall,
+    StallEnd,
     Stamp,
     Startup,
     StragglerEvent,
+    Training,
     Warm,
     WorkersEnd,
     WorkersStart,
@@ -61,7 +64,10 @@ FACTS: list[Record] = [  # one of each event, as a producer builds it (no common
     Failure(attempt=1, rank=9, host="node-b", exit_code=1, signal=None, exception="ValueError: bad batch"),
     Failure(attempt=0, rank=0, host="127.0.0.1", exit_code=None, signal="SIGKILL", exception=None),
     Restart(attempt=2, reason="worker failed", restarts_left=1),
-    Stall(ranks="0,2,4", title="rankrun: ranks 0,2,4 made no progress for 300 s"),
+    Stall(ranks="0,2,4", title="rankrun: ranks 0,2,4 made no progress for 300 s", silent=301.5),
+    Stall(ranks="0-3", title="rankrun: ranks 0-3 made no progress for 300 s"),
+    StallEnd(ranks="0,2,4", seconds=340.25),
+    Training(attempt=1, seconds=12.5),
     StragglerEvent(rank=5, where="node-3/10.0.0.13", verdict="named", lag=0.041, share=0.92, collectives=640,
                    line="rankrun: straggler: rank 5 on node-3/10.0.0.13 — the other ranks waited for it in 92 % of 640 "
                         "collectives (median lag +41 ms); CPU 100 %, running"),
@@ -89,6 +95,8 @@ FACTS: list[Record] = [  # one of each event, as a producer builds it (no common
     CheckpointRestored(attempt=1, step=120, source="memory", ranks="8-15", bytes=4_200_000_000, seconds=0.61),
     CheckpointRestored(attempt=2, step=120, source="disk", ranks="8-15", bytes=4_200_000_000, seconds=7.25),
     JobEnd(exit_code=0, outcome="succeeded"),
+    JobEnd(exit_code=1, outcome="failed", goodput=Goodput(wall_s=40.1, productive_s=35.1, waiting_s=0.0, startup_s=2.5,
+                                                          restart_s=2.0, stall_s=0.0, lost_s=0.5)),
 ]
 
 
@@ -185,6 +193,12 @@ def test_ranges_and_pids_are_checked(key, value):
     ("checkpoint.written", "where", "/" * (TEXT_LIMIT + 1)), ("checkpoint.written", "bytes", -1),
     ("checkpoint.restored", "source", "tmpfs"), ("checkpoint.restored", "attempt", -1), ("checkpoint.restored", "step", None),
     ("checkpoint.restored", "ranks", [0, 1]), ("checkpoint.restored", "seconds", "0.6 s"),
+    ("stall", "silent", -1.0), ("stall", "silent", "5 s"), ("stall.end", "seconds", -0.5), ("stall.end", "ranks", "0-"),
+    ("training", "attempt", -1), ("training", "seconds", None),
+    ("job.end", "goodput", {"wall_s": 1.0}), ("job.end", "goodput", {"wall_s": 1.0, "productive_s": -1.0, "waiting_s": 0.0,
+                                                                       "startup_s": 0.0, "restart_s": 0.0, "stall_s": 0.0,
+                                                                       "lost_s": 0.0}),
+    ("job.end", "goodput", 0.87),
 ])
 def test_values_outside_an_events_domain_fail(event, key, value):
     good = next(as_json(_stream().emit(f)) for f in FACTS if EVENTS[type(f)] == event)

@@ -35,8 +35,10 @@ from rankrun.events.records import (
     Record,
     Restart,
     Stall,
+    StallEnd,
     Startup,
     StragglerEvent,
+    Training,
     Warm,
     WorkersEnd,
     WorkersStart,
@@ -160,6 +162,8 @@ class Metrics:
                 self._preload(event)
             case CheckpointKept() | CheckpointWritten() | CheckpointRestored():
                 self._checkpoint(event)
+            case StallEnd() | Training():
+                pass
             case _:
                 self._count(event)
 

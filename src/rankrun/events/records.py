@@ -135,6 +135,27 @@ class Stall(Stamp):
 
     ranks: str  # a range string
     title: str  # the stall report's first line
+    silent: float | None = None  # seconds the workers had been silent at the report: the stall began that long before;
+    # None in files written before the key was (the goodput account then starts the stall at the report)
+
+
+@_event
+class StallEnd(Stamp):
+    """A reported stall is over (``stall.end``): the workers wrote again, or their stacks moved. Not written when the
+    attempt ends first: its ``workers.end`` ends the stall."""
+
+    ranks: str  # a range string: the ranks the stall's report was about
+    seconds: float  # from the silence's start to the first sign that it ended
+
+
+@_event
+class Training(Stamp):
+    """This node's workers of an attempt are training (``training``): the first collective any of its ranks entered
+    after ``init_process_group``, as torch's Flight Recorder saw it (read where the straggler watch reads it,
+    ``--straggler-window``); once per attempt, at most."""
+
+    attempt: int
+    seconds: float  # from the workers' start (``workers.start``) to that collective, by the wall clock
 
 
 @_event
@@ -253,10 +274,26 @@ class JobEnd(Stamp):
 
     exit_code: int
     outcome: JobOutcome
+    goodput: Goodput | None = None  # this node's account of its wall time (``events.goodput``); None in files written
+    # before the key was
 
 
-Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StragglerEvent | NodeLost
-          | NodeExcluded | Startup | Preload | Warm | CheckpointKept | CheckpointWritten | CheckpointRestored | JobEnd)
+@record
+class Goodput:
+    """Where one node's wall time went (``events.goodput``), in seconds: the six parts sum to ``wall_s``."""
+
+    wall_s: float  # from job.start to job.end (or to now, while the job runs)
+    productive_s: float
+    waiting_s: float
+    startup_s: float
+    restart_s: float
+    stall_s: float
+    lost_s: float
+
+
+Record = (JobStart | RdzvRound | WorkersStart | WorkersEnd | Failure | Restart | Stall | StallEnd | Training
+          | StragglerEvent | NodeLost | NodeExcluded | Startup | Preload | Warm | CheckpointKept | CheckpointWritten
+          | CheckpointRestored | JobEnd)
 R = TypeVar("R", bound=Record)  # one record class, or several (a producer's union): stamped, it keeps its type
 
 EVENTS: dict[type[Record], str] = {
@@ -267,6 +304,8 @@ EVENTS: dict[type[Record], str] = {
     Failure: "failure",
     Restart: "restart",
     Stall: "stall",
+    StallEnd: "stall.end",
+    Training: "training",
     StragglerEvent: "straggler",
     NodeLost: "node.lost",
     NodeExcluded: "node.excluded",
@@ -308,6 +347,8 @@ def as_json(fact: Record) -> dict[str, object]:
         value = getattr(fact, name)
         if isinstance(value, tuple):
             value = list(value)
+        elif isinstance(value, Goodput):
+            value = {name: getattr(value, name) for name in Goodput.__match_args__}
         elif isinstance(value, str) and len(value) > _CUT.get((kind, name), len(value)):
             value = value[: _CUT[kind, name] - 1] + "…"
         out[name] = value
@@ -326,6 +367,8 @@ def from_json(obj: Mapping[str, object]) -> Record:
         raise ValueError(f"{EVENTS[kind]}: missing {', '.join(missing)}")
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in obj.items() if k not in ("v", "event")}
     try:
+        if isinstance(values.get("goodput"), dict):
+            values["goodput"] = Goodput(**values["goodput"])
         return kind(**values)
     except TypeError as exc:  # a key missing or unknown
         raise ValueError(f"{EVENTS[kind]}: {exc}") from None
