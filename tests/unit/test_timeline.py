@@ -307,7 +307,7 @@ def test_the_keys_checked_are_the_schemas_and_the_records():
     assert list(common) == ["v", *COMMON, "event"]
     schema["$defs"]["ev_stall"]["properties"]["pids"] = {"type": "array", "items": {"type": "integer"}}
     schema["$defs"]["ev_stall"]["properties"]["attempt"] = {"type": ["integer", "null"]}
-    assert key_table(schema)[1]["stall"] == {"ranks": "str?", "title": "str?", "pids": "ints?", "attempt": "int"}
+    assert key_table(schema)[1]["stall"] == {"ranks": "str?", "title": "str?", "silent": "num?", "pids": "ints?", "attempt": "int"}
 
 
 def test_each_line_is_read_by_the_records_own_decoder():

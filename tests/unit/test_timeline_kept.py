@@ -36,7 +36,7 @@ def test_the_events_are_checked_and_read_by_the_records_own_decoder():
     kinds = {e.name: type(e.record) for e in read if e.name.startswith("checkpoint.")}
     assert kinds == {"checkpoint.kept": CheckpointKept, "checkpoint.written": CheckpointWritten,
                      "checkpoint.restored": CheckpointRestored}
-    assert all(as_json(e.record) == e.data for e in read if e.record is not None)
+    assert all({k: v for k, v in as_json(e.record).items() if k in e.data} == e.data for e in read if e.record is not None)
     kept = next(r for r in rows if r["event"] == "checkpoint.kept")
     assert check({**kept, "why": 5}) == "'why' is 5, not a string"
     assert check({k: v for k, v in kept.items() if k != "step"}) == "no 'step' key in a checkpoint.kept event"

@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rankrun.events import schema_path
 from rankrun.events.fields import float_of, int_of, str_of
-from rankrun.events.records import Record, from_json
+from rankrun.events.records import EVENTS, Record, from_json, keys
 
 # the schema's types as this reader names them; an enum (an outcome, a verdict) is one of strings
-_TYPES = {"integer": "int", "number": "num", "string": "str"}
+_TYPES = {"integer": "int", "number": "num", "string": "str", "object": "obj"}
 # the keys lanes are built on (the attempt and round numbers): required; any other of an event's keys may be null, so a
 # file whose producer did not know a value is still drawn
 REQUIRED = ("attempt", "round")
@@ -50,6 +50,10 @@ def key_table(schema: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[st
 
 
 COMMON, KEYS = key_table(json.loads(schema_path().read_text()))
+# each event's keys that came later within version 1 (a stall's ``silent``, job.end's ``goodput``): their records give
+# them a default, which a file written before them reads as
+LATER = {name: {f.name for f in getattr(kind, "_record_fields") if f.name in keys(kind) and f.default is not MISSING}  # noqa: B009 - set by @record
+         for kind, name in EVENTS.items()}
 
 
 class BadInput(Exception):
@@ -104,7 +108,7 @@ def decode(obj: dict[str, object]) -> Record | None:
     name = str(obj["event"])
     if name not in KEYS:
         return None
-    return from_json({key: obj[key] for key in (*COMMON, *KEYS[name])})
+    return from_json({key: obj[key] for key in (*COMMON, *KEYS[name]) if key in obj})
 
 
 def _number(value: object) -> bool:
@@ -118,6 +122,7 @@ _CHECKS: dict[str, Callable[[object], bool]] = {
     "str": lambda v: isinstance(v, str),
     "ints": lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
     "strs": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+    "obj": lambda v: isinstance(v, dict),
 }
 
 
@@ -136,6 +141,8 @@ def check(obj: object) -> str | None:
         return f"not schema version 1 (v: {json.dumps(obj.get('v'))})"
     for key, kind in [*COMMON.items(), *KEYS.get(str(obj.get("event")), {}).items()]:
         if key not in obj:
+            if key in LATER.get(str(obj.get("event")), ()):
+                continue  # a key added to the event within version 1: a file written before it has none
             return f"no {key!r} key" + (f" in a {obj['event']} event" if key not in COMMON else "")
         if not _fits(obj[key], kind):
             return f"{key!r} is {json.dumps(obj[key])[:40]}, not {_KIND_WORDS[kind.rstrip('?')]}"
