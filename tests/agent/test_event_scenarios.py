@@ -13,6 +13,7 @@ from test_multinode_scenarios import _spec as _multinode_spec
 from fakes import Behaviour, FakeSpawner
 from rankrun.agent.loop import AgentDeps, run_agent
 from rankrun.cli import spec_from_args
+from rankrun.events.goodput import account
 from rankrun.events.records import EVENTS, Failure, JobEnd, JobStart, NodeLost, Record, Restart, WorkersEnd, WorkersStart
 from rankrun.logs.console import Console
 from rankrun.proc.early import EarlyCatcher
@@ -92,8 +93,9 @@ def test_each_failed_attempt_has_one_failure_and_the_job_ends_failed(tmp_path):
     failures = told.of(Failure)
     assert [(f.attempt, f.rank, f.exit_code, f.signal, f.exception) for f in failures] == [  # type: ignore[union-attr]
         (0, 0, None, "SIGKILL", None), (1, 0, None, "SIGKILL", None)]
-    assert told.records[-1] == JobEnd(1, "failed", ts=told.records[-1].ts, mono=told.records[-1].mono,
-                                      run=told.records[-1].run, node=told.records[-1].node)
+    end = told.records[-1]
+    assert end == JobEnd(1, "failed", account(told.records[:-1], now=end.mono), ts=end.ts, mono=end.mono, run=end.run,
+                         node=end.node)  # with the account of the events before it
 
 
 def _with_consumers(agents: list, tolds: list[Told]) -> None:

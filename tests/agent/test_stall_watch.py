@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from rankrun.agent import stall
+from rankrun.events.records import Stall, StallEnd
+from rankrun.events.stream import EventStream
 from rankrun.logs.pump import Activity
 from rankrun.stacks.report import RankSample
 from rankrun.stacks.sampler import Sampler, Target
@@ -101,3 +103,49 @@ def test_a_stall_that_resumes_and_stalls_again_in_the_same_place_is_reported_aga
         assert first.startswith("rankrun: job job stalled: no output for ") and second.splitlines()[1:] == first.splitlines()[1:]
 
     asyncio.run(scenario())
+
+
+class Tap:
+    """A consumer of the job's stream: the events the watch emits."""
+
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    def on_event(self, event: object) -> None:
+        self.seen.append(event)
+
+
+def test_a_stall_says_how_long_the_workers_were_silent_and_its_end_when_they_write_again(monkeypatch, silent_worker):
+    """The goodput account's stall: it began ``silent`` seconds before its report, and ``stall.end`` comes within about
+    a second (``SAMPLE_GAP``) of the workers' output, not a whole ``--hang-timeout`` later."""
+    monkeypatch.setattr(stall, "SAMPLE_GAP", 0.05)
+    printed, tap = Printed(), Tap()
+    stream = EventStream("job", "127.0.0.1", [tap])
+    long_timeout = 2.0  # the watch's next look would be this far off: the end must come sooner
+
+    async def scenario() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        activity = Activity(loop.time())
+        began = activity.last
+        watch = asyncio.create_task(stall.watch(long_timeout, "job", [silent_worker], activity, printed,  # type: ignore[arg-type]
+                                                events=stream))
+        try:
+            async with asyncio.timeout(BOUND):
+                await printed.count(1)
+                reported = loop.time()
+                activity.last = loop.time()  # the worker wrote: the stall is over
+                spoke = activity.last
+                while not any(isinstance(e, StallEnd) for e in tap.seen):
+                    await asyncio.sleep(0.01)
+                return reported - began, spoke - began
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    quiet, spoke = asyncio.run(scenario())
+    [report, end] = tap.seen
+    assert isinstance(report, Stall) and isinstance(end, StallEnd)
+    assert long_timeout <= report.silent <= quiet + 0.01  # measured from the silence's start, not the report
+    assert end.ranks == report.ranks == "0"
+    assert spoke <= end.seconds <= spoke + 0.5  # seen within a look (SAMPLE_GAP), far below the hang timeout
+    assert end.mono - report.mono < long_timeout

@@ -43,10 +43,10 @@ def test_this_nodes_report_is_printed_once_told_once_and_blames_nobody():
               RankSample(5, "h0", None, ProcState("D", 0.0, "io_schedule"))]
     reporter = _Reporter("job9", targets, printed, None, None, EventStream("job9", "h0", [told]))  # type: ignore[arg-type]
 
-    stalled = asyncio.run(reporter.report("31", 12.5, stacks))
+    stalled = asyncio.run(reporter.report("31", 12.5, stacks, 31.2))
 
     assert stalled == Stalled("no output for 31 s; rank 4 (the smallest group of stacks)", None)
     [report] = printed.reports
     title = report.splitlines()[0]
     assert title.startswith("rankrun: job job9 stalled: no output for 31 s; ")
-    assert [(e.ranks, e.title) for e in told.events if isinstance(e, Stall)] == [("4-5", title)]
+    assert [(e.ranks, e.title, e.silent) for e in told.events if isinstance(e, Stall)] == [("4-5", title, 31.2)]

@@ -1,6 +1,7 @@
 """Several nodes' round-level features, listed once (``multi_node``), and those that have no module of their own: the
 network check, the job's view (stacks exchange and straggler watch), ``rankrun.launch``'s values and this node's
-report to the coordinator. ``agent.round`` says when each hook is called; one node's list is ``agent.loop``'s."""
+report to the coordinator (the goodput account's share, ``agent.goodput``, is written just before it).
+``agent.round`` says when each hook is called; one node's list is ``agent.loop``'s."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rankrun.agent.checkpoint import Keeping, across_nodes
 from rankrun.agent.deps import AgentDeps
 from rankrun.agent.facts import failure, failure_value
 from rankrun.agent.gate import HealthGate, unhealthy
+from rankrun.agent.goodput import GoodputShare, JobGoodput
 from rankrun.agent.race import first_of
 from rankrun.agent.round import Feature, NewsEvents, OpenFiles, Round, Rounds
 from rankrun.agent.stall import show
@@ -41,9 +43,10 @@ if TYPE_CHECKING:
 
 @contextlib.asynccontextmanager
 async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, session: Session, *,
-                     sick: str | None, kept: Keeping | None = None) -> AsyncIterator[Rounds]:
+                     sick: str | None, kept: Keeping | None = None,
+                     goodput: JobGoodput | None = None) -> AsyncIterator[Rounds]:
     """Several nodes, for the session's life: ``sick``, why this node's check before joining failed; ``kept``, the
-    node's keeper of kept progress."""
+    node's keeper of kept progress; ``goodput``, the job's account (shared with the host, before each report)."""
     member = session.member
     address = member.info.addr or session.address
     news = NewsEvents(deps.events)
@@ -64,8 +67,10 @@ async def multi_node(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
             if kept is not None:
                 progress.append(await stack.enter_async_context(across_nodes(kept, spec, deps, stops, member=member,
                                                                            address=address)))
+            share = [GoodputShare(goodput, member, deps.events.now, host=host, bound=spec.rendezvous.conf.close_timeout)
+                     ] if goodput is not None else []
             features += [news, env, *progress, relay, JobView(spec, deps, session), *_api(spec, deps, logs, member),
-                         MemberReport(spec, deps, member)]
+                         *share, MemberReport(spec, deps, member)]
             yield Rounds(features, news, gate)
     finally:
         await relay.close()

@@ -113,7 +113,8 @@ async def _preloaded(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs:
             if spec.multi_node:
                 from rankrun.agent.multinode import run_multinode  # noqa: PLC0415 - one node never pays for its imports
 
-                return await run_multinode(spec, deps, stops, logs, begin=observers.begin, kept=kept)
+                return await run_multinode(spec, deps, stops, logs, begin=observers.begin, kept=kept,
+                                           goodput=observers.goodput)
             port = await deps.worker_store.start(spec.store.host, spec.store.port)
             return await _attempts(spec, deps, stops, logs, single_node(spec, port), kept=kept)
         finally:

@@ -41,6 +41,7 @@ from rankrun.agent.deps import AgentDeps
 from rankrun.agent.features import multi_node
 from rankrun.agent.gate import excluded as excluded_line
 from rankrun.agent.gate import unhealthy
+from rankrun.agent.goodput import JobGoodput
 from rankrun.agent.lines import interrupted_line, received
 from rankrun.agent.plan import AttemptPlan, Membership
 from rankrun.agent.race import first_error, first_of
@@ -57,9 +58,10 @@ PROGRESS_EVERY = 5.0  # seconds between "3/4 nodes joined" lines while waiting
 
 
 async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, logs: RunLogs, *,
-                        begin: Callable[[str], Awaitable[None]] | None = None, kept: Keeping | None = None) -> Outcome:
+                        begin: Callable[[str], Awaitable[None]] | None = None, kept: Keeping | None = None,
+                        goodput: JobGoodput | None = None) -> Outcome:
     """The job on this node, round after round; ``begin``: told this node's address once the session is open (the
-    job's observers start there); ``kept``: the node's keeper of kept progress."""
+    job's observers start there); ``kept``: the node's keeper of kept progress; ``goodput``: the job's account."""
     joined = asyncio.get_running_loop().time()
     rdzv = spec.rendezvous
     assert isinstance(rdzv, StaticRendezvous | DynamicRendezvous)
@@ -78,7 +80,7 @@ async def run_multinode(spec: LaunchSpec, deps: AgentDeps, stops: StopStream, lo
                                  "password_file= or ssl_cert=, ssl_cert_key=): whoever can reach etcd can join this job")
             if begin is not None:
                 await begin(session.member.info.addr or session.address)
-            async with multi_node(spec, deps, stops, logs, session, sick=sick, kept=kept) as rounds:
+            async with multi_node(spec, deps, stops, logs, session, sick=sick, kept=kept, goodput=goodput) as rounds:
                 return await _rounds(_Node(spec, deps, stops, logs, session), rounds, joined, opened)
     except BaseExceptionGroup as failed:  # a background task failed: that error, not a group, is what the user sees
         raise first_error(failed) from None

@@ -9,6 +9,7 @@ own lines on stderr), and ``DCGM_HPC_JOB_MAPPING_DIR`` is ``DcgmMapping`` (dcgm-
 the watchdog removes if the launcher is killed). No consumer's module is imported unless it is asked for (a plain
 launch imports no ``json``).
 
+The goodput account (``agent.goodput``) is always kept: ``end`` gives it to ``job.end`` and says it in one line.
 ``begin(node)`` emits ``job.start``; ``end`` emits ``job.end``, whatever ended the job, then closes the consumers: the
 log writes what it holds (in a thread: the loop goes on) and says once what it dropped, and the endpoint stops
 listening (a scrape that came after ``job.end`` was folded saw ``rankrun_up 0``).
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from rankrun.agent.facts import job_outcome, job_start
+from rankrun.agent.goodput import JobGoodput
 from rankrun.errors import StoreError, UsageError
 from rankrun.events.records import JobEnd
 from rankrun.events.stream import EventStream
@@ -56,6 +58,8 @@ class JobObservers:
         self._log: EventLog | None = None
         self._server: MetricsServer | None = None
         self._begun = self._ended = False
+        self.goodput = JobGoodput()  # always: every job's end says where its time went
+        events.add(self.goodput)
 
     def open(self) -> None:
         """The ``--events`` log, added to the stream; ``UsageError`` naming the flag when PATH cannot be written."""
@@ -118,7 +122,10 @@ class JobObservers:
             self._begun = True
             self._events.node = self._events.node or node
             self._events.emit(job_start(self._spec))
-        self._events.emit(JobEnd(code, job_outcome(code, error)))
+        now = self._events.now()
+        self._events.emit(JobEnd(code, job_outcome(code, error), self.goodput.ledger.at(now)), mono=now)
+        account = self.goodput.ledger.at(now)
+        self._say(f"rankrun: {self.goodput.line(account)}")
         if self._log is not None:
             await asyncio.to_thread(self._log.close)  # waits for a file's or a terminal's lines: off the loop
         if self._server is not None:

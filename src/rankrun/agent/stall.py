@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 from rankrun.clock import seconds
 from rankrun.errors import StoreUnavailable
-from rankrun.events.records import Stall
+from rankrun.events.records import Stall, StallEnd
 from rankrun.events.stream import EventStream
 from rankrun.logs.console import Console
 from rankrun.logs.pump import Activity
@@ -59,7 +60,9 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
     reported_after = activity.last
     while True:
         if activity.last != reported_after:
-            reported = None  # the workers spoke since: a new silence is a new stall
+            if reported is not None:  # the workers spoke since: the stall is over, and a new silence is a new stall
+                reporter.over(loop.time() - reported_after)
+            reported = None
         quiet = loop.time() - activity.last
         if quiet < timeout:
             await asyncio.sleep(timeout - quiet)
@@ -67,13 +70,25 @@ async def watch(timeout: float, run_id: str, targets: Sequence[Target], activity
         since = activity.last
         samples = await _samples(sampler, targets)
         if activity.last != since or len({signature(s) for s in samples}) > 1:
+            if reported is not None and activity.last == since:  # the stacks moved, silently: over too
+                reporter.over(loop.time() - since)
+                reported, reported_after = None, since
             continue  # output meanwhile, or the stacks moved: not stalled (look again)
         if signature(samples[-1]) != reported:
-            stall = await reporter.report(seconds(loop.time() - since), since, samples[-1])
+            stall = await reporter.report(seconds(loop.time() - since), since, samples[-1], loop.time() - since)
             reported, reported_after = signature(samples[-1]), since
             if fail:
                 return stall
-        await asyncio.sleep(max(timeout, SAMPLE_GAP))
+        await _quiet_for(activity, since, max(timeout, SAMPLE_GAP))
+
+
+async def _quiet_for(activity: Activity, since: float, duration: float) -> None:
+    """Up to ``duration`` seconds while the workers stay silent: a stall's end (their output) is seen within
+    ``SAMPLE_GAP``, so its ``stall.end`` says when it ended to about a second."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + duration
+    while activity.last == since and (left := until - loop.time()) > 0:
+        await asyncio.sleep(min(left, SAMPLE_GAP))
 
 
 async def _samples(sampler: Sampler, targets: Sequence[Target]) -> list[list[RankSample]]:
@@ -96,11 +111,12 @@ class _Reporter:
     job: Exchange | None
     recorder: Recorder | None
     events: EventStream | None
+    said: list[str] = field(default_factory=list)  # the ranks of the stall reported last (its stall.end's)
 
-    async def report(self, silent: str, since: float, stacks: Sequence[RankSample]) -> Stalled:
+    async def report(self, silent: str, since: float, stacks: Sequence[RankSample], quiet: float) -> Stalled:
         """Print the report of a stall silent for ``silent`` since ``since`` (the job's when the store gives it,
         else this node's, with the recorder's dumps) and tell the stream; the stall, as ``--hang-action fail`` ends
-        the group with it."""
+        the group with it. ``quiet``: the silence's seconds, for the event."""
         found = await _job_report(self.job, silent, since, self.console) if self.job is not None else None
         blame = None
         if found is not None:
@@ -111,9 +127,15 @@ class _Reporter:
             cause = stall_cause(silent, stacks)
             if self.recorder is not None:
                 self.recorder.take()
+        self.said[:] = [stalled]
         if self.events is not None:
-            self.events.emit(Stall(stalled, title))
+            self.events.emit(Stall(stalled, title, round(quiet, 3)))
         return Stalled(cause, blame)
+
+    def over(self, seconds: float) -> None:
+        """The stall reported last is over, ``seconds`` after its silence began: a ``stall.end`` on the stream."""
+        if self.events is not None:
+            self.events.emit(StallEnd(self.said[0] if self.said else "", round(seconds, 3)))
 
 
 async def _job_report(job: Exchange, silent: str, since: float, console: Console) -> tuple[str, str, str | None] | None:

@@ -13,10 +13,11 @@ in order and acts on them:
   composed by ``observed_env``; the first call starts the start-up timeline's spawn phase (``agent.startup``);
 - ``started``: the workers run: ``workers.start`` goes to the job's event stream, ``--stacks`` samples them, the
   ``--hang-timeout`` watch (``agent.stall``) starts, and so does the look for the workers' signs of life, which
-  emits the attempt's ``startup`` (and its line) once they are known; ``stalled`` ends with the stall (its cause, and
+  emits the attempt's ``startup`` (and its line) once they are known; with ``--straggler-window``, its watch and the
+  look for the first collective (``agent.training``: the ``training`` event); ``stalled`` ends with the stall (its cause, and
   the node blamed for it), only for ``--hang-action fail``;
-- ``ended``: the group ends: the watch stops, ``--stacks`` says no workers run, and the ``startup`` event comes
-  now with what is known if it has not come;
+- ``ended``: the group ends: the watch stops, ``--stacks`` says no workers run, and the ``startup`` and
+  ``training`` events come now with what is known if they have not come;
 - ``close``: every worker is reaped: a ``stacks.txt`` that holds no dump is removed;
 - ``finished``: the attempt is over: ``workers.end``, with how the group ended.
 
@@ -35,6 +36,7 @@ from rankrun.agent import stall
 from rankrun.agent.env import WorkerIdentity
 from rankrun.agent.facts import workers_outcome
 from rankrun.agent.startup import StartupWatch
+from rankrun.agent.training import TrainingWatch
 from rankrun.errors import StoreUnavailable
 from rankrun.events.records import Preload, Warm, WorkersEnd, WorkersStart
 from rankrun.events.stream import EventStream
@@ -89,6 +91,8 @@ class AttemptWatch:
         self._recorder = _recorder(spec, attempt_dir, console)
         self._stalled: asyncio.Future[Stalled] = loop.create_future()  # none until the workers run
         self._straggling: asyncio.Future[None] = loop.create_future()  # --straggler-window's watch, once they run
+        self._training: TrainingWatch | None = None  # the look for the first collective, with that watch
+        self._looking: asyncio.Future[None] = loop.create_future()
 
     def env(self, who: WorkerIdentity, env: dict[str, str]) -> dict[str, str]:
         """``env`` with what the observers need of the worker. A Python worker gets the stack-dump shim, so that a
@@ -108,8 +112,8 @@ class AttemptWatch:
                           RunLogs.stacks_file(self._attempt_dir, w.who.local_rank) if self._python else None, w.handle.signal)
                    for w in workers]
         self._on_demand.running(run_id, targets, self._recorder)
-        self._events.emit(WorkersStart(self._attempt, range_string(w.who.rank for w in workers),
-                                       tuple(w.handle.pid for w in workers)))
+        began = self._events.emit(WorkersStart(self._attempt, range_string(w.who.rank for w in workers),
+                                               tuple(w.handle.pid for w in workers)))
         self._startup.started({t.rank: t.dump_file for t in targets})
         if spec.hang.timeout > 0:
             self._stalled = asyncio.ensure_future(stall.watch(
@@ -117,6 +121,9 @@ class AttemptWatch:
                 job=self._on_demand.job, recorder=self._recorder, events=self._events))
         if spec.straggler.window > 0 and self._python and self._attempt_dir is not None:
             self._straggling = asyncio.ensure_future(self._straggler_watch(workers, targets).run())
+            files = {w.who.rank: path for w in workers if (path := RunLogs.arrivals_file(self._attempt_dir, w.who.rank))}
+            self._training = TrainingWatch(self._attempt, files, began.ts, self._events.emit)
+            self._looking = asyncio.ensure_future(self._training.run())
 
     def preloaded(self, warm: Warm, preload: Preload | None) -> None:
         """Under ``--preload``: how the workers started (``warm``) and the node's one import (``preload``), for the
@@ -145,6 +152,9 @@ class AttemptWatch:
         """The group ends (stopping, or gone): the stall watch stops, and ``--stacks`` says no workers run."""
         self._stalled.cancel()
         self._straggling.cancel()
+        self._looking.cancel()
+        if self._training is not None:
+            self._training.last_look()
         self._on_demand.running(self._spec.rendezvous.run_id, [], None)
         self._startup.ended()
 

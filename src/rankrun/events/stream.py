@@ -39,12 +39,17 @@ class EventStream:
         """A consumer that sees the facts emitted from now on."""
         self._consumers.append(consumer)
 
-    def emit(self, fact: R) -> R:
-        """Stamp ``fact`` (its common fields are ignored) and give it to every consumer; the stamped record."""
-        event = stamp(fact, self._wall(), self._monotonic(), self.run, self.node)
+    def emit(self, fact: R, *, mono: float | None = None) -> R:
+        """Stamp ``fact`` (its common fields are ignored) and give it to every consumer; the stamped record. ``mono``:
+        the monotonic time it is stamped with, when a value it carries was computed for that moment (``now``)."""
+        event = stamp(fact, self._wall(), self._monotonic() if mono is None else mono, self.run, self.node)
         for consumer in self._consumers:
             consumer.on_event(event)
         return event
+
+    def now(self) -> float:
+        """The stream's monotonic clock now: what the next event's ``mono`` would be."""
+        return self._monotonic()
 
     @property
     def wanted(self) -> bool:

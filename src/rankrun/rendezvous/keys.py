@@ -214,6 +214,13 @@ class Keys:
     def straggler_verdict(self, round_: int) -> str:
         return f"{self.straggler(round_)}verdict"
 
+    def goodput(self, round_: int) -> str:
+        """Each node's goodput account once its workers of a round ended (``goodput_of``), for the host's job line."""
+        return f"{self.root}goodput/{round_}/"
+
+    def goodput_of(self, round_: int, group_rank: int) -> str:
+        return f"{self.goodput(round_)}{group_rank}"
+
     def failures(self, round_: int, group_rank: int) -> str:
         """A failed ``rankrun.launch`` job's failures on one node in one round (``rankrun.api.failures``)."""
         return f"{self.root}failures/{round_}/{group_rank}"

@@ -1,0 +1,84 @@
+"""The goodput account every job keeps (``events.goodput``), and its line at the job's end, on every node.
+
+``JobGoodput`` is a consumer of the job's event stream, always there (``agent.observers`` adds it), folding each
+event into this node's ``Ledger``; at the end it gives the account for ``job.end`` and the line. Several nodes
+(``GoodputShare``, a round-level feature): each node writes its account under the round's ``goodput/`` keys once its
+workers of a round end, before it reports to the coordinator; at the job's end the node that hosts the job reads the
+last round's, so its line is the job's account (the longest wall time, the worst node's parts) naming the worst node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from rankrun.agent.round import Feature, Round
+from rankrun.events.goodput import Ledger, as_value, from_value, job, line, share
+from rankrun.events.records import Goodput, Record
+from rankrun.store.api import StoreUnavailable
+
+if TYPE_CHECKING:
+    from rankrun.agent.attempt import AttemptResult
+    from rankrun.rendezvous.keys import RoundWord
+    from rankrun.rendezvous.member import Member
+
+
+class JobGoodput:
+    """This node's account, event by event, and (on the host of several nodes) the other nodes' at the job's end."""
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.others: list[tuple[str, Goodput, bool]] = []  # (node, account, whether it kept a step), the host's only
+
+    def on_event(self, event: Record) -> None:
+        self.ledger.add(event)
+
+    def line(self, own: Goodput) -> str:
+        """The job's end line (without ``rankrun: ``): this node's account, or the job's where the others' are known."""
+        ledger = self.ledger
+        if not self.others:
+            return line(own, ledger.restarts, kept=ledger.kept_any)
+        nodes = [(ledger.node, own, ledger.kept_any), *self.others]
+        worst = min(nodes, key=lambda n: (share(n[1]), -n[1].wall_s))
+        return line(job([n[1] for n in nodes]), ledger.restarts, kept=any(n[2] for n in nodes), nodes=len(nodes),
+                    worst=worst[0])
+
+
+class GoodputShare(Feature):
+    """Several nodes: this node's account for the host (see the module docstring). ``host``: whether this node hosts
+    the job (it reads the others' at the end); ``bound``: seconds the host waits for the store at the end."""
+
+    def __init__(self, goodput: JobGoodput, member: Member, now: Callable[[], float], *, host: bool,
+                 bound: float) -> None:
+        self._goodput, self._member, self._now, self._host, self._bound = goodput, member, now, host, bound
+
+    async def after(self, round_: Round, result: AttemptResult) -> None:  # noqa: ARG002 - the account says it
+        word = round_.word
+        if word is None or self._host:
+            return
+        member, ledger = self._member, self._goodput.ledger
+        value = json.dumps({"node": ledger.node, "kept": ledger.kept_any, **as_value(ledger.at(self._now()))})
+        lease = member.job.id if member.job is not None else 0
+        with contextlib.suppress(StoreUnavailable):
+            await member.store.put(member.keys.goodput_of(word.round, word.group_rank), value.encode(), lease=lease)
+
+    async def ended(self, end: RoundWord) -> None:
+        if not self._host or end.stranded:
+            return
+        member = self._member
+        try:
+            async with asyncio.timeout(self._bound):
+                entries, _ = await member.store.range(member.keys.goodput(end.round))
+        except (TimeoutError, StoreUnavailable, OSError):
+            return  # the line is then this node's own account: the job's end is not held up for it
+        for entry in entries:
+            try:
+                obj = json.loads(entry.value)
+            except ValueError:
+                continue
+            account = from_value(obj)
+            if account is not None:
+                self._goodput.others.append((str(obj.get("node", "?")), account, bool(obj.get("kept"))))
