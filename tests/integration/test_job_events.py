@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import clean_environ, fresh_loopback, payload, run_cli
 from rankrun.events import schema_path
+from rankrun.events.goodput import account, as_value
+from rankrun.events.records import from_json
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -42,8 +44,18 @@ def names(events: list[dict[str, Any]]) -> list[str]:
 
 
 def own(event: dict[str, Any]) -> dict[str, Any]:
-    """An event's own keys (what every node's copy of a fact shares)."""
-    return {k: v for k, v in event.items() if k not in COMMON}
+    """An event's own keys (what every node's copy of a fact shares), but job.end's goodput account (this node's own:
+    ``accounted`` checks it)."""
+    return {k: v for k, v in event.items() if k not in COMMON and k != "goodput"}
+
+
+def accounted(found: list[dict[str, Any]]) -> None:
+    """The job.end that ends ``found`` carries the goodput account of the events before it, to the millisecond."""
+    end = found[-1]
+    assert end["event"] == "job.end"
+    expected = account([from_json(e) for e in found[:-1]], now=end["mono"])
+    assert end["goodput"] == as_value(expected)
+    assert abs(sum(v for k, v in end["goodput"].items() if k != "wall_s") - end["goodput"]["wall_s"]) <= 0.01
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -72,6 +84,8 @@ def test_a_restart_is_told_in_order_once_with_ranks_as_ranges(tmp_path):
     assert (restart["attempt"], restart["restarts_left"]) == (1, 0)
     assert "ValueError: bad batch on rank 1" in restart["reason"]
     assert own(job_end) == {"exit_code": 0, "outcome": "succeeded"}
+    accounted(found)
+    assert job_end["goodput"]["lost_s"] > 0 and job_end["goodput"]["restart_s"] > 0  # attempt 0's work, its teardown
     assert len({(e["run"], e["node"]) for e in found}) == 1 and found[0]["node"] == "127.0.0.1"
     monos = [e["mono"] for e in found]
     assert monos == sorted(monos)
@@ -88,6 +102,7 @@ def test_the_job_end_is_the_last_line_after_sigterm(launch, tmp_path):
     assert names(found) == ["job.start", "rdzv.round", "workers.start", "startup", "workers.end", "job.end"]
     assert found[4]["outcome"] == "interrupted"
     assert own(found[-1]) == {"exit_code": 128 + signal.SIGTERM, "outcome": "interrupted"}
+    accounted(found)
 
 
 def test_pet_events_names_the_file_and_the_agent_adds_nothing_without_it(tmp_path):
@@ -270,7 +285,9 @@ def test_a_stall_report_is_one_stall_event_with_its_first_line(launch, tmp_path)
     assert run.finish() == 128 + signal.SIGTERM
     found = read_events(events)
     (stall,) = [e for e in found if e["event"] == "stall"]
-    assert own(stall) == {"ranks": "0-1", "title": line}
+    assert own(stall) | {"silent": None} == {"ranks": "0-1", "title": line, "silent": None}
+    assert stall["silent"] >= 1  # --hang-timeout 1: the stall began at least that long before its report
+    accounted(found)
     assert names(found)[-1] == "job.end"
 
 

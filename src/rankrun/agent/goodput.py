@@ -1,7 +1,8 @@
 """The goodput account every job keeps (``events.goodput``), and its line at the job's end, on every node.
 
 ``JobGoodput`` is a consumer of the job's event stream, always there (``agent.observers`` adds it), folding each
-event into this node's ``Ledger``; at the end it gives the account for ``job.end`` and the line. Several nodes
+event into this node's ``Ledger``; at the end it gives the account for ``job.end`` and the line (for a job that showed
+a sign of training: ``JobGoodput.line``). Several nodes
 (``GoodputShare``, a round-level feature): each node writes its account under the round's ``goodput/`` keys once its
 workers of a round end, before it reports to the coordinator; at the job's end the node that hosts the job reads the
 last round's, so its line is the job's account (the longest wall time, the worst node's parts) naming the worst node.
@@ -10,15 +11,12 @@ last round's, so its line is the job's account (the longest wall time, the worst
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rankrun.agent.round import Feature, Round
-from rankrun.events.goodput import Ledger, as_value, from_value, job, line, share
+from rankrun.events.goodput import SIGN_NAMES, Ledger, as_value, from_value, job, line, share
 from rankrun.events.records import Goodput, Record
-from rankrun.store.api import StoreUnavailable
 
 if TYPE_CHECKING:
     from rankrun.agent.attempt import AttemptResult
@@ -36,9 +34,14 @@ class JobGoodput:
     def on_event(self, event: Record) -> None:
         self.ledger.add(event)
 
-    def line(self, own: Goodput) -> str:
-        """The job's end line (without ``rankrun: ``): this node's account, or the job's where the others' are known."""
+    def line(self, own: Goodput) -> str | None:
+        """The job's end line (without ``rankrun: ``): this node's account, or the job's where the others' are known.
+        None when no attempt of this node showed a sign of training (a collective, a kept step, torch's store): a plain
+        script or program, or a launch that never started workers; its start-up and its work cannot be told apart, and
+        ``job.end`` has the account all the same."""
         ledger = self.ledger
+        if not any(sign < len(SIGN_NAMES) for sign in ledger.signs):
+            return None
         if not self.others:
             return line(own, ledger.restarts, kept=ledger.kept_any)
         nodes = [(ledger.node, own, ledger.kept_any), *self.others]
@@ -59,15 +62,25 @@ class GoodputShare(Feature):
         word = round_.word
         if word is None or self._host:
             return
+        import json  # noqa: PLC0415 - several nodes only (test_startup: one node imports no json)
+
+        from rankrun.store.api import StoreUnavailable  # noqa: PLC0415 - several nodes only
+
         member, ledger = self._member, self._goodput.ledger
         value = json.dumps({"node": ledger.node, "kept": ledger.kept_any, **as_value(ledger.at(self._now()))})
         lease = member.job.id if member.job is not None else 0
-        with contextlib.suppress(StoreUnavailable):
+        try:
             await member.store.put(member.keys.goodput_of(word.round, word.group_rank), value.encode(), lease=lease)
+        except StoreUnavailable:
+            return  # the host's line is then without this node's account
 
     async def ended(self, end: RoundWord) -> None:
         if not self._host or end.stranded:
             return
+        import json  # noqa: PLC0415 - several nodes only
+
+        from rankrun.store.api import StoreUnavailable  # noqa: PLC0415 - several nodes only
+
         member = self._member
         try:
             async with asyncio.timeout(self._bound):

@@ -124,8 +124,9 @@ class JobObservers:
             self._events.emit(job_start(self._spec))
         now = self._events.now()
         self._events.emit(JobEnd(code, job_outcome(code, error), self.goodput.ledger.at(now)), mono=now)
-        account = self.goodput.ledger.at(now)
-        self._say(f"rankrun: {self.goodput.line(account)}")
+        said = self.goodput.line(self.goodput.ledger.at(now))
+        if said is not None:
+            self._say(f"rankrun: {said}")
         if self._log is not None:
             await asyncio.to_thread(self._log.close)  # waits for a file's or a terminal's lines: off the loop
         if self._server is not None:
