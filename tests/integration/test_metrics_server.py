@@ -52,7 +52,8 @@ def failing_job(nproc: int) -> list[Record]:
 
 
 def folded(events: list[Record]) -> Metrics:
-    m = Metrics()
+    """The series of ``events``, on a clock that stands 2 s after them: the same events render the same text."""
+    m = Metrics(monotonic=lambda: 3.0)
     for e in events:
         m.on_event(e)
     return m
@@ -295,6 +296,16 @@ def wait_for_value(api: str, expr: str, expected: str) -> dict[str, Any]:
     raise AssertionError(f"{expr} never became {expected} within {WAIT:g} s: last {result}")
 
 
+NO_SECONDS = dict.fromkeys(("productive", "waiting", "startup", "restart", "stall", "lost"), "0")
+
+
+def job_seconds(api: str) -> dict[str, str]:
+    """``rankrun_job_seconds_total`` as Prometheus stored it, by category."""
+    found = query(api, "rankrun_job_seconds_total")
+    assert all(set(s["metric"]) == {"__name__", "run", "job", "instance", "category"} for s in found), found
+    return {s["metric"]["category"]: s["value"][1] for s in found}
+
+
 @pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: Debian's prometheus package is not installed "
                                                 "(scripts/test and CI install it)")
 def test_a_real_prometheus_scrapes_it(tmp_path: Path, reaper: Reaper) -> None:
@@ -309,10 +320,14 @@ def test_a_real_prometheus_scrapes_it(tmp_path: Path, reaper: Reaper) -> None:
                 [failed] = await asyncio.to_thread(query, api, 'rankrun_workers{state="failed"}')
                 assert failed["value"][1] == "1"
                 assert len(await asyncio.to_thread(query, api, '{__name__=~"rankrun_.*"}')) <= 60
+                # the goodput account, from the same scrape: attempt 0 failed as it started, restarting for 2 s since
+                assert await asyncio.to_thread(job_seconds, api) == {**NO_SECONDS, "restart": "2"}
 
                 m.on_event(event("restart", attempt=1, reason="a worker failed", restarts_left=0))
                 m.on_event(event("job.end", exit_code=1, outcome="failed"))
                 await asyncio.to_thread(wait_for_value, api, "rankrun_restarts_total", "1")
                 await asyncio.to_thread(wait_for_value, api, "rankrun_up", "0")
+                # the final account has the job end where attempt 0 did, so no restart time: the counter keeps its 2 s
+                assert await asyncio.to_thread(job_seconds, api) == {**NO_SECONDS, "restart": "2"}
 
     asyncio.run(main())

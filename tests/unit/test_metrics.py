@@ -45,7 +45,9 @@ def job(nproc: int, nnodes: int = 1, group_rank: int = 0, failed_rank: int = 5) 
 
 
 def fold(events: list[Record], metrics: Metrics | None = None) -> Metrics:
-    metrics = Metrics() if metrics is None else metrics
+    """``events`` folded into ``metrics``, or into new ones whose clock stands still: a scrape of the same events
+    renders the same text (the job's seconds are taken at the scrape)."""
+    metrics = Metrics(monotonic=lambda: 60.0) if metrics is None else metrics
     for e in events:
         metrics.on_event(e)
     return metrics
@@ -275,7 +277,7 @@ def test_the_number_of_series_does_not_grow_with_the_ranks() -> None:
         assert set(few) == set(many)  # the same series, whatever the ranks: no pid or host in a label, 8 ranks at most
         assert len(few) <= 60
         later = {"rank", "where"} if upto is None else set()  # the stragglers' ranks, the kept bytes' places
-        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", "how", *later}
+        assert {name for _, labels in few for name, _ in labels} == {"run", "state", "phase", "how", "category", *later}
     print(f"series: {len(few)} for 8 workers a node, {len(many)} for 512")
     many = series(512, failed)
     assert many[("rankrun_workers", frozenset({"run": RUN, "state": "stopped"}.items()))] == 511
@@ -499,3 +501,84 @@ def test_the_copies_give_their_bytes_by_where_once_complete() -> None:
     m.on_event(event("checkpoint.restored", attempt=1, step=5, source="disk", ranks="0-7", bytes=5, seconds=1.0))
     assert m.render() == before  # a place it does not know, and a restore: no series changes
     assert 'rankrun_checkpoint_bytes{run="job-42",where="neighbour"} 9\n' in before.decode()
+
+
+CATEGORIES = ("productive", "waiting", "startup", "restart", "stall", "lost")
+
+
+def job_seconds(metrics: Metrics) -> dict[str, float | None]:
+    """``rankrun_job_seconds_total`` by its category label, as a scraper reads it (one scrape)."""
+    found = samples(metrics)
+    return {c: found.get(("rankrun_job_seconds_total", frozenset({"run": RUN, "category": c}.items())))
+            for c in CATEGORIES}
+
+
+def seconds(**parts: float) -> dict[str, float]:
+    return {c: parts.get(c, 0.0) for c in CATEGORIES}
+
+
+def restarted_job() -> list[Record]:
+    """Attempt 0 (start-up 13-14 s by its first collective, told at 16 s) keeps a step at 19 s and fails at 21 s; the
+    restart's attempt 1 starts at 23 s and is stopped by a signal at 25 s, before any sign of training."""
+    return [
+        event("job.start", nproc_per_node=2, nnodes="1", max_restarts=1, rdzv_backend="c10d", entry="t.py", mono=10.0),
+        event("rdzv.round", round=0, nodes=1, world_size=2, group_rank=0, seconds=2.0, mono=12.0),
+        event("workers.start", attempt=0, ranks="0-1", pids=[1, 2], mono=13.0),
+        event("training", attempt=0, seconds=1.0, mono=16.0),
+        kept(5, mono=19.0, ranks="0-1", seconds=0.5),
+        event("failure", attempt=0, rank=1, host="h", exit_code=1, signal=None, exception=None, mono=21.0),
+        event("workers.end", attempt=0, outcome="failed", mono=21.0),
+        event("restart", attempt=1, reason="a worker failed", restarts_left=0, mono=22.0),
+        event("workers.start", attempt=1, ranks="0-1", pids=[3, 4], mono=23.0),
+        event("job.end", exit_code=143, outcome="interrupted", mono=25.0),
+    ]
+
+
+def test_the_job_seconds_are_six_counters_from_before_the_first_event() -> None:
+    m = Metrics(run=RUN, monotonic=lambda: 5.0)
+    assert job_seconds(m) == seconds()
+    text = m.render().decode()
+    assert "# TYPE rankrun_job_seconds_total counter\n" in text
+    assert "never less" in text  # the HELP says why a category may hold more than the account now
+    assert {f.name: f.type for f in text_string_to_metric_families(text)}["rankrun_job_seconds"] == "counter"
+
+
+def test_the_job_seconds_are_the_account_at_each_scrape_and_never_go_down() -> None:
+    now = [15.0]
+    events = restarted_job()
+    m = fold(events[:3], Metrics(monotonic=lambda: now[0]))
+    assert job_seconds(m) == seconds(waiting=3.0, startup=2.0)  # no sign of training yet: all start-up so far
+    now[0] = 18.0
+    m.on_event(events[3])  # the first collective, told 2 s after it: 14-18 s was training, not start-up
+    assert job_seconds(m) == seconds(waiting=3.0, startup=2.0, productive=4.0)  # start-up shown 2 s: never less
+    fold(events[4:7], m)
+    now[0] = 22.0  # attempt 0 failed at 21 s, its step kept at 19 s: 19-21 s lost, restarting since
+    assert job_seconds(m) == seconds(waiting=3.0, startup=2.0, productive=5.0, lost=2.0, restart=1.0)
+    fold(events[7:9], m)
+    now[0] = 24.5  # attempt 1 started at 23 s: all start-up so far, 1 + 1.5 s, above the 2 s shown
+    assert job_seconds(m) == seconds(waiting=3.0, startup=2.5, productive=5.0, lost=2.0, restart=2.0)
+    m.on_event(events[9])  # stopped with no sign of training: the account makes its 2 s lost, its start-up none
+    after = job_seconds(m)
+    assert after == seconds(waiting=3.0, startup=2.5, productive=5.0, lost=4.0, restart=2.0)
+    now[0] = 100.0  # the job ended: the final account, whatever the clock says
+    assert job_seconds(m) == after
+
+
+def test_after_the_job_ends_an_unscraped_account_is_the_final_one_summing_to_the_wall_time() -> None:
+    m = fold(restarted_job(), Metrics(monotonic=lambda: 1000.0))
+    shown = job_seconds(m)
+    assert shown == seconds(waiting=3.0, startup=1.0, productive=5.0, lost=4.0, restart=2.0)
+    assert sum(v for v in shown.values() if v is not None) == 15.0  # job.start at 10 s to job.end at 25 s
+
+
+def test_a_stall_and_the_time_after_a_success_in_the_job_seconds() -> None:
+    m = fold([
+        event("job.start", nproc_per_node=1, nnodes="1", max_restarts=0, rdzv_backend="c10d", entry="t.py", mono=0.0),
+        event("workers.start", attempt=0, ranks="0", pids=[1], mono=1.0),
+        event("training", attempt=0, seconds=0.5, mono=2.0),
+        event("stall", ranks="0", title="rankrun: rank 0 stalled", silent=2.0, mono=6.0),  # silent since 4 s
+        event("stall.end", ranks="0", seconds=3.0, mono=7.0),
+        event("workers.end", attempt=0, outcome="succeeded", mono=9.0),
+        event("job.end", exit_code=0, outcome="succeeded", mono=9.5),
+    ], Metrics(monotonic=lambda: 50.0))
+    assert job_seconds(m) == seconds(waiting=1.0, startup=0.5, productive=5.0, stall=3.0)

@@ -11,6 +11,10 @@ or a host, and a rank only for the few stragglers named now (``rankrun_straggler
 ``rankrun.listen`` binds. It serves from memory on the event loop, so it answers while the job forms or fails. A
 client gets ``TIMEOUT`` seconds and ``MAX_REQUEST`` bytes for its request, and at most ``MAX_CONNECTIONS`` are
 open at once (the next ones get 503): a slow or silent client holds neither memory nor the others' answers.
+
+``rankrun_job_seconds_total{category}`` is the goodput account (``rankrun.events.goodput``) of every event folded so
+far, taken at the scrape: each category shows the largest value any scrape showed, as a counter must never go down
+while the account may move seconds from one category to another when a later event says where they belonged.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from rankrun.events.fields import ranks_in
+from rankrun.events.goodput import PARTS, Ledger
 from rankrun.events.records import (
     CheckpointKept,
     CheckpointRestored,
@@ -134,10 +139,15 @@ class Metrics:
         # rank -> median lag of each rank named a straggler now (all of them: when one of the shown recovers, the next
         # largest is shown); at most the job's ranks, a few bytes each
         self.stragglers: dict[int, float] = {}
+        # where this node's time went (the goodput account), fed every event, read at each scrape on ``monotonic``;
+        # ``shown``: each category's largest value a scrape showed, the floor of the next (a counter never goes down)
+        self.ledger = Ledger()
+        self.shown = dict.fromkeys(PARTS, 0.0)
 
     def on_event(self, event: Record) -> None:
         """Fold one record in. Never raises: a consumer never breaks the stream that feeds it."""
         self.run = event.run
+        self.ledger.add(event)
         match event:
             case JobStart():
                 self.up = True
@@ -207,6 +217,13 @@ class Metrics:
     def _age(self) -> float | None:
         """Seconds since the newest step was kept, now (never below 0)."""
         return None if self.kept_at is None else max(self._monotonic() - self.kept_at, 0.0)
+
+    def _job_seconds(self) -> dict[str, float]:
+        """The account now, each category raised to the largest value shown before, which it becomes."""
+        account = self.ledger.at(self._monotonic())
+        for part in PARTS:
+            self.shown[part] = max(self.shown[part], getattr(account, f"{part}_s"))
+        return self.shown
 
     def _job_end(self) -> None:
         self.up = False
@@ -287,6 +304,11 @@ class Metrics:
              "(it did not fit: the previous step stays kept).", [({"state": s}, self.saves[s]) for s in SAVES]),
             ("rankrun_checkpoint_save_seconds", "gauge", "The longest blocking time of save() among this node's ranks, "
              "for the newest kept step.", [({}, self.save_seconds)]),
+            ("rankrun_job_seconds_total", "counter", "Seconds of this node's time since the job's start, by category "
+             "of the goodput account: productive, waiting, startup, restart, stall, lost (goodput: productive over "
+             "their sum); the final account once the job ended. A later event can move seconds from one category to "
+             "another (a first collective seen late turns start-up into productive): each shows the largest value "
+             "shown so far, never less.", [({"category": c}, v) for c, v in self._job_seconds().items()]),
         ]
         run = _label_value(self.run)
         lines: list[str] = []
