@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -490,7 +491,9 @@ def test_the_value_round_trips_through_json():
 @pytest.mark.parametrize("bad", [
     None, 40.1, "40.1", [40.1] * 7, {}, {k: v for k, v in as_value(EXAMPLE).items() if k != "lost_s"},
     {**as_value(EXAMPLE), "lost_s": None}, {**as_value(EXAMPLE), "lost_s": "a lot"},
-    {**as_value(EXAMPLE), "lost_s": [1]},
+    {**as_value(EXAMPLE), "lost_s": "0.51"}, {**as_value(EXAMPLE), "lost_s": True}, {**as_value(EXAMPLE), "lost_s": [1]},
+    {**as_value(EXAMPLE), "lost_s": -0.51}, {**as_value(EXAMPLE), "wall_s": math.nan},
+    {**as_value(EXAMPLE), "wall_s": math.inf},
 ], ids=repr)
 def test_anything_else_is_no_account(bad):
     assert from_value(bad) is None

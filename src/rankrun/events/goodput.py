@@ -23,6 +23,7 @@ from its nodes' (the longest wall time, the worst node's parts); ``line`` the co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -254,10 +255,14 @@ def as_value(a: Goodput) -> dict[str, float]:
 
 
 def from_value(obj: object) -> Goodput | None:
-    """``as_value``'s inverse; None for anything else."""
+    """``as_value``'s inverse; None for anything else: a key missing, or a value that is not a number of seconds (a
+    string, a boolean, below zero, not finite: another node's account would make the job's a NaN, or negative)."""
     if not isinstance(obj, dict):
         return None
-    try:
-        return Goodput(**{name: float(obj[name]) for name in Goodput.__match_args__})
-    except (KeyError, TypeError, ValueError):
-        return None
+    values: list[float] = []
+    for name in Goodput.__match_args__:
+        value = obj.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < math.inf:
+            return None
+        values.append(float(value))
+    return Goodput(*values)
