@@ -429,6 +429,7 @@ def test_the_worst_node_is_the_least_productive_share_not_the_fewest_seconds():
 def test_a_node_with_no_time_is_never_the_worst_and_no_nodes_is_no_time():
     assert share(gp(0)) == 1.0
     assert share(gp(8, productive=2, waiting=6)) == 0.25
+    assert share(gp(0.5, productive=0.125, startup=0.375)) == 0.25  # under a second is time too
     assert job([gp(0), gp(10, productive=9, waiting=1)]) == gp(10, productive=9, waiting=1)
     assert job([]) == gp(0)
 
@@ -460,6 +461,8 @@ def test_the_line_of_several_nodes_names_the_worst():
     assert line(EXAMPLE, 2, nodes=3, worst="n2 at 10.0.0.2") == (
         "goodput 87.5 % of 40.1 s (the job, 3 nodes; the worst: n2 at 10.0.0.2) — start-up 6.2 %, restarts 5.0 % (2), "
         "stalls 0 %, lost 1.3 %, waiting 0 %")
+    assert line(EXAMPLE, 1, nodes=2, worst="n1 at 10.0.0.1").startswith(
+        "goodput 87.5 % of 40.1 s (the job, 2 nodes; the worst: n1 at 10.0.0.1) — ")
 
 
 @pytest.mark.parametrize(("wall", "words"), [(0.04, "0.0 s"), (599.94, "599.9 s"), (600, "10 min"),
@@ -473,6 +476,8 @@ def test_a_part_of_almost_nothing_shows_and_no_time_at_all_is_zero():
     assert line(gp(40, productive=39.99, stall=0.01), 0) == (
         "goodput 100.0 % of 40.0 s — start-up 0 %, restarts 0 % (0), stalls 0.0 %, lost 0 %, waiting 0 %")
     assert line(gp(0), 0) == "goodput 0 % of 0.0 s — start-up 0 %, restarts 0 % (0), stalls 0 %, lost 0 %, waiting 0 %"
+    # another node's value (from_value) with parts and no wall time: still a line, not a ZeroDivisionError
+    assert line(gp(0, productive=1, lost=1), 0, kept=False).startswith("goodput 0 % of 0.0 s — start-up 0 %,")
 
 
 # --- the value in job.end and the store
