@@ -370,7 +370,7 @@ def _parts(a: Goodput) -> list[float]:
     return [a.productive_s, a.waiting_s, a.startup_s, a.restart_s, a.stall_s, a.lost_s]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(sequences())
 def test_the_parts_are_never_negative_and_sum_to_the_wall_time(drawn):
     pairs, ended, now = drawn
@@ -392,7 +392,7 @@ def test_the_parts_are_never_negative_and_sum_to_the_wall_time(drawn):
         assert a.lost_s == a.restart_s == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(sequences(), st.floats(0.0, 20.0))
 def test_the_account_so_far_only_grows_with_time(drawn, later):
     pairs, _, _ = drawn
