@@ -11,7 +11,9 @@ From ``job.start`` to ``job.end``, on the node's monotonic clock (``mono``), eac
 - ``stall``: from a stall's start (its report, less the seconds the workers had been silent) to its end
   (``stall.end``) or the attempt's;
 - ``lost``: in an attempt that did not succeed (a failure, a stall that failed it, a lost or new node, a signal), the
-  training after the newest step kept in it (``checkpoint.kept``), or all of its training when it kept none;
+  training after the newest step kept in it (``checkpoint.kept``), or all of its training when it kept none. Such an
+  attempt that showed no sign of training failed in its start-up where another attempt of the node showed one (all of
+  it is start-up); where none ever did (a plain script), it counts from the workers' start, as all lost;
 - ``restart``: from such an attempt's end (``workers.end``) to the next attempt's start, or to the job's end;
 - ``productive``: the rest: training in attempts that succeeded, and up to the newest kept step in those that did not.
 
@@ -54,6 +56,7 @@ class _Attempt:
     """The attempt running on this node: where its parts' boundaries are, so far."""
 
     start: float  # workers.start's mono
+    number: int  # its attempt number (workers.start's)
     sign: float | None = None  # its first sign of training
     sign_rank: int = len(SIGN_NAMES)  # how trusted that sign is (lower: more)
     kept: float | None = None  # when its newest step was kept
@@ -79,6 +82,9 @@ class Ledger:
     restarts: int = 0
     kept_any: bool = False
     signs: list[int] = field(default_factory=list)  # the sign each closed attempt ended on (SIGN_NAMES' index)
+    # each attempt that failed before any sign of training: its parts as start-up, and as work (start-up 0), for a node
+    # that showed a sign in another attempt (it failed in its start-up) or never did (a job without signs)
+    unsigned: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
 
     def add(self, event: Record) -> None:  # noqa: PLR0912 - one case per event that moves a boundary
         """Fold one event in (the node's own, in the order it wrote them)."""
@@ -94,20 +100,22 @@ class Ledger:
                 pass
             case WorkersStart():
                 self._close_gap(mono)
-                self.attempt = _Attempt(mono)
-            case Training(seconds=seconds) if self.attempt is not None:
+                self.attempt = _Attempt(mono, event.attempt)
+            case Training(seconds=seconds) if self.attempt is not None and event.attempt == self.attempt.number:
                 self.attempt.signal(self.attempt.start + max(0.0, seconds), COLLECTIVE)
             case CheckpointKept(state="kept", seconds=seconds):
                 self.kept_any = True
                 if self.attempt is not None:
                     self.attempt.signal(mono - seconds, SAVE)
                     self.attempt.kept = mono
-            case Startup(store_max=store, spawn=spawn) if self.attempt is not None and store is not None:
+            case Startup(store_max=store, spawn=spawn) if (self.attempt is not None and store is not None
+                                                          and event.attempt == self.attempt.number):
                 self.attempt.signal(self.attempt.start - spawn + store, STORE)
             case Stall(silent=silent) if self.attempt is not None:
                 self.attempt.stalls.append([mono - (silent or 0.0), float("inf")])
-            case StallEnd() if self.attempt is not None and self.attempt.stalls:
-                self.attempt.stalls[-1][1] = mono
+            case StallEnd() if self.attempt is not None:
+                for stall in self.attempt.stalls:  # a stall reported again in another place is the same stall
+                    stall[1] = min(stall[1], mono)
             case WorkersEnd(outcome=outcome) if self.attempt is not None:
                 self._close_attempt(mono, succeeded=outcome == "succeeded")
             case Restart():
@@ -128,6 +136,10 @@ class Ledger:
         end = self.ended if self.ended is not None else now
         began = self.began if self.began is not None else end
         parts = dict(self.parts)
+        trained = self.trained
+        for as_startup, as_work in self.unsigned:
+            for name, value in (as_startup if trained else as_work).items():
+                parts[name] += value
         if self.ended is None:
             if self.attempt is not None:
                 for name, value in _split(self.attempt, end, succeeded=True, now=True).items():
@@ -135,6 +147,12 @@ class Ledger:
             elif self.gap_since is not None:
                 parts[self.gap] += max(0.0, end - self.gap_since)
         return Goodput(_r(end - began), *(_r(parts[name]) for name in PARTS))
+
+    @property
+    def trained(self) -> bool:
+        """Whether any attempt of this node showed a sign of training (the running one included)."""
+        return any(sign < len(SIGN_NAMES) for sign in self.signs) or (self.attempt is not None
+                                                                       and self.attempt.sign is not None)
 
     @property
     def sign(self) -> str | None:
@@ -149,16 +167,19 @@ class Ledger:
     def _close_attempt(self, mono: float, *, succeeded: bool) -> None:
         attempt = self.attempt
         assert attempt is not None
-        for name, value in _split(attempt, mono, succeeded=succeeded).items():
-            self.parts[name] += value
+        if attempt.sign is None and not succeeded:
+            self.unsigned.append((_split(attempt, mono, succeeded=False, now=True), _split(attempt, mono, succeeded=False)))
+        else:
+            for name, value in _split(attempt, mono, succeeded=succeeded).items():
+                self.parts[name] += value
         self.signs.append(attempt.sign_rank)
         self.attempt = None
         self.gap, self.gap_since = ("productive" if succeeded else "restart"), mono
 
 
 def _split(attempt: _Attempt, end: float, *, succeeded: bool, now: bool = False) -> dict[str, float]:
-    """An attempt's seconds from its start to ``end`` by part (pure). ``now``: the attempt still runs, so with no
-    sign of training yet all of its time so far is start-up."""
+    """An attempt's seconds from its start to ``end`` by part (pure). ``now``: with no sign of training yet, all of its
+    time is start-up (it still runs; or it failed in its start-up); else its start-up ends at its start."""
     start = attempt.start
     end = max(end, start)
     sign = min(max(attempt.sign, start), end) if attempt.sign is not None else end if now else start
