@@ -103,3 +103,17 @@ def test_a_value_that_is_no_account_is_left_out_and_with_none_left_the_host_says
                        "startup_s": 0.0, "restart_s": 0.0, "stall_s": 0.0, "lost_s": 0.0}).encode()
     job = asyncio.run(asyncio.wait_for(scenario([*bad, good]), BOUND))
     assert job is not None and job.startswith("goodput 10.0 % of 10.0 s (the job, 2 nodes; the worst: 127.0.0.2)")
+
+
+def test_a_node_keeps_one_account_in_the_store_its_last_rounds():
+    async def scenario() -> list[str]:
+        store, keys = MemoryStore(), Keys.for_run("job")
+        node = _trained("127.0.0.2", 102)
+        member = Member(store, keys, NodeInfo("n1", 1, 1, "default", "127.0.0.2", "h1"), await store.grant(30))
+        share = GoodputShare(node, member, lambda: 109.0, host=False, bound=BOUND)
+        for number in (1, 2, 4):
+            await share.after(Round(number - 1, 0, Assignment(number, 1, 2, NodeRanks(1, 2, 1, 2), "127.0.0.1", 29500, 0)),
+                              None)  # type: ignore[arg-type]
+        return [e.key for e in (await store.range(keys.root + "goodput/"))[0]]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), BOUND)) == [Keys.for_run("job").goodput_of(4, 1)]

@@ -57,6 +57,7 @@ class GoodputShare(Feature):
     def __init__(self, goodput: JobGoodput, member: Member, now: Callable[[], float], *, host: bool,
                  bound: float) -> None:
         self._goodput, self._member, self._now, self._host, self._bound = goodput, member, now, host, bound
+        self._written: str | None = None  # this node's key of the round before: one account a node in the store
 
     async def after(self, round_: Round, result: AttemptResult) -> None:  # noqa: ARG002 - the account says it
         word = round_.word
@@ -69,10 +70,14 @@ class GoodputShare(Feature):
         member, ledger = self._member, self._goodput.ledger
         value = json.dumps({"node": ledger.node, "kept": ledger.kept_any, **as_value(ledger.at(self._now()))})
         lease = member.job.id if member.job is not None else 0
+        key = member.keys.goodput_of(word.round, word.group_rank)
         try:
-            await member.store.put(member.keys.goodput_of(word.round, word.group_rank), value.encode(), lease=lease)
+            if self._written is not None:
+                await member.store.delete(self._written)
+            await member.store.put(key, value.encode(), lease=lease)
         except StoreUnavailable:
             return  # the host's line is then without this node's account
+        self._written = key
 
     async def ended(self, end: RoundWord) -> None:
         if not self._host or end.stranded:
