@@ -70,6 +70,11 @@ def test_the_host_says_the_jobs_account_from_every_nodes_naming_the_worst(nodes)
         written = {e.key: json.loads(e.value) for e in (await store.range(keys.goodput(3)))[0]}
         assert sorted(written) == [keys.goodput_of(3, i) for i in range(1, nodes)]  # the host reads, it writes none
         assert all(from_value(v) is not None for v in written.values())
+        assert [(v["node"], v["kept"]) for _, v in sorted(written.items())] == [(f"127.0.0.{i + 1}", False)
+                                                                                for i in range(1, nodes)]
+        assert [from_value(v) for _, v in sorted(written.items())] == [g.ledger.at(109.5) for g in others]
+        await shares[0].ended(RoundWord(word.round, Phase.ENDED, stranded=True))
+        assert not host.others  # a job stranded (too few nodes left) has no job's account to give
         await shares[0].ended(RoundWord(word.round, Phase.ENDED, ok=True))
         for share in shares[1:]:
             await share.ended(RoundWord(word.round, Phase.ENDED, ok=True))  # the others read nothing
@@ -117,3 +122,26 @@ def test_a_node_keeps_one_account_in_the_store_its_last_rounds():
         return [e.key for e in (await store.range(keys.root + "goodput/"))[0]]
 
     assert asyncio.run(asyncio.wait_for(scenario(), BOUND)) == [Keys.for_run("job").goodput_of(4, 1)]
+
+
+def test_the_jobs_line_says_nothing_was_kept_only_when_no_node_kept_a_step():
+    def lost(node: str, kept: bool) -> JobGoodput:
+        pairs: list[tuple[float, Record]] = [(100, JobStart(1, "2", 0, "c10d", "t.py")), (101, WorkersStart(0, "0", (7,))),
+                                             (102, Training(0, 1.0))]
+        if kept:
+            pairs.append((104, CheckpointKept(5, "0", 10, 0.0, "kept", None)))
+        pairs += [(106, WorkersEnd(0, "failed")), (110, JobEnd(1, "failed"))]
+        return _events(node, *pairs)
+
+    host = lost("127.0.0.1", kept=False)
+    other = lost("127.0.0.2", kept=True)
+    host.others = [("127.0.0.2", other.ledger.at(110), True)]
+    said = host.line(host.ledger.at(110))
+    assert said is not None and "nothing was kept" not in said and "(the job, 2 nodes; the worst: 127.0.0.1)" in said
+    host.others = [("127.0.0.2", lost("127.0.0.2", kept=False).ledger.at(110), False)]
+    said = host.line(host.ledger.at(110))
+    assert said is not None and said.endswith("; nothing was kept (rankrun.checkpoint): each failed attempt lost all its "
+                                              "training")
+    alone = lost("127.0.0.1", kept=False)
+    assert (alone.line(alone.ledger.at(110)) or "").startswith("goodput 0 % of 10.0 s — start-up 10.0 %, "
+                                                               "restarts 40.0 % (0), stalls 0 %, lost 40.0 %")
