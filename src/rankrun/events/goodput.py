@@ -3,7 +3,8 @@
 From ``job.start`` to ``job.end``, on the node's monotonic clock (``mono``), each second is in exactly one part:
 
 - ``waiting``: before the node's first attempt (the rendezvous, the other nodes, a spare's wait), and after this node
-  was excluded from the job;
+  was excluded from the job; but ``--preload``'s one import, which runs then (its ``preload`` event's seconds), is
+  start-up;
 - ``startup``: each attempt from its workers' start (``workers.start``) to its first sign of training, the first of,
   in this order of trust: the first collective (``training``, from torch's Flight Recorder), the start of the first
   kept ``rankrun.checkpoint.save`` (``checkpoint.kept``, less its blocking seconds), every rank reaching the store in
@@ -35,6 +36,7 @@ from rankrun.events.records import (
     JobEnd,
     JobStart,
     NodeExcluded,
+    Preload,
     Record,
     Restart,
     Stall,
@@ -85,6 +87,8 @@ class Ledger:
     # each attempt that failed before any sign of training: its parts as start-up, and as work (start-up 0), for a node
     # that showed a sign in another attempt (it failed in its start-up) or never did (a job without signs)
     unsigned: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
+    imported: float = 0.0  # --preload's one import (its ready event's seconds): start-up, though before any attempt
+    first_wait: float | None = None  # the waiting before the first attempt, once it started
 
     def add(self, event: Record) -> None:  # noqa: PLR0912 - one case per event that moves a boundary
         """Fold one event in (the node's own, in the order it wrote them)."""
@@ -99,7 +103,11 @@ class Ledger:
             case JobStart():
                 pass
             case WorkersStart():
+                first = self.attempt is None and not self.signs and not self.unsigned
+                waited = self.parts["waiting"]
                 self._close_gap(mono)
+                if first:
+                    self.first_wait = self.parts["waiting"] - waited
                 self.attempt = _Attempt(mono, event.attempt)
             case Training(seconds=seconds) if self.attempt is not None and event.attempt == self.attempt.number:
                 self.attempt.signal(self.attempt.start + max(0.0, seconds), COLLECTIVE)
@@ -120,6 +128,8 @@ class Ledger:
                 self._close_attempt(mono, succeeded=outcome == "succeeded")
             case Restart():
                 self.restarts += 1
+            case Preload(state="ready", seconds=seconds) if not self.imported:
+                self.imported = max(0.0, seconds)
             case NodeExcluded(nodes=nodes) if self.attempt is None and _names(nodes, self.node):
                 self._close_gap(mono)
                 self.gap = "waiting"
@@ -136,6 +146,11 @@ class Ledger:
         end = self.ended if self.ended is not None else now
         began = self.began if self.began is not None else end
         parts = dict(self.parts)
+        if self.imported:  # the import ran while the node waited for its first attempt: it was start-up
+            before = self.first_wait if self.first_wait is not None else parts["waiting"]
+            moved = min(self.imported, before)
+            parts["waiting"] -= moved
+            parts["startup"] += moved
         trained = self.trained
         for as_startup, as_work in self.unsigned:
             for name, value in (as_startup if trained else as_work).items():
