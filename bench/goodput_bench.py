@@ -10,15 +10,33 @@ repetition: every job folded into a fresh ``goodput.Ledger`` (``add``, event by 
 account so far, its open attempt split at that moment). The medians over the repetitions, in µs per event, against
 the issue's budget of 1 ms CPU per event on the launcher. The account reads only the launcher's own events: the
 workers run nothing for it. torchrun keeps no such account.
+
+``python bench/goodput_bench.py --restart [--quick]`` (``--only goodput_restart`` in bench/run.py): **what warm starts
+and kept progress are worth**, the account of checkpoint_bench.py's restart scenario made long enough for its shares
+to mean something. 2 gloo ranks of ``payloads/ckpt_restart.py`` hold 100 MB each and have ``RESTART_STEPS`` steps of
+work, each ``STEP_S`` s of sleep (the step's compute: a sleep, so that the machine's load moves the compute less) then
+an all-reduce and a save; rank 1 SIGKILLs itself in step ``KILL_AT`` of attempt 0 and attempt 1 resumes and finishes
+the work. Four rankrun variants, 2x2, interleaved in rotating order, each ``--standalone --max-restarts 1 --events
+FILE``: cold or ``--preload torch``, by ``rankrun.checkpoint.save`` every step (resumes from the kept step) or the
+script's own ``torch.save`` to a local file every ``DISK_EVERY`` steps and ``torch.load`` at its start (no
+``rankrun.checkpoint``: the account sees no kept step, so it counts all of attempt 0's training lost, while the script
+redoes only the steps since its last file). Per job: ``job.end``'s ``goodput``, checked against ``goodput.account`` of
+the file's records; the step resumed from, and the kill's distance from the killed rank's newest save (the work the
+script itself lost). The machine's load average and the other processes' share of its CPU during each job are
+reported with it. torchrun keeps no account: it has no column.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +44,11 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "src"))
 
-from rankrun.events.goodput import Ledger  # noqa: E402
+import checkpoint_bench as ckpt  # noqa: E402
+from harness import BenchError, cpu_mark, foreign_load, log, pycache, run_timed, scratch  # noqa: E402
+from rankrun.events.goodput import Ledger, account, as_value  # noqa: E402
 from rankrun.events.records import Record, from_json  # noqa: E402
-from report import Row, Target  # noqa: E402
+from report import Row, Target, text_table  # noqa: E402
 
 BUDGET_US = 1000.0  # the issue's: at most 1 ms of the launcher's CPU per event
 JOBS = 4  # event sequences, each its own seed
@@ -178,11 +198,246 @@ def details(result: Result) -> list[str]:
     ]
 
 
+# --------------------------------------------------------------------------- what warm starts and kept progress are worth
+
+RESTART_STEPS = 40  # the job's work, in steps; attempt 0 is killed in step ckpt.KILL_AT, attempt 1 finishes the rest
+STEP_S = 0.5  # each step's compute (a sleep), before its all-reduce and its save
+GOODPUT_PARTS = ("productive_s", "waiting_s", "startup_s", "restart_s", "stall_s", "lost_s")
+PART_LABELS = {"productive_s": "productive", "waiting_s": "waiting", "startup_s": "start-up", "restart_s": "restart",
+               "stall_s": "stall", "lost_s": "lost"}
+DISK_WARM = ckpt.Variant("disk_warm", "rankrun --preload torch + torch.load of the last disk save",
+                         ckpt.KEEP_WARM.launcher, "disk")
+# 2x2: cold / --preload torch, by rankrun.checkpoint every step / the script's own torch.save every DISK_EVERY steps
+RESTART_VARIANTS = (ckpt.KEEP_COLD, ckpt.KEEP_WARM, ckpt.DISK_COLD, DISK_WARM)
+SHORT = {ckpt.KEEP_COLD.key: "cold + checkpoint", ckpt.KEEP_WARM.key: "--preload torch + checkpoint",
+         ckpt.DISK_COLD.key: "cold + disk", DISK_WARM.key: "--preload torch + disk"}
+
+
+@dataclass
+class Account:
+    """One restart job's account and what the script itself saw."""
+
+    goodput: dict[str, float]  # job.end's goodput: wall_s and the six parts, seconds
+    drift: float  # the largest |job.end's part - goodput.account(the file's records)'s|, seconds
+    resumed: int  # the step attempt 1 resumed from (both ranks agree)
+    script_lost: float  # the kill's distance from the killed rank's newest save returning, seconds
+    elapsed: float  # the launcher's wall time as this process timed it, seconds
+    loadavg: float  # the 1-minute load average at the job's start
+    foreign: float  # the share of the machine's CPU other processes used during the job
+
+    def share(self, part: str) -> float:
+        wall = self.goodput["wall_s"]
+        return self.goodput[part] / wall * 100 if wall > 0 else math.nan
+
+
+def account_of(lines: list[str]) -> tuple[dict[str, float], float]:
+    """job.end's goodput from an events file's lines, and its largest distance from ``account`` of the file's records
+    (pure); ``BenchError`` when the file does not end in a ``job.end`` with an account."""
+    objs = [json.loads(line) for line in lines if line.strip()]
+    if not objs or objs[-1].get("event") != "job.end" or not isinstance(objs[-1].get("goodput"), dict):
+        raise BenchError(f"the events file does not end in a job.end with its goodput (last: {objs[-1:]})")
+    said = {k: float(v) for k, v in objs[-1]["goodput"].items()}
+    folded = as_value(account(from_json(obj) for obj in objs))
+    return said, max(abs(said[k] - folded[k]) for k in folded)
+
+
+def measure_account(variant: ckpt.Variant, steps: int = RESTART_STEPS, step_s: float = STEP_S) -> Account:
+    loadavg, mark = os.getloadavg()[0], cpu_mark()
+    with scratch("goodput-restart") as tmp:
+        events = tmp / "events.jsonl"
+        args = [str(tmp), variant.mode, str(ckpt.RESTART_BYTES), str(ckpt.KILL_AT), str(ckpt.DISK_EVERY), str(steps),
+                str(step_s)]
+        argv = variant.launcher.command(2, ckpt.RESTART_PAYLOAD, args, ["--events", str(events)])
+        timed = run_timed(argv, timeout=240 + steps * step_s * 4, extra_env=dict(variant.env))
+        if timed.rc != 0:
+            raise BenchError(f"{variant.label} exited {timed.rc} (expected 0 after the restart); stderr tail:\n"
+                             f"{timed.stderr_tail}")
+        try:
+            goodput, drift = account_of(events.read_text().splitlines())
+            records = {(a, r): json.loads((tmp / f"a{a}_r{r}.json").read_text()) for a in (0, 1) for r in (0, 1)}
+            fail_ts = float((tmp / "fail_ts").read_text())
+        except (OSError, ValueError) as exc:
+            raise BenchError(f"{variant.label}: no events or no record ({exc}); stderr tail:\n{timed.stderr_tail}") from None
+    resumed = {int(records[(1, r)]["resumed"]) for r in (0, 1)}
+    if len(resumed) != 1:
+        raise BenchError(f"{variant.label}: the ranks of attempt 1 resumed from different steps: {sorted(resumed)}")
+    killed = records[(0, 1)]
+    script_lost = fail_ts - float(killed.get("last_save", killed["loaded"]))
+    return Account(goodput, drift, resumed.pop(), script_lost, timed.wall, loadavg, foreign_load(mark, cpu_mark())[0])
+
+
+@dataclass
+class RestartResult:
+    reps: int
+    steps: int = RESTART_STEPS
+    step_s: float = STEP_S
+    jobs: dict[str, list[Account]] = field(default_factory=dict)  # variant key → its jobs
+
+    def values(self, key: str, get: Callable[[Account], float]) -> list[float]:
+        return [get(job) for job in self.jobs.get(key, [])]
+
+    def median(self, key: str, get: Callable[[Account], float]) -> float:
+        values = self.values(key, get)
+        return statistics.median(values) if values else math.nan
+
+    def part(self, key: str, part: str) -> float:
+        return self.median(key, lambda a: a.goodput[part])
+
+    def share(self, key: str, part: str) -> float:
+        return self.median(key, lambda a: a.share(part))
+
+    def before_training(self, key: str, *, waiting: bool = False) -> float:
+        """Start-up and restart seconds together (with ``waiting``: and waiting), the median over the jobs."""
+        return self.median(key, lambda a: a.goodput["startup_s"] + a.goodput["restart_s"]
+                           + (a.goodput["waiting_s"] if waiting else 0.0))
+
+
+def restart_warm_up() -> None:
+    """torch, torch.distributed, rankrun.checkpoint and the preload into the run's bytecode cache: the short scenario
+    once with --preload torch and the checkpoint, once cold from disk (unrecorded)."""
+    ckpt.measure_restart(ckpt.KEEP_WARM)
+    ckpt.measure_restart(ckpt.DISK_COLD)
+
+
+def run_restart(reps: int, steps: int = RESTART_STEPS, step_s: float = STEP_S) -> RestartResult:
+    result = RestartResult(reps, steps, step_s)
+    restart_warm_up()
+    for rep in range(reps):
+        k = rep % len(RESTART_VARIANTS)  # as harness.rotated: each rotation starts with another variant
+        for variant in (*RESTART_VARIANTS[k:], *RESTART_VARIANTS[:k]):
+            job = measure_account(variant, steps, step_s)
+            result.jobs.setdefault(variant.key, []).append(job)
+            log(f"  goodput restart rep {rep + 1}/{reps}, {variant.label}: goodput {job.share('productive_s'):.1f} % of "
+                f"{job.goodput['wall_s']:.1f} s, start-up {job.goodput['startup_s']:.1f} s, restart "
+                f"{job.goodput['restart_s']:.1f} s, lost {job.goodput['lost_s']:.1f} s (load average {job.loadavg:.1f}, "
+                f"other processes {job.foreign:.0%})")
+    return result
+
+
+def _ratio_of(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def restart_rows(result: RestartResult) -> list[Row]:
+    kc, kw, dc, dw = (v.key for v in RESTART_VARIANTS)
+    what = (f"the restart scenario ({result.steps} steps of {result.step_s:g} s, 2 gloo ranks of "
+            f"{ckpt.RESTART_BYTES / 1e6:g} MB, rank 1 killed in step {ckpt.KILL_AT}; torchrun: no account)")
+    out = [Row(f"goodput of {what}: {variant.label}", "%", rankrun=result.share(variant.key, "productive_s"),
+               torchrun=math.nan, decimals=1, compare=False) for variant in RESTART_VARIANTS]
+    for warm, cold, how in ((kw, kc, "rankrun.checkpoint"), (dw, dc, "torch.save to disk")):
+        for waiting, which in ((False, "start-up + restart"), (True, "waiting + start-up + restart (the preload's import "
+                                                                        "is waiting)")):
+            out.append(Row(f"goodput account of {what}: {which} seconds, --preload torch, with {how}", "s",
+                           rankrun=result.before_training(warm, waiting=waiting), torchrun=math.nan,
+                           baseline=result.before_training(cold, waiting=waiting), baseline_label=f"cold, with {how}",
+                           decimals=1, compare=False))
+    for kept, disk, how in ((kc, dc, "cold"), (kw, dw, "--preload torch")):
+        out.append(Row(f"goodput account of {what}: lost seconds, {how}, rankrun.checkpoint every step", "s",
+                       rankrun=result.part(kept, "lost_s"), torchrun=math.nan, baseline=result.part(disk, "lost_s"),
+                       baseline_label=f"{how}, torch.save every {ckpt.DISK_EVERY} steps: none kept for the account",
+                       decimals=1, compare=False))
+    return out
+
+
+def _cell(result: RestartResult, key: str, part: str) -> str:
+    if part == "wall_s":
+        return f"{result.part(key, part):.1f}"
+    return f"{result.part(key, part):.1f} ({result.share(key, part):.1f} %)"
+
+
+def restart_table(result: RestartResult) -> list[str]:
+    keys = [v.key for v in RESTART_VARIANTS]
+    lines = ["| | " + " | ".join(f"rankrun {SHORT[k]}" for k in keys) + " | torchrun |",
+             "|---|" + "---|" * (len(keys) + 1)]
+
+    def add(label: str, cells: list[str], torchrun: str = "no account") -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {torchrun} |")
+
+    add("wall (s: job.start → job.end)", [_cell(result, k, "wall_s") for k in keys])
+    for part in GOODPUT_PARTS:
+        add(f"{PART_LABELS[part]} (s, % of wall)", [_cell(result, k, part) for k in keys])
+    add("**goodput** (productive % of wall)", [f"**{result.share(k, 'productive_s'):.1f} %**" for k in keys])
+    add("goodput, each job (%)", [fmt_list(result.values(k, lambda a: a.share("productive_s")), 1) for k in keys])
+    add("wall, each job (s)", [fmt_list(result.values(k, lambda a: a.goodput["wall_s"]), 1) for k in keys])
+    add("start-up + restart, each job (s)",
+        [fmt_list(result.values(k, lambda a: a.goodput["startup_s"] + a.goodput["restart_s"]), 1) for k in keys])
+    add("waiting + start-up + restart, each job (s; `--preload torch`'s import is waiting)",
+        [fmt_list(result.values(k, lambda a: sum(a.goodput[p] for p in ("waiting_s", "startup_s", "restart_s"))), 1)
+         for k in keys])
+    add("lost, each job (s)", [fmt_list(result.values(k, lambda a: a.goodput["lost_s"]), 1) for k in keys])
+    add("step resumed from", [fmt_list(result.values(k, lambda a: a.resumed), 0) for k in keys], "—")
+    add("the script's own loss: the kill - the killed rank's newest save (s)",
+        [fmt_list(result.values(k, lambda a: a.script_lost), 1) for k in keys], "—")
+    add("job.end's account - goodput.account(the file), largest part (ms)",
+        [fmt_list(result.values(k, lambda a: a.drift * 1000), 0) for k in keys], "—")
+    add("load average at the job's start", [fmt_list(result.values(k, lambda a: a.loadavg), 1) for k in keys], "—")
+    add("other processes' CPU share during the job (%)",
+        [fmt_list(result.values(k, lambda a: a.foreign * 100), 0) for k in keys], "—")
+    return lines
+
+
+def fmt_list(values: list[float], decimals: int) -> str:
+    return ", ".join(f"{v:.{decimals}f}" for v in values) or "—"
+
+
+def worth(result: RestartResult) -> list[str]:
+    """The ratios that say what warm starts and kept progress are worth, as lines."""
+    kc, kw, dc, dw = (v.key for v in RESTART_VARIANTS)
+    before = {k: result.before_training(k) for k in (kc, kw, dc, dw)}
+    waited = {k: result.before_training(k, waiting=True) for k in (kc, kw, dc, dw)}
+    lost = {k: result.part(k, "lost_s") for k in (kc, kw, dc, dw)}
+    good = {k: result.share(k, "productive_s") for k in (kc, kw, dc, dw)}
+    wall = {k: result.part(k, "wall_s") for k in (kc, kw, dc, dw)}
+    return [
+        f"- **warm starts** (`--preload torch`): start-up + restart {before[kc]:.1f} s cold against {before[kw]:.1f} s "
+        f"warm with the checkpoint (cold ÷ warm {_ratio_of(before[kc], before[kw]):.2f}), {before[dc]:.1f} s against "
+        f"{before[dw]:.1f} s with disk saves ({_ratio_of(before[dc], before[dw]):.2f}); the account counts the preload's "
+        "one `import torch` at launch, before the first attempt, as waiting: with waiting, "
+        f"{waited[kc]:.1f} s against {waited[kw]:.1f} s ({_ratio_of(waited[kc], waited[kw]):.2f}) with the checkpoint, "
+        f"{waited[dc]:.1f} s against {waited[dw]:.1f} s ({_ratio_of(waited[dc], waited[dw]):.2f}) with disk saves;",
+        f"- **kept progress** (`rankrun.checkpoint` every step): lost {lost[kc]:.1f} s against {lost[dc]:.1f} s with "
+        f"the script's own disk saves, cold (disk ÷ kept {_ratio_of(lost[dc], lost[kc]):.2f}), {lost[kw]:.1f} s "
+        f"against {lost[dw]:.1f} s warm ({_ratio_of(lost[dw], lost[kw]):.2f});",
+        f"- **both**: goodput {good[dc]:.1f} % (cold + disk) against {good[kw]:.1f} % (`--preload torch` + checkpoint), "
+        f"{good[kw] - good[dc]:+.1f} points; wall {wall[dc]:.1f} s against {wall[kw]:.1f} s (cold + disk ÷ warm + "
+        f"checkpoint {_ratio_of(wall[dc], wall[kw]):.2f}).",
+    ]
+
+
+def restart_details(result: RestartResult) -> list[str]:
+    return [
+        "### The goodput account of the restart scenario: what warm starts and kept progress are worth", "",
+        f"`bench/goodput_bench.py --restart` (its docstring says how): 2 gloo ranks of "
+        f"`bench/payloads/ckpt_restart.py`, {ckpt.RESTART_BYTES / 1e6:g} MB each, {result.steps} steps of work, each "
+        f"{result.step_s:g} s of sleep (its compute) then an all-reduce and a save; rank 1 SIGKILLs itself in step "
+        f"{ckpt.KILL_AT} of attempt 0, attempt 1 resumes and finishes the {result.steps} steps. Each job `rankrun "
+        "--standalone --max-restarts 1 --events FILE`, cold or `--preload torch`; with `rankrun.checkpoint.save` "
+        f"every step, or the script's own `torch.save` to a local file every {ckpt.DISK_EVERY} steps and `torch.load` "
+        "at its start (no `rankrun.checkpoint`: the account sees no kept step and counts all of attempt 0's "
+        "training lost; the script itself redoes only the steps since its last file, the row *the script's own "
+        "loss* says how much). The four interleaved in rotating order; rotations: "
+        f"{result.reps}. Seconds are `job.end`'s `goodput`, each checked against `goodput.account` of the file's "
+        "records; per part the median over the jobs, the % of wall the median of each job's share (so the parts' "
+        "medians need not sum to the wall's). torchrun keeps no account: its column is empty.", "",
+        *restart_table(result), "",
+        *worth(result), "",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=JOBS)
+    parser.add_argument("--restart", action="store_true",
+                        help="the restart scenario's account instead (2x2 rankrun variants, real jobs)")
+    parser.add_argument("--quick", action="store_true", help="with --restart: one rotation (default 3)")
     args = parser.parse_args()
+    if args.restart:
+        with pycache():  # as bench/run.py: a private bytecode cache
+            restart = run_restart(1 if args.quick else 3)
+        print(text_table(restart_rows(restart)))
+        print("\n".join(restart_details(restart)))
+        return
     result = run(args.reps, args.jobs)
     for row in rows(result):
         print(f"{row.metric}: {row.rankrun:.{row.decimals}f} {row.unit}")

@@ -61,7 +61,7 @@ from harness import (
 from report import Row, markdown_table, text_table
 
 METRICS = ("launch", "rss", "failure", "restart", "console", "store", "rendezvous", "faults", "stacks", "api", "observe",
-           "health", "netcheck", "straggler", "store_scale", "warm", "checkpoint", "goodput")
+           "health", "netcheck", "straggler", "store_scale", "warm", "checkpoint", "goodput", "goodput_restart")
 IN_PROCESS = {"goodput"}  # measured in this process, no launcher started: they need no warm-up
 
 
@@ -93,6 +93,7 @@ class Plan:
     warm_reps_32: int  # the same at 32 ranks (32 cold interpreters importing torch: about 2 minutes a rotation on 2 cores)
     checkpoint_reps: int  # rotations of the four failure jobs (checkpoint cold / --preload torch, disk rankrun / torchrun)
     goodput_reps: int  # folds of the goodput bench's long jobs, without and with a scrape after each event
+    goodput_restart_reps: int  # rotations of the restart scenario's four variants (cold / --preload torch, by kept / disk)
     stacks_ranks: tuple[int, ...] = (8, 64, 512)
     stacks_nodes: tuple[int, ...] = (256,)
     warm_sizes: tuple[int, ...] = (2, 8, 32)
@@ -104,12 +105,13 @@ FULL = Plan(launch_reps=7, rss_reps=3, failure_reps=7, restart_reps=7, console_r
             rendezvous_reps=3, faults_reps=5, stacks_reps=3, api_reps=5, observe_reps=31, observe_fail_reps=7,
             health_reps=21, hole_reps=3, gate_scale_reps=5, netcheck_reps=21, netcheck_round_reps=5, netcheck_real_reps=5,
             straggler_reps=3, straggler_detect_reps=2, store_scale_reps=3, warm_reps=5, warm_reps_32=2,
-            checkpoint_reps=2, goodput_reps=5)
+            checkpoint_reps=2, goodput_reps=5, goodput_restart_reps=3)
 QUICK = Plan(launch_reps=3, rss_reps=2, failure_reps=3, restart_reps=3, console_reps=1, console_lines=1_000_000, store_reps=2,
              rendezvous_reps=1, faults_reps=1, stacks_reps=1, api_reps=2, observe_reps=11, observe_fail_reps=2,
              health_reps=5, hole_reps=1, gate_scale_reps=2, netcheck_reps=5, netcheck_round_reps=2, netcheck_real_reps=2,
              straggler_reps=1, straggler_detect_reps=1, store_scale_reps=1, warm_reps=2, warm_reps_32=0, warm_sizes=(2, 8),
-             checkpoint_reps=1, checkpoint_sizes=checkpoint_bench.SIZES[:2], checkpoint_saves=(4, 4), goodput_reps=3)
+             checkpoint_reps=1, checkpoint_sizes=checkpoint_bench.SIZES[:2], checkpoint_saves=(4, 4), goodput_reps=3,
+             goodput_restart_reps=1)
 
 
 @dataclass
@@ -266,10 +268,15 @@ def _steps(plan: Plan, lines: int) -> dict[str, Callable[[], tuple[list[Row], li
         r = goodput_bench.run(plan.goodput_reps)
         return goodput_bench.rows(r), goodput_bench.details(r)
 
+    def goodput_restart() -> tuple[list[Row], list[str]]:
+        r = goodput_bench.run_restart(plan.goodput_restart_reps)
+        return goodput_bench.restart_rows(r), goodput_bench.restart_details(r)
+
     return {"launch": launch, "rss": rss, "failure": failure, "restart": restart, "console": console, "store": store,
             "rendezvous": rendezvous, "faults": faults, "stacks": stacks_, "api": api,
             "observe": observe, "health": health, "netcheck": netcheck, "straggler": straggler, "store_scale": store_scale,
-            "warm": warm, "checkpoint": checkpoint, "goodput": goodput}
+            "warm": warm, "checkpoint": checkpoint, "goodput": goodput,
+            "goodput_restart": goodput_restart}
 
 
 def warm_up() -> None:
@@ -377,7 +384,8 @@ def markdown(command: str, info: dict[str, str], plan: Plan, outcome: Outcome, t
         f"warm {plan.warm_reps} (" + ", ".join(f"N={n}" for n in plan.warm_sizes if n < 32)
         + (f"; N=32 {plan.warm_reps_32}" if 32 in plan.warm_sizes else "") + f"), checkpoint {plan.checkpoint_reps} ("
         + ", ".join(f"{checkpoint_bench.size_label(n)} {c} saves" for n, c in
-                    zip(plan.checkpoint_sizes, plan.checkpoint_saves, strict=True)) + f"), goodput {plan.goodput_reps}",
+                    zip(plan.checkpoint_sizes, plan.checkpoint_saves, strict=True))
+        + f"), goodput {plan.goodput_reps} (its restart scenario {plan.goodput_restart_reps})",
         "",
         "## Summary (medians)",
         "",
