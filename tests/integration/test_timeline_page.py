@@ -27,6 +27,8 @@ import pytest
 
 import timeline_events as job
 from conftest import alive, clean_environ
+from rankrun.events.goodput import PARTS as GOODPUT_PARTS
+from rankrun.timeline.render import PART_COLORS
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
@@ -148,6 +150,12 @@ def test_the_page_fetches_nothing_and_names_the_run_the_failure_and_the_restart_
     assert dom.count("<script>") == 1  # the page's own: the exception's stayed text
     assert "lost: 127.0.0.4" in dom
     assert "stall: ranks 3" in dom
+    # the job's goodput in the header, and each node's account as one bar of its parts (a node with no stall: five)
+    assert ('<p id="goodput">goodput 26.8 % of 19.1 s (the job, 2 nodes; the worst: 127.0.0.3) — start-up 4.2 %,'
+            " restarts 17.3 % (1), stalls 21.0 %, lost 25.7 %, waiting 4.9 %; nothing was kept") in dom
+    parts = re.findall(r'<rect class="part" data-part="([a-z]+)"[^>]*><title>([^<]*)</title>', dom)
+    assert [name for name, _ in parts] == [*GOODPUT_PARTS[:4], "lost", *GOODPUT_PARTS]
+    assert ("stall", "stall 4.00 s · 21.0 % of 19.0 s") in parts
 
 
 @needs_chromium
@@ -183,6 +191,11 @@ def test_a_screenshot_is_a_picture(tmp_path, page):
     assert share(lambda r, g, b: (r, g, b) != (255, 255, 255)) > width * height // 10  # more than a blank page
     assert share(lambda r, g, b: r > 180 and g < 90 and b < 90) > 2000  # the failed attempt's bar (and its mark)
     assert share(lambda r, g, b: g > 130 and r < 80 and b < 120) > 5000  # the successful attempts' bars
+    # each node's goodput bar, on screen: its productive part (9.1 s and 5.11 s of the 19.1 s plot, 9 px high) and its
+    # lost one (4.9 s each)
+    for part, least in (("productive", 3500), ("lost", 2500)):
+        want = bytes.fromhex(PART_COLORS[part][1:])
+        assert share(lambda r, g, b, want=want: max(abs(r - want[0]), abs(g - want[1]), abs(b - want[2])) <= 8) > least
 
 
 def test_bad_input_is_one_line_and_exit_2_in_a_real_process(tmp_path):

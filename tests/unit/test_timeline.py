@@ -410,7 +410,10 @@ def test_every_mark_and_bar_carries_its_events_and_the_page_fetches_nothing():
     assert "url(" not in html
     assert "@import" not in html
     titles = [t for t, _ in p.tags if t == "title"]
-    assert len(titles) == 1 + len(carried) + 2  # the page's, a native tooltip per mark and bar, and per node's name
+    parts = [a for t, a in p.tags if t == "rect" and a.get("class") == "part"]
+    assert len(parts) == 5 + 6  # the nodes' goodput parts that are not empty: 127.0.0.2 had no stall
+    # the page's, a native tooltip per mark and bar, per node's name, and per goodput part
+    assert len(titles) == 1 + len(carried) + 2 + len(parts)
 
 
 def test_the_panel_opens_on_the_root_cause():

@@ -12,7 +12,7 @@ import timeline_events as job
 from rankrun.events.records import CheckpointKept, CheckpointRestored, CheckpointWritten, as_json
 from rankrun.timeline.layout import kept_summary, kept_words, layout, mark_label, restored_words, written_words
 from rankrun.timeline.read import Event, check, parse_lines
-from rankrun.timeline.render import ATTEMPT_H, AXIS_H, COPY_H, GAP, LANE_PAD, PHASE_H, copy_rows, page, svg
+from rankrun.timeline.render import ATTEMPT_H, AXIS_H, COPY_H, GAP, GOODPUT_H, LANE_PAD, PHASE_H, copy_rows, page, svg
 
 pytestmark = pytest.mark.unit
 
@@ -183,7 +183,9 @@ def test_the_copies_rows_sit_under_the_start_up_row_and_the_ticks_across_the_att
     assert neighbour_y == pytest.approx(attempt_y + ATTEMPT_H + GAP + PHASE_H + GAP, abs=0.11)
     assert disk_y == pytest.approx(neighbour_y + COPY_H + GAP, abs=0.11)
     lane_h = float(re.findall(r'<rect class="lanebg" x="0" y="[0-9.]+" width="\d+" height="(\d+)"', drawn)[0])
-    assert disk_y + COPY_H + LANE_PAD == pytest.approx(AXIS_H + lane_h, abs=0.11)  # the last row ends the lane
+    goodput_y = float(re.findall(r'<rect class="part" data-part="productive" x="[0-9.]+" y="([0-9.]+)"', drawn)[0])
+    assert goodput_y == pytest.approx(disk_y + COPY_H + GAP, abs=0.11)  # the node's account under its copies
+    assert goodput_y + GOODPUT_H + LANE_PAD == pytest.approx(AXIS_H + lane_h, abs=0.11)  # the last row ends the lane
     tick_tops = [float(y) for y in re.findall(r'<path class="sym" d="M[0-9.]+,([0-9.]+)v26"', drawn)]
     assert tick_tops == pytest.approx([attempt_y - 2] * 6, abs=0.11)  # from 2 px over the bar to 2 px under it
     assert "v-6m-3,3l3,-3l3,3" in drawn  # the restored mark's arrow

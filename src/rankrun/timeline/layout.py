@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rankrun.errors import excluded
+from rankrun.events import goodput
 from rankrun.events.fields import ranks_in, restored_from, size_words
+from rankrun.events.records import CheckpointKept, Goodput
 from rankrun.timeline.read import Event
 
 # what a label costs on the page, to stack marks' labels in rows that do not overlap (the renderer draws 11 px text)
@@ -62,6 +64,20 @@ class Lane:
     marks: tuple[Mark, ...]
     label_rows: int
     copies: tuple[Bar, ...] = ()  # the kept steps' copies to the neighbour and to disk (``checkpoint.written``)
+    account: Goodput | None = None  # the node's goodput account, from this lane's events; None: it has no known event
+    parts: tuple[Part, ...] = ()  # the account's bar: its six parts, in goodput.PARTS order (zero-length ones too)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a node's goodput account, a segment of the lane's goodput bar (``start``, ``end``: on the page's
+    time axis, as long as the part's seconds)."""
+
+    name: str  # one of goodput.PARTS
+    start: float
+    end: float
+    seconds: float
+    label: str  # ``stall 4.00 s · 21.0 % of 19.0 s``: the segment's tooltip
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,7 @@ class Drawing:
     summary: tuple[str, ...]  # what happened, in a few lines a person reads first
     root_causes: tuple[Event, ...]  # one failure event per failed attempt
     endings: tuple[Event, ...]  # how the job ended: a node's job.end per distinct ending (JobEnd.events)
+    goodput: str = ""  # the job's goodput account in words (goodput.line), "" when no lane has one
 
 
 def _clip(text: str) -> str:
@@ -366,7 +383,7 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
         for e in lane_events:
             wall[e] = w0 + (e.mono - m0)
 
-    raw_lanes = []
+    raw_lanes, accounts = [], []
     for (source, node), lane_events in groups.items():
         started = {a: wall[e] for e in lane_events if e.name == "workers.start" and (a := e.integer("attempt")) is not None}
         rounds = [_round_bar(e, wall[e]) for e in lane_events if e.name == "rdzv.round"]
@@ -377,6 +394,7 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
         marked = [e for e in lane_events if not drawn_on_a_bar(e, set(started))]
         ranks = next((e.text("ranks") or "" for e in reversed(lane_events) if e.name == "workers.start"), "")
         raw_lanes.append((source, node, ranks, rounds, attempts, phases, copies, marked))
+        accounts.append(node_account(lane_events, wall))
 
     origin = min([*wall.values(), *(b.start for lane in raw_lanes for bars in lane[3:7] for b in bars)])
     end = max([*wall.values(), *(b.end for lane in raw_lanes for bars in lane[3:7] for b in bars)])
@@ -388,7 +406,8 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
 
     lanes = []
     said: set[tuple[str, str]] = set()  # the job-wide facts already labelled on an earlier lane
-    for source, node, ranks, rounds, attempts, phases, copies, in_file_order in raw_lanes:
+    for (source, node, ranks, rounds, attempts, phases, copies, in_file_order), (account, begin) in zip(
+            raw_lanes, accounts, strict=True):
         marked = sorted(in_file_order, key=lambda e: wall[e])
         labels = [mark_label(e) for e in marked]
         shown = [labelled(e, label, node, said) for e, label in zip(marked, labels, strict=True)]
@@ -398,10 +417,63 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
                                  width_px))
         marks = tuple(Mark(e.name, t, label, *(next(rows) if on else (-1, True)), e)
                       for e, t, label, on in zip(marked, times, labels, shown, strict=True))
+        parts = part_bars(account, begin - origin) if account is not None else ()
         lanes.append(Lane(node, source, ranks, shift(rounds), shift(attempts), shift(phases), marks,
-                          max((m.row + 1 for m in marks), default=0), shift(copies)))
+                          max((m.row + 1 for m in marks), default=0), shift(copies), account, parts))
     ending = job_end(groups, wall)
-    return Drawing(events[0].run, origin, span, tuple(lanes), summarize(events, ending), root_causes(events), ending.events)
+    return Drawing(events[0].run, origin, span, tuple(lanes), summarize(events, ending), root_causes(events), ending.events,
+                   job_goodput(lanes, events))
+
+
+# the goodput account's parts as the page names them (the console's words)
+PART_WORDS = {"productive": "productive", "waiting": "waiting", "startup": "start-up", "restart": "restart",
+              "stall": "stall", "lost": "lost"}
+
+
+def node_account(events: Sequence[Event], wall: dict[Event, float]) -> tuple[Goodput | None, float]:
+    """One lane's goodput account, folded from the records of its events that this schema knows (in the order the node
+    wrote them: ``goodput.account``, the launcher's own fold), and the aligned time its account begins at (its first
+    such event's); (None, 0.0) when it has none. Computed the same way whether or not the file's ``job.end`` carries
+    the account: files written before it did are drawn alike."""
+    known = [e for e in events if e.record is not None]
+    if not known:
+        return None, 0.0
+    return goodput.account(e.record for e in known if e.record is not None), wall[known[0]]
+
+
+def part_bars(account: Goodput, start: float) -> tuple[Part, ...]:
+    """The account's bar from ``start``: its six parts one after the other in ``goodput.PARTS`` order, each as long as
+    its seconds (pure)."""
+    parts, at = [], start
+    for name in goodput.PARTS:
+        seconds = float(getattr(account, f"{name}_s"))
+        parts.append(Part(name, at, at + seconds, seconds, part_words(name, seconds, account.wall_s)))
+        at += seconds
+    return tuple(parts)
+
+
+def part_words(name: str, seconds: float, wall: float) -> str:
+    """``stall 4.00 s · 21.0 % of 19.0 s``: a part's seconds and its share of the node's wall time."""
+    share = f"{100.0 * seconds / wall:.1f} %" if wall > 0 and seconds > 0 else "0 %"  # as goodput.line says it
+    return f"{PART_WORDS[name]} {_secs(seconds)} · {share} of {_secs(wall)}"
+
+
+def job_goodput(lanes: Sequence[Lane], events: Sequence[Event]) -> str:
+    """The job's account for the header, as the console's line says it (``goodput.line`` of ``goodput.job`` over the
+    lanes' accounts, naming the worst node when there are several); "" when no lane has an account."""
+    accounted = [(lane.node, lane.account) for lane in lanes if lane.account is not None]
+    if not accounted:
+        return ""
+    whole = goodput.job([a for _, a in accounted])
+    # the worst node: the one whose parts goodput.job took (all but waiting, which it extends to the job's wall time)
+    worst = next(node for node, a in accounted if _beyond_waiting(a) == _beyond_waiting(whole))
+    restarts = len({e.integer("attempt") for e in events if e.name == "restart"})
+    kept = any(isinstance(e.record, CheckpointKept) and e.record.state == "kept" for e in events)
+    return goodput.line(whole, restarts, kept=kept, nodes=len(accounted), worst=worst)
+
+
+def _beyond_waiting(a: Goodput) -> tuple[float, ...]:
+    return a.productive_s, a.startup_s, a.restart_s, a.stall_s, a.lost_s
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The drawing as one self-contained HTML page: inline SVG, CSS and a small script, nothing fetched from elsewhere.
 
-The picture is complete without the script; the script only shows the hovered (or focused) mark's event in the side
-panel (or the N-th mark's, for ``page.html#mark-N``). Every string that came from an event is escaped, in text and in
-attributes, and no event data is ever placed inside the script.
+Each lane ends with its node's goodput account, one bar of six coloured parts (a tooltip each), and the header gives
+the job's account in the console's words. The picture is complete without the script; the script only shows the
+hovered (or focused) mark's event in the side panel (or the N-th mark's, for ``page.html#mark-N``). Every string that
+came from an event is escaped, in text and in attributes, and no event data is ever placed inside the script.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import json
 import time
 from html import escape
 
-from rankrun.timeline.layout import CHAR_PX, Bar, Drawing, Lane, Mark, nice_ticks
+from rankrun.events.goodput import PARTS
+from rankrun.timeline.layout import CHAR_PX, PART_WORDS, Bar, Drawing, Lane, Mark, Part, nice_ticks
 from rankrun.timeline.read import Event
 
 PLOT_X = 150  # the lane labels' column
@@ -23,6 +25,7 @@ ROUND_H = 13
 ATTEMPT_H = 22
 PHASE_H = 11
 COPY_H = 9  # a row of the kept steps' copies (one to the neighbour, one to disk), on a lane that has such copies
+GOODPUT_H = 9  # the node's goodput account, the lane's last row (on a lane that has an account)
 GAP = 3
 LANE_PAD = 8
 LANE_MIN_H = 112  # the lane label's three lines above the rows' names
@@ -33,6 +36,9 @@ COLORS = {
     "round": "#9dbbe8", "rendezvous": "#9dbbe8", "spawn": "#b99be3", "workers": "#f2c869", "import": "#7cc7bd",
     "neighbour": "#6f8fc9", "disk": "#a0825a", "abandoned": "#d9dcdf",
 }
+# the goodput account's parts: each its own colour, none an attempt's or a phase's (the bar is told apart from them)
+PART_COLORS = {"productive": "#1b7f4a", "waiting": "#c3c8ce", "startup": "#d8a31a", "restart": "#2a5cb8",
+               "stall": "#f08c00", "lost": "#a61e4d"}
 MARK_COLORS = {"failure": "#d64541", "restart": "#1f5fbf", "stall": "#e08a1e", "straggler": "#9c5a12", "node.lost": "#222222",
                "node.excluded": "#7a1f1f", "preload": "#1f7a70", "warm": "#1f7a70", "job.start": "#555555",
                "job.end": "#555555", "checkpoint.kept": "#1d3f6e", "checkpoint.refused": "#f5b700",
@@ -70,6 +76,8 @@ svg text{font-family:"DejaVu Sans",system-ui,sans-serif}
 .lbl.failure{fill:#b3261e;font-weight:bold}
 .lbl.restart{fill:#1f5fbf;font-weight:bold}
 .leader{stroke-width:1;stroke-dasharray:2 2}
+.part{stroke:#fff;stroke-width:0.5}
+#goodput{margin:2px 0}
 [data-event]{cursor:pointer}
 [data-event]:hover .sym,[data-event].hot .sym,rect[data-event]:hover,rect[data-event].hot{stroke:#000;stroke-width:2}
 """
@@ -133,8 +141,13 @@ def _copies_h(lane: Lane) -> int:
     return len(copy_rows(lane)) * (GAP + COPY_H)
 
 
+def _goodput_h(lane: Lane) -> int:
+    """The goodput row and the gap above it; nothing on a lane without an account."""
+    return GAP + GOODPUT_H if lane.parts else 0
+
+
 def _lane_height(lane: Lane) -> int:
-    bars = ROUND_H + GAP + ATTEMPT_H + GAP + PHASE_H + _copies_h(lane)
+    bars = ROUND_H + GAP + ATTEMPT_H + GAP + PHASE_H + _copies_h(lane) + _goodput_h(lane)
     return max(LANE_MIN_H, LANE_PAD + lane.label_rows * ROW_H + 4 + bars + LANE_PAD)
 
 
@@ -151,6 +164,13 @@ def _bar(bar: Bar, y: float, height: int, drawing: Drawing) -> str:
         css = "inbar" if bar.kind == "attempt" and bar.style not in ("open", "unknown") else "inlight"
         out.append(f'<text class="{css}" x="{x0 + 4:.1f}" y="{y + height / 2 + size * 0.36:.1f}">{escape(fits[0])}</text>')
     return "".join(out)
+
+
+def _part(part: Part, y: float, drawing: Drawing) -> str:
+    """One part of the node's goodput account: as wide as its seconds on the time axis, its words as its tooltip."""
+    x0 = _x(part.start, drawing)
+    return (f'<rect class="part" data-part="{part.name}" x="{x0:.1f}" y="{y:.1f}" width="{_x(part.end, drawing) - x0:.2f}"'
+            f' height="{GOODPUT_H}" fill="{PART_COLORS[part.name]}"><title>{escape(part.label)}</title></rect>')
 
 
 def _shorter(label: str) -> list[str]:
@@ -224,7 +244,7 @@ def _lane(lane: Lane, top: float, index: int, drawing: Drawing) -> str:
     if lane.ranks:
         out.append(f'<text class="sub" x="10" y="{top + 32:.1f}">ranks {escape(lane.ranks)}</text>')
     out.append(f'<text class="sub" x="10" y="{top + 45:.1f}">{escape(_tail(lane.source))}</text>')
-    rounds_y = top + height - LANE_PAD - _copies_h(lane) - PHASE_H - GAP - ATTEMPT_H - GAP - ROUND_H
+    rounds_y = top + height - LANE_PAD - _goodput_h(lane) - _copies_h(lane) - PHASE_H - GAP - ATTEMPT_H - GAP - ROUND_H
     attempts_y = rounds_y + ROUND_H + GAP
     phases_y = attempts_y + ATTEMPT_H + GAP
     out += [_bar(b, rounds_y, ROUND_H, drawing) for b in lane.rounds]
@@ -235,6 +255,10 @@ def _lane(lane: Lane, top: float, index: int, drawing: Drawing) -> str:
         y = phases_y + PHASE_H + GAP + i * (COPY_H + GAP)
         out += [_bar(b, y, COPY_H, drawing) for b in bars]
         rows.append((f"to {to}", y, COPY_H))
+    if lane.parts:
+        y = phases_y + PHASE_H + _copies_h(lane) + GAP
+        out += [_part(p, y, drawing) for p in lane.parts if p.seconds > 0]
+        rows.append(("goodput", y, GOODPUT_H))
     for name, y, h in rows:
         out.append(f'<text class="row" x="{PLOT_X - 8}" y="{y + h / 2 + 3:.1f}" text-anchor="end">{escape(name)}</text>')
     label_base = rounds_y - 6
@@ -290,6 +314,7 @@ LEGEND = [
     ("step kept", MARK_COLORS["checkpoint.kept"], "tick"), ("not kept", MARK_COLORS["checkpoint.refused"], "tick"),
     ("copy to neighbour", COLORS["neighbour"], "rect"), ("copy to disk", COLORS["disk"], "rect"),
     ("resumed from a step", MARK_COLORS["checkpoint.restored"], "circle"),
+    *((("goodput: " if name == PARTS[0] else "") + PART_WORDS[name], PART_COLORS[name], "rect") for name in PARTS),
 ]
 
 
@@ -323,6 +348,7 @@ def page(drawing: Drawing) -> str:
         caption = "the root cause" + ("s" if len(shown) > 1 else "")
     else:
         caption = "how the job ended" if shown else "no failure, no job.end"
+    goodput = f'<p id="goodput">{escape(drawing.goodput)}</p>' if drawing.goodput else ""
     initial = "\n\n".join(json.dumps(e.data, ensure_ascii=False, indent=1) for e in shown)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -336,6 +362,7 @@ def page(drawing: Drawing) -> str:
  first event, each node's lane placed by the wall clock and drawn on its own monotonic clock</p>
 <p id="summary"><b>{escape(first)}</b></p>
 {cause_lines}
+{goodput}
 {_legend()}
 </header>
 <main>
