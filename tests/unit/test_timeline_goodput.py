@@ -157,6 +157,17 @@ def test_the_header_gives_the_jobs_account_with_its_worst_node_whatever_the_orde
                                  " attempt lost all its training")
 
 
+def test_a_node_the_job_excluded_is_not_the_jobs_worst_node():
+    # 127.0.0.5 was excluded 0.1 s in (exit 4) and waited all its life: the job ran on without it, on the other two
+    a, b = events_of(job.A, job.node_events(job.A)), events_of(job.B, job.node_events(job.B))
+    x = events_of(job.EXCLUDED, job.excluded_events())
+    d = layout(x + a + b)
+    assert seconds(lane(d, job.EXCLUDED))["waiting"] == pytest.approx(0.1)  # its own bar is drawn still
+    assert d.goodput == layout(a + b).goodput + "; not counted, excluded: 127.0.0.5"
+    alone = layout(x)  # when every node was excluded, that is the job's own ending, and its account
+    assert alone.goodput.startswith("goodput 0 % of 0.1 s — ")
+
+
 def test_the_header_of_a_job_that_kept_its_progress_does_not_say_nothing_was_kept():
     assert layout(events_of(job.A, job.kept_events())).goodput == (
         "goodput 52.4 % of 10.1 s — start-up 20.7 %, restarts 5.8 % (1), stalls 0 %, lost 15.1 %, waiting 6.0 %")

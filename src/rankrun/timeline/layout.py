@@ -422,7 +422,7 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
                           max((m.row + 1 for m in marks), default=0), shift(copies), account, parts))
     ending = job_end(groups, wall)
     return Drawing(events[0].run, origin, span, tuple(lanes), summarize(events, ending), root_causes(events), ending.events,
-                   job_goodput(lanes, events))
+                   job_goodput(lanes, events, ending))
 
 
 # the goodput account's parts as the page names them (the console's words)
@@ -458,18 +458,24 @@ def part_words(name: str, seconds: float, wall: float) -> str:
     return f"{PART_WORDS[name]} {_secs(seconds)} · {share} of {_secs(wall)}"
 
 
-def job_goodput(lanes: Sequence[Lane], events: Sequence[Event]) -> str:
+def job_goodput(lanes: Sequence[Lane], events: Sequence[Event], end: JobEnd) -> str:
     """The job's account for the header, as the console's line says it (``goodput.line`` of ``goodput.job`` over the
-    lanes' accounts, naming the worst node when there are several); "" when no lane has an account."""
+    lanes' accounts, naming the worst node when there are several); "" when no lane has an account. A node the job
+    excluded (its job.end's exit 4, ``end``) is left out, as the header's outcome names it apart: it waited from its
+    exclusion on, and would be the job's worst node though the job ran on without it; unless every node was."""
     accounted = [(lane.node, lane.account) for lane in lanes if lane.account is not None]
     if not accounted:
         return ""
-    whole = goodput.job([a for _, a in accounted])
+    apart = {node for node, e in end.finals if e is not None and _excluded(e)}
+    counted = [(node, a) for node, a in accounted if node not in apart] or accounted
+    whole = goodput.job([a for _, a in counted])
     # the worst node: the one whose parts goodput.job took (all but waiting, which it extends to the job's wall time)
-    worst = next(node for node, a in accounted if _beyond_waiting(a) == _beyond_waiting(whole))
+    worst = next(node for node, a in counted if _beyond_waiting(a) == _beyond_waiting(whole))
     restarts = len({e.integer("attempt") for e in events if e.name == "restart"})
     kept = any(isinstance(e.record, CheckpointKept) and e.record.state == "kept" for e in events)
-    return goodput.line(whole, restarts, kept=kept, nodes=len(accounted), worst=worst)
+    text = goodput.line(whole, restarts, kept=kept, nodes=len(counted), worst=worst)
+    left = sorted({node for node, _ in accounted} - {node for node, _ in counted})
+    return text + (f"; not counted, excluded: {', '.join(left)}" if left else "")
 
 
 def _beyond_waiting(a: Goodput) -> tuple[float, ...]:
