@@ -163,6 +163,7 @@ def test_a_node_the_job_excluded_is_not_the_jobs_worst_node():
     x = events_of(job.EXCLUDED, job.excluded_events())
     d = layout(x + a + b)
     assert seconds(lane(d, job.EXCLUDED))["waiting"] == pytest.approx(0.1)  # its own bar is drawn still
+    assert lane(d, job.EXCLUDED).parts[1].label == "waiting 0.10 s · 100.0 % of 0.10 s"
     assert d.goodput == layout(a + b).goodput + "; not counted, excluded: 127.0.0.5"
     alone = layout(x)  # when every node was excluded, that is the job's own ending, and its account
     assert alone.goodput.startswith("goodput 0 % of 0.1 s — ")
@@ -171,6 +172,14 @@ def test_a_node_the_job_excluded_is_not_the_jobs_worst_node():
 def test_the_header_of_a_job_that_kept_its_progress_does_not_say_nothing_was_kept():
     assert layout(events_of(job.A, job.kept_events())).goodput == (
         "goodput 52.4 % of 10.1 s — start-up 20.7 %, restarts 5.8 % (1), stalls 0 %, lost 15.1 %, waiting 6.0 %")
+
+
+def test_a_step_refused_is_not_a_step_kept_in_the_header():
+    refused = job.event(job.A, 5.0, "checkpoint.kept", step=3, ranks="0-1", bytes=0, seconds=0.0, state="refused",
+                        why="rank 1's step 3 (2.1 GB) is not kept: this node has 1.1 GB of room")
+    rows = job.node_events(job.A)
+    d = layout(events_of(job.A, [*rows[:4], refused, *rows[4:]]))
+    assert d.goodput.endswith("; nothing was kept (rankrun.checkpoint): each failed attempt lost all its training")
 
 
 def test_the_worst_node_is_the_one_whose_parts_the_job_takes_even_when_it_ran_shorter():

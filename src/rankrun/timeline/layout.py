@@ -406,7 +406,7 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
 
     lanes = []
     said: set[tuple[str, str]] = set()  # the job-wide facts already labelled on an earlier lane
-    for (source, node, ranks, rounds, attempts, phases, copies, in_file_order), (account, begin) in zip(
+    for (source, node, ranks, rounds, attempts, phases, copies, in_file_order), accounted in zip(
             raw_lanes, accounts, strict=True):
         marked = sorted(in_file_order, key=lambda e: wall[e])
         labels = [mark_label(e) for e in marked]
@@ -417,7 +417,7 @@ def layout(events: Sequence[Event], width_px: float = 860.0) -> Drawing:
                                  width_px))
         marks = tuple(Mark(e.name, t, label, *(next(rows) if on else (-1, True)), e)
                       for e, t, label, on in zip(marked, times, labels, shown, strict=True))
-        parts = part_bars(account, begin - origin) if account is not None else ()
+        account, parts = (None, ()) if accounted is None else (accounted[0], part_bars(accounted[0], accounted[1] - origin))
         lanes.append(Lane(node, source, ranks, shift(rounds), shift(attempts), shift(phases), marks,
                           max((m.row + 1 for m in marks), default=0), shift(copies), account, parts))
     ending = job_end(groups, wall)
@@ -430,14 +430,14 @@ PART_WORDS = {"productive": "productive", "waiting": "waiting", "startup": "star
               "stall": "stall", "lost": "lost"}
 
 
-def node_account(events: Sequence[Event], wall: dict[Event, float]) -> tuple[Goodput | None, float]:
+def node_account(events: Sequence[Event], wall: dict[Event, float]) -> tuple[Goodput, float] | None:
     """One lane's goodput account, folded from the records of its events that this schema knows (in the order the node
     wrote them: ``goodput.account``, the launcher's own fold), and the aligned time its account begins at (its first
-    such event's); (None, 0.0) when it has none. Computed the same way whether or not the file's ``job.end`` carries
+    such event's); None when it has none. Computed the same way whether or not the file's ``job.end`` carries
     the account: files written before it did are drawn alike."""
     known = [e for e in events if e.record is not None]
     if not known:
-        return None, 0.0
+        return None
     return goodput.account(e.record for e in known if e.record is not None), wall[known[0]]
 
 
