@@ -523,3 +523,11 @@ def test_the_value_round_trips_through_json():
 ], ids=repr)
 def test_anything_else_is_no_account(bad):
     assert from_value(bad) is None
+
+
+def test_a_node_that_only_waited_is_not_the_jobs_worst_unless_every_node_only_waited():
+    """A spare, or a node excluded before it ran workers: its waiting is not the job's (the timeline page's case)."""
+    ran = gp(19.05, productive=9.1, waiting=0.95, startup=0.8, restart=3.3, lost=4.9)
+    spare = gp(0.1, waiting=0.1)
+    assert job([ran, spare]) == job([spare, ran]) == ran
+    assert job([spare, gp(5, waiting=5)]) == gp(5, waiting=5)

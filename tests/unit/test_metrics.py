@@ -557,9 +557,9 @@ def test_the_job_seconds_are_the_account_at_each_scrape_and_never_go_down() -> N
     fold(events[7:9], m)
     now[0] = 24.5  # attempt 1 started at 23 s: all start-up so far, 1 + 1.5 s, above the 2 s shown
     assert job_seconds(m) == seconds(waiting=3.0, startup=2.5, productive=5.0, lost=2.0, restart=2.0)
-    m.on_event(events[9])  # stopped with no sign of training: the account makes its 2 s lost, its start-up none
+    m.on_event(events[9])  # stopped with no sign of training, in a job that trained: its 2 s start-up, nothing lost
     after = job_seconds(m)
-    assert after == seconds(waiting=3.0, startup=2.5, productive=5.0, lost=4.0, restart=2.0)
+    assert after == seconds(waiting=3.0, startup=3.0, productive=5.0, lost=2.0, restart=2.0)
     now[0] = 100.0  # the job ended: the final account, whatever the clock says
     assert job_seconds(m) == after
 
@@ -567,7 +567,7 @@ def test_the_job_seconds_are_the_account_at_each_scrape_and_never_go_down() -> N
 def test_after_the_job_ends_an_unscraped_account_is_the_final_one_summing_to_the_wall_time() -> None:
     m = fold(restarted_job(), Metrics(monotonic=lambda: 1000.0))
     shown = job_seconds(m)
-    assert shown == seconds(waiting=3.0, startup=1.0, productive=5.0, lost=4.0, restart=2.0)
+    assert shown == seconds(waiting=3.0, startup=3.0, productive=5.0, lost=2.0, restart=2.0)
     assert sum(v for v in shown.values() if v is not None) == 15.0  # job.start at 10 s to job.end at 25 s
 
 

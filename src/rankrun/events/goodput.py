@@ -129,7 +129,7 @@ class Ledger:
             case Restart():
                 self.restarts += 1
             case Preload(state="ready", seconds=seconds) if not self.imported:
-                self.imported = max(0.0, seconds)
+                self.imported = max(0.0, seconds or 0.0)  # a file's null read as no import known
             case NodeExcluded(nodes=nodes) if self.attempt is None and _names(nodes, self.node):
                 self._close_gap(mono)
                 self.gap = "waiting"
@@ -244,11 +244,13 @@ def account(events: Iterable[Record], now: float | None = None) -> Goodput:
 
 def job(accounts: Sequence[Goodput]) -> Goodput:
     """The job's account from its nodes' (pure): the longest wall time, and the parts of the node with the least
-    productive share; the time it did not see (it started later, or ended sooner) counts as its waiting."""
+    productive share among those that ran workers (a spare's or an excluded node's waiting is not the job's); the time
+    it did not see (it started later, or ended sooner) counts as its waiting."""
     if not accounts:
         return Goodput(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     wall = max(a.wall_s for a in accounts)
-    worst = min(accounts, key=lambda a: (share(a), -a.wall_s))
+    ran = [a for a in accounts if a.wall_s > a.waiting_s] or accounts  # a spare, or a node excluded before it ran
+    worst = min(ran, key=lambda a: (share(a), -a.wall_s))  # anything, only waited: not the job's worst
     return Goodput(wall, worst.productive_s, _r(worst.waiting_s + wall - worst.wall_s), worst.startup_s,
                    worst.restart_s, worst.stall_s, worst.lost_s)
 
