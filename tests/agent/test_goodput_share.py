@@ -145,3 +145,12 @@ def test_the_jobs_line_says_nothing_was_kept_only_when_no_node_kept_a_step():
     alone = lost("127.0.0.1", kept=False)
     assert (alone.line(alone.ledger.at(110)) or "").startswith("goodput 0 % of 10.0 s — start-up 10.0 %, "
                                                                "restarts 40.0 % (0), stalls 0 %, lost 40.0 %")
+
+
+def test_the_worst_named_is_the_node_whose_parts_the_jobs_account_takes_not_one_that_only_waited():
+    host = _trained("127.0.0.1", 105)
+    host.others = [("127.0.0.7", _events("127.0.0.7", (100, JobStart(1, "2", 0, "c10d", "t.py")),
+                                         (100.5, JobEnd(0, "succeeded"))).ledger.at(100.5), False),
+                   ("127.0.0.2", _trained("127.0.0.2", 103).ledger.at(110), False)]
+    said = host.line(host.ledger.at(110))
+    assert said is not None and said.startswith("goodput 50.0 % of 10.0 s (the job, 3 nodes; the worst: 127.0.0.1)")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rankrun.agent.round import Feature, Round
-from rankrun.events.goodput import SIGN_NAMES, Ledger, as_value, from_value, job, line, share
+from rankrun.events.goodput import Ledger, as_value, from_value, job, line, worst_of
 from rankrun.events.records import Goodput, Record
 
 if TYPE_CHECKING:
@@ -40,14 +40,14 @@ class JobGoodput:
         script or program, or a launch that never started workers; its start-up and its work cannot be told apart, and
         ``job.end`` has the account all the same."""
         ledger = self.ledger
-        if not any(sign < len(SIGN_NAMES) for sign in ledger.signs):
+        if not ledger.trained:
             return None
         if not self.others:
             return line(own, ledger.restarts, kept=ledger.kept_any)
         nodes = [(ledger.node, own, ledger.kept_any), *self.others]
-        worst = min(nodes, key=lambda n: (share(n[1]), -n[1].wall_s))
-        return line(job([n[1] for n in nodes]), ledger.restarts, kept=any(n[2] for n in nodes), nodes=len(nodes),
-                    worst=worst[0])
+        accounts = [n[1] for n in nodes]
+        return line(job(accounts), ledger.restarts, kept=any(n[2] for n in nodes), nodes=len(nodes),
+                    worst=nodes[worst_of(accounts)][0])
 
 
 class GoodputShare(Feature):

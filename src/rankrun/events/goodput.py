@@ -249,10 +249,16 @@ def job(accounts: Sequence[Goodput]) -> Goodput:
     if not accounts:
         return Goodput(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     wall = max(a.wall_s for a in accounts)
-    ran = [a for a in accounts if a.wall_s > a.waiting_s] or accounts  # a spare, or a node excluded before it ran
-    worst = min(ran, key=lambda a: (share(a), -a.wall_s))  # anything, only waited: not the job's worst
+    worst = accounts[worst_of(accounts)]
     return Goodput(wall, worst.productive_s, _r(worst.waiting_s + wall - worst.wall_s), worst.startup_s,
                    worst.restart_s, worst.stall_s, worst.lost_s)
+
+
+def worst_of(accounts: Sequence[Goodput]) -> int:
+    """The index of the node ``job`` takes its parts from (pure): the least productive share, the longer wall time on a
+    tie, among the nodes that did more than wait (a spare's or an excluded node's waiting is not the job's)."""
+    ran = [i for i, a in enumerate(accounts) if a.wall_s > a.waiting_s] or list(range(len(accounts)))
+    return min(ran, key=lambda i: (share(accounts[i]), -accounts[i].wall_s))
 
 
 def share(a: Goodput) -> float:
