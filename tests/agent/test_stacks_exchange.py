@@ -111,7 +111,9 @@ def test_two_nodes_stalling_together_ask_once() -> None:
     asyncio.run(scenario())
 
 
-def test_a_node_that_does_not_answer_is_named_with_its_address_and_ranks() -> None:
+def test_a_node_that_does_not_answer_is_named_with_its_address_and_ranks(monkeypatch) -> None:
+    monkeypatch.setattr(exchange_module, "ANSWER_BOUND", 0.2)  # waited out whole: its length is not the point
+
     async def scenario() -> None:
         _, members = await _job(3, odd=1, serving=[0, 1])  # node 2's agent is stuck: it never answers
         async with asyncio.timeout(BOUND):
@@ -125,7 +127,9 @@ def test_a_node_that_does_not_answer_is_named_with_its_address_and_ranks() -> No
     asyncio.run(scenario())
 
 
-def test_a_stall_whose_asker_never_reports_is_asked_again() -> None:
+def test_a_stall_whose_asker_never_reports_is_asked_again(monkeypatch) -> None:
+    monkeypatch.setattr(exchange_module, "REPORT_BOUND", 0.2)  # waited out whole: its length is not the point
+
     async def scenario() -> None:
         store, members = await _job(2, odd=3)
         keys = members[0].exchange.keys  # the ask of an agent that got stuck right after asking
