@@ -4,8 +4,9 @@ rather than sleeping. LOAD_EVERY=N: every N steps every rank "loads data" for LO
 rank is slow only from that many seconds on (it prints ``SLOW FROM <wall time>`` then). Prints ``READY`` after
 init_process_group and ``DONE <steps>`` at the end. SLOW_NODE=1: every rank of this launcher is
 slow, whatever its rank (a slow node, across restarts that renumber the ranks). STALL_AFTER=S: SLOW_RANK stops
-for good after S seconds, before a collective (a stall: the others wait in it). RESTARTED_RUN_S: RUN_S of a restarted
-attempt (TORCHELASTIC_RESTART_COUNT > 0), so a test of what follows a restart need not run the first attempt's length."""
+for good after S seconds, before a collective (a stall: the others wait in it). RESTARTED_RUN_S: RUN_S of a later
+attempt: restarted (TORCHELASTIC_RESTART_COUNT > 0) or, with FIRST_WORLD=N, re-formed with a world of other than N
+ranks (a membership change spends no restart), so a test of what follows need not run the first attempt's length."""
 
 import os
 import time
@@ -18,7 +19,8 @@ rank = dist.get_rank()
 compute, slow_s = float(os.environ.get("COMPUTE_S", "0.05")), float(os.environ.get("SLOW_S", "0.3"))
 slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
 run_s, slow_after = float(os.environ.get("RUN_S", "10")), float(os.environ.get("SLOW_AFTER", "0"))
-if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+first_world = os.environ.get("FIRST_WORLD")
+if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or first_world not in (None, str(dist.get_world_size())):
     run_s = float(os.environ.get("RESTARTED_RUN_S", run_s))
 load_every, load_s = int(os.environ.get("LOAD_EVERY", "0")), float(os.environ.get("LOAD_S", "1.0"))
 spin = os.environ.get("SPIN") == "1"
