@@ -1,8 +1,8 @@
 """``--straggler-window`` on real gloo jobs: a synchronous loop (every rank "computes" 50 ms a step, one rank 300 ms,
 then they all_reduce, ``payloads/gloo_steps.py``). The slow rank is named within the run, once, with a lag within a
-quarter of the 250 ms it adds; the same job balanced, or loading data on every rank, names nobody; a rank slowed by a
-CPU quota on its process (a cgroup), not by its code, is named just the same; two nodes of two ranks on loopback
-name the slow rank on the other node with its address, on both nodes."""
+quarter of the 250 ms it adds, and with its address: one job of two nodes of two ranks on loopback (``two_nodes``),
+the slow rank on the other node, on both nodes; a balanced job, or one loading data on every rank, names nobody; a
+rank slowed by a CPU quota on its process (a cgroup), not by its code, is named just the same, by its node alone."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environ, fresh_loopback, payload
+from conftest import RANKRUN, Launcher, Reaper, clean_environ, fresh_loopback, payload
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -40,20 +40,6 @@ def _tail(*runs: object) -> str:
 
 def _events(path: Path) -> list[dict[str, object]]:
     return [e for e in (json.loads(line) for line in path.read_text().splitlines()) if e["event"] == "straggler"]
-
-
-def test_the_slow_rank_of_four_is_named_once_with_its_lag_and_an_event(launch, tmp_path):
-    events = tmp_path / "events.jsonl"
-    run = launch("--standalone", "--nproc-per-node", "4", "--straggler-window", WINDOW, "--events", str(events),
-                 payload("gloo_steps.py"), env=_env(SLOW_RANK="2", RUN_S="12"))
-    assert run.finish(timeout=180) == 0, _tail(run)
-    named = [line for line in run.err if ANY in line]
-    assert len(named) == 1, run.err
-    m = re.fullmatch(NAMED, named[0])
-    assert m is not None and m.group(1) == "2", named
-    assert int(m.group(3)) >= 90 and int(m.group(4)) >= 8 and 188 <= int(m.group(5)) <= 312, named  # 250 ms ± 25 %
-    (event,) = _events(events)
-    assert event["rank"] == 2 and event["verdict"] == "named" and 0.188 <= event["lag"] <= 0.312  # type: ignore[operator]
 
 
 def test_a_balanced_job_loading_data_on_every_rank_names_nobody(launch, tmp_path):
@@ -104,32 +90,75 @@ def test_a_rank_slowed_by_a_cpu_quota_on_its_process_is_named_just_the_same(laun
     try:
         # each of two ranks (one a core: spinners sharing a core would be late by turns) spins 50 ms of CPU a step;
         # rank 1's process may use 15 % of a CPU: ~330 ms a step
-        run = launch("--standalone", "--nproc-per-node", "2", "--straggler-window", WINDOW, payload("gloo_steps.py"),
-                     env=_env(SPIN="1", RUN_S="14", SLOW_S="0.05"))
+        events = tmp_path / "events.jsonl"
+        run = launch("--standalone", "--nproc-per-node", "2", "--straggler-window", WINDOW, "--events", str(events),
+                     payload("gloo_steps.py"), env=_env(SPIN="1", RUN_S="14", SLOW_S="0.05"))
         (ready,) = run.wait_for(r"READY rank 1 pid \d+", timeout=90)
         (group / "cgroup.procs").write_text(ready.split()[-1])
         assert run.finish(timeout=180) == 0, _tail(run)
         named = [re.fullmatch(NAMED, line) for line in run.err if ANY in line]
-        assert [m.group(1) for m in named if m] == ["1"], run.err
+        assert [m.group(1) if m else None for m in named] == ["1"], run.err
+        assert [(e["rank"], e["verdict"]) for e in _events(events)] == [(1, "named")]
     finally:
         quota.__exit__(None, None, None)
 
 
-def test_two_nodes_name_the_slow_rank_on_the_other_node_with_its_address_on_both(launch, tmp_path):
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Launcher], Path, str]]:
+    """One job, two tests' (one launch of 4 gloo ranks, not two): two nodes of two ranks on loopback, rank 3 (the
+    other node's second) slow; the launchers once ended (their exit codes asserted by the tests), the folder of
+    their ``host.jsonl`` and ``other.jsonl`` events, and the other node's address. Like ``launch`` and
+    ``private_tmpdir``, for a module: every process it learnt of gone, and no temporary file left behind."""
+    tmp = tmp_path_factory.mktemp("two-nodes")
+    reaper, private = Reaper(), tmp / "TMPDIR"
+    private.mkdir()
     host, other = fresh_loopback(), fresh_loopback()
     args = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:29433", "--rdzv-id", "stragglers",
             "--nproc-per-node", "2", "--straggler-window", WINDOW)
-    env = _env(SLOW_RANK="3", RUN_S="14")
-    runs = [launch(*args, "--rdzv-conf", "is_host=1", "--local-addr", host, "--events", str(tmp_path / "host.jsonl"),
-                   payload("gloo_steps.py"), env=dict(env)),
-            launch(*args, "--rdzv-conf", "is_host=0", "--local-addr", other, "--events", str(tmp_path / "other.jsonl"),
-                   payload("gloo_steps.py"), env=dict(env))]  # every 127.x is this machine's: only one may host
-    assert [r.finish(timeout=180) for r in runs] == [0, 0], _tail(*runs)
+    env = _env(SLOW_RANK="3", RUN_S="14", TMPDIR=str(private), TEST_PID_DIR=str(reaper.watch_dir(tmp / "pids")))
+    runs = [Launcher([*RANKRUN, *args, "--rdzv-conf", "is_host=1", "--local-addr", host, "--events",
+                      str(tmp / "host.jsonl"), payload("gloo_steps.py")], dict(env), tmp, reaper),
+            Launcher([*RANKRUN, *args, "--rdzv-conf", "is_host=0", "--local-addr", other, "--events",
+                      str(tmp / "other.jsonl"), payload("gloo_steps.py")], dict(env), tmp, reaper)]
+    try:  # every 127.x is this machine's: only one may host
+        for run in runs:
+            with contextlib.suppress(AssertionError):
+                run.finish(timeout=180)  # the tests say what an exit code other than 0 means
+        yield runs, tmp, other
+    finally:
+        for run in runs:
+            if run.proc.poll() is None:
+                run.kill()
+        leaked = reaper.cleanup()
+        assert not leaked, f"processes left behind: {leaked}"
+        assert list(private.iterdir()) == [], "a launcher left temporary files behind"
+
+
+def test_the_slow_rank_of_four_is_named_once_with_its_lag_and_an_event(two_nodes):
+    """On every node, once over the run's windows, with its figures (late on most of at least 8 collectives, by the
+    250 ms it adds, within a quarter), and one ``straggler`` event with them. (The job of ``two_nodes``: the watch
+    of one node alone names its ranks in the CPU quota's test below, and names nobody in the balanced ones.)"""
+    runs, events, _ = two_nodes
+    assert [r.proc.returncode for r in runs] == [0, 0], _tail(*runs)
+    for run in runs:
+        named = [line for line in run.err if ANY in line]
+        assert len(named) == 1, run.err
+        m = re.fullmatch(NAMED, named[0])
+        assert m is not None and m.group(1) == "3", named
+        assert int(m.group(3)) >= 90 and int(m.group(4)) >= 8 and 188 <= int(m.group(5)) <= 312, named  # 250 ms ± 25 %
+    for name in ("host", "other"):
+        (event,) = _events(events / f"{name}.jsonl")
+        assert event["rank"] == 3 and event["verdict"] == "named" and 0.188 <= event["lag"] <= 0.312  # type: ignore[operator]
+
+
+def test_two_nodes_name_the_slow_rank_on_the_other_node_with_its_address_on_both(two_nodes):
+    runs, events, other = two_nodes
+    assert [r.proc.returncode for r in runs] == [0, 0], _tail(*runs)
     for run in runs:
         named = [re.fullmatch(NAMED, line) for line in run.err if ANY in line]
         assert [(m.group(1), m.group(2).endswith(f"/{other}")) for m in named if m] == [("3", True)], run.err
     for name in ("host", "other"):
-        assert [e["rank"] for e in _events(tmp_path / f"{name}.jsonl")] == [3]
+        assert [e["rank"] for e in _events(events / f"{name}.jsonl")] == [3]
 
 
 def test_with_straggler_action_exclude_a_node_named_window_after_window_is_excluded_and_the_job_goes_on(launch, tmp_path):
