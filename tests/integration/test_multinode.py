@@ -351,12 +351,14 @@ def test_a_node_that_waited_for_the_host_to_listen_still_gives_up_at_its_join_ti
     # a whole join_timeout more: 19 s for join_timeout=12 and a host that came 6 s late)
     addr = fresh_loopback()
     started = time.monotonic()
-    early = launch(*_dynamic(addr, "3", "--rdzv-conf", "is_host=0,join_timeout=12", nproc=1), env=_env(tmp_path))
-    early.wait_for(r"Connection refused; retrying \(waited \d+ s of 12\)")  # its line, 5 s in
+    # join_timeout=9: the host, started at that line, has 4 s to listen and be joined; broken, the node would end at
+    # 5 + 9 s, past the bound
+    early = launch(*_dynamic(addr, "3", "--rdzv-conf", "is_host=0,join_timeout=9", nproc=1), env=_env(tmp_path))
+    early.wait_for(r"Connection refused; retrying \(waited \d+ s of 9\)")  # its line, 5 s in
     host = launch(*_dynamic(addr, "3", "--rdzv-conf", "join_timeout=60", nproc=1), env=_env(tmp_path))
     assert early.finish() == 3
-    assert time.monotonic() - started < 12 + 2.5
-    assert early.err[-1] == ("rankrun: error: rendezvous itest: timed out after 12 s (join_timeout) waiting for the"
+    assert time.monotonic() - started < 9 + 2.5
+    assert early.err[-1] == ("rankrun: error: rendezvous itest: timed out after 9 s (join_timeout) waiting for the"
                              " other nodes: 2 of 3 joined")
     host.proc.send_signal(signal.SIGTERM)
     assert host.finish() == 128 + signal.SIGTERM
