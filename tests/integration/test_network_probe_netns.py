@@ -19,6 +19,7 @@ import pytest
 import netns
 from conftest import PY, clean_environ, payload
 from rankrun.health.outliers import Link, confirm, find_suspects, network_line
+from rankrun.rendezvous import netcheck
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
@@ -35,6 +36,7 @@ class Ring:
     def __init__(self, sw: netns.Switch, launch) -> None:
         self.sw = sw
         self.size = SIZE
+        self.pings: int | None = None  # measure's default
         env = clean_environ() | {"PROBE_SECRET": SECRET}
         self.probers = [launch(sw.addr(i), env=dict(env), cmd=(*sw.exec(i), PY, payload("prober.py")),
                                stdin=subprocess.PIPE) for i in range(HOSTS)]
@@ -45,7 +47,8 @@ class Ring:
         for a, b in pairs:
             stdin = self.probers[a].proc.stdin
             assert stdin is not None
-            stdin.write(f"measure {self.sw.addr(b)} {self.ports[b]} {self.size}\n".encode())
+            pings = "" if self.pings is None else f" {self.pings}"
+            stdin.write(f"measure {self.sw.addr(b)} {self.ports[b]} {self.size}{pings}\n".encode())
             stdin.flush()
         links: list[Link | None] = []
         for a, b in pairs:
@@ -110,7 +113,9 @@ def test_a_throttled_host_is_named_and_without_the_throttle_nobody(hosts):
 
 def test_a_host_whose_packets_are_late_is_named_by_its_round_trips(hosts, launch):
     netns.skip_unless_iptables()
-    hosts.size = 256 << 10  # slow start at 150 ms a round trip: keep the transfers short
+    # at 150 ms a round trip every one counts: transfers short (64 kB, 4 parts each way, a round trip or two each in
+    # slow start) and the network check's own 5 pings, not measure's 10 (256 kB and 10 pings: 10 s, now 7)
+    hosts.size, hosts.pings = 64 << 10, netcheck.PINGS
     late = 3
     with netns.delayed(hosts.sw, late, launch, DELAY):
         ring, unhealthy = hosts.check()
