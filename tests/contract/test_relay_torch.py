@@ -58,6 +58,15 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         served.stop()
 
 
+@pytest.fixture(scope="module")
+def first_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[bytes]]]:
+    """``test_tcpstore_torch.first_job`` through the relay."""
+    tmp = tmp_path_factory.mktemp("first-job")
+    script = tmp / "relayed_server.py"
+    script.write_text(RELAYED_SERVER_SCRIPT)
+    yield from direct.after_a_job(script, tmp)
+
+
 test_client_api_matches_torch_server = direct.test_client_api_matches_torch_server
 test_client_api_spot_checks = direct.test_client_api_spot_checks
 test_wait_timeout_takes_the_timeout = direct.test_wait_timeout_takes_the_timeout

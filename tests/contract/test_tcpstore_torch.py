@@ -333,16 +333,35 @@ def assert_job_ok(results: list[tuple[int | None, str]]) -> None:
         assert f"WORKER-OK {rank}" in output
 
 
-def test_gloo_job_bootstraps_through_the_store(server: ServerProcess, tmp_path: Path) -> None:
-    assert_job_ok(run_job(server.port, tmp_path, "job"))
-    keys = server.keys()
+def after_a_job(script: Path, tmp_path: Path) -> Iterator[tuple[ServerProcess, list[bytes]]]:
+    """The server of ``script`` once a gloo job of WORLD_SIZE ranks went through it, and the keys the job left."""
+    served = ServerProcess(script)
+    try:
+        assert_job_ok(run_job(served.port, tmp_path, "attempt1"))
+        yield served, served.keys()
+    finally:
+        served.stop()
+
+
+@pytest.fixture(scope="module")
+def first_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[bytes]]]:
+    """One job for two tests (4 torch imports fewer): the bootstrap test reads the keys it left, the restart test
+    resets the server and runs the second attempt."""
+    tmp = tmp_path_factory.mktemp("first-job")
+    script = tmp / "store_server.py"
+    script.write_text(SERVER_SCRIPT)
+    yield from after_a_job(script, tmp)
+
+
+def test_gloo_job_bootstraps_through_the_store(first_job: tuple[ServerProcess, list[bytes]]) -> None:
+    _, keys = first_job
     assert b"init/" in keys
     assert b"/default_pg/0//cpu//0/0" in keys
 
 
-def test_restart_after_reset_sees_no_stale_keys(server: ServerProcess, tmp_path: Path) -> None:
-    assert_job_ok(run_job(server.port, tmp_path, "attempt1"))
-    assert server.keys(), "attempt 1 should have left keys behind"
+def test_restart_after_reset_sees_no_stale_keys(first_job: tuple[ServerProcess, list[bytes]], tmp_path: Path) -> None:
+    server, keys = first_job
+    assert keys, "attempt 1 should have left keys behind"
     server.reset()
     assert server.keys() == []
     assert_job_ok(run_job(server.port, tmp_path, "attempt2"))
