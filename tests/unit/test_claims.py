@@ -17,6 +17,27 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rankrun"
 
+
+@functools.cache
+def _syntax(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``source``'s syntax tree, parsed once a run: the checks below read the same files again and again (parsing them
+    was most of this file's time). Read only: never change a tree got from here."""
+    return ast.parse(source, filename)
+
+
+@functools.cache
+def _all(tree: ast.AST) -> tuple[ast.AST, ...]:
+    """``ast.walk(tree)``, once a run for each tree (by identity: those of ``_syntax`` live as long)."""
+    return tuple(ast.walk(tree))
+
+
+def _parse(path: Path) -> ast.Module:
+    return _syntax(path.read_text(), str(path))
+
+
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    return _all(_parse(path))
+
 ALLOWED = {
     # the environment and the command line: read for the launch spec (cli), and by the few entry points that must
     # act before it exists (the early signal catcher, the TLS preload check, the run-path shim) or outside it (TMPDIR)
@@ -108,7 +129,7 @@ _EXITS = {"sys.exit", "os._exit", "SystemExit", "exit", "quit"}
 
 def _uses(path: Path) -> set[str]:
     """The powers of ``ALLOWED`` that the module at ``path`` uses, each under its name there."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parse(path)
     names = _imported_names(tree)  # a local name → the dotted name it stands for
 
     def dotted(node: ast.expr) -> str | None:
@@ -125,7 +146,7 @@ def _uses(path: Path) -> set[str]:
         if name in ALLOWED:
             found.add(name)
 
-    for node in ast.walk(tree):
+    for node in _all(tree):
         if isinstance(node, ast.Attribute):
             note(dotted(node))
             if node.attr in _BARE:
@@ -146,7 +167,7 @@ def _uses(path: Path) -> set[str]:
 
 def _imported_names(tree: ast.Module) -> dict[str, str]:
     names: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in _all(tree):
         if isinstance(node, ast.Import):
             names.update((alias.asname, alias.name) for alias in node.names if alias.asname)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -233,7 +254,7 @@ def test_the_exception_tree_in_errors_is_the_whole_tree():
     tree = _exception_tree([(path, _module_of(path)) for path in sorted(SRC.rglob("*.py"))])
     short = {name.rpartition(".")[2]: name for name in tree}
     assert len(short) == len(tree), "two classes of the tree share a name: the drawing cannot tell them apart"
-    drawn = _drawn_tree(ast.get_docstring(ast.parse((SRC / "errors.py").read_text())) or "")
+    drawn = _drawn_tree(ast.get_docstring(_parse(SRC / "errors.py")) or "")
     found = {name.rpartition(".")[2]: (base.rpartition(".")[2], _exit_code(name)) for name, base in tree.items()}
     assert drawn == found, "errors.py's tree (name: base, exit code) differs from the classes'"
     assert issubclass(rankrun.errors.RendezvousClosed, rankrun.errors.LauncherError)
@@ -250,10 +271,10 @@ def _exception_tree(modules: list[tuple[Path, str]]) -> dict[str, str]:
     bases: dict[str, list[str]] = {}
     reexported: dict[str, str] = {}  # a name a module imported, as another module reaches it: store.api.StoreUnavailable
     for path, module in modules:
-        syntax = ast.parse(path.read_text(), str(path))
+        syntax = _parse(path)
         names = _imported_names(syntax)
         reexported |= {f"{module}.{local}": full for local, full in names.items()}
-        local = {n.name for n in ast.walk(syntax) if isinstance(n, ast.ClassDef)}
+        local = {n.name for n in _all(syntax) if isinstance(n, ast.ClassDef)}
 
         def resolve(node: ast.expr, names: dict[str, str] = names, local: set[str] = local, module: str = module) -> str:
             if isinstance(node, ast.Name):
@@ -262,7 +283,7 @@ def _exception_tree(modules: list[tuple[Path, str]]) -> dict[str, str]:
                 return f"{resolve(node.value)}.{node.attr}"
             return ""
 
-        for node in ast.walk(syntax):
+        for node in _all(syntax):
             if isinstance(node, ast.ClassDef):
                 bases[f"{module}.{node.name}"] = [resolve(b) for b in node.bases]
     for of in bases.values():
@@ -367,11 +388,11 @@ def test_exit_codes_are_chosen_in_one_place():
     allowed = {"errors.py", "agent/attempt.py", "main.py", "cli.py", "timeline/__main__.py", "health/__main__.py"}
     users = set()
     for path in SRC.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, ast.Name) and node.id.startswith("EXIT_"):
                 users.add(path.relative_to(SRC).as_posix())
     assert users <= allowed, sorted(users - allowed)
-    cli = {n.id for n in ast.walk(ast.parse((SRC / "cli.py").read_text())) if isinstance(n, ast.Name)}
+    cli = {n.id for n in _nodes(SRC / "cli.py") if isinstance(n, ast.Name)}
     assert {n for n in cli if n.startswith("EXIT_")} == {"EXIT_SUCCESS"}
     literal = [f"{module}:{function}" for module, function in EXIT_CODE_FUNCTIONS
                if _returns_a_number(SRC / module, function)]
@@ -383,8 +404,8 @@ EXIT_CODE_FUNCTIONS = [("cli.py", "main"), ("cli.py", "_stacks"), ("main.py", "l
 
 
 def _returns_a_number(path: Path, function: str) -> bool:
-    tree = ast.parse(path.read_text())
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
+    tree = _parse(path)
+    found = [n for n in _all(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
     assert found, f"{path.name} has no function {function}: update EXIT_CODE_FUNCTIONS"
     return any(isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and type(n.value.value) is int
                for n in ast.walk(found[0]))
@@ -423,14 +444,14 @@ def test_the_rdzv_conf_keys_said_unused_are_unused():
     """spec.RendezvousConf's docstring: three of torchrun's keys are accepted and used for nothing."""
     unused = {"heartbeat_timeout", "store_type", "timeout"}
     readers = {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py") if path.name != "spec.py"
-               for node in ast.walk(ast.parse(path.read_text()))
+               for node in _nodes(path)
                if isinstance(node, ast.Attribute) and node.attr in unused and "conf" in ast.unparse(node.value)}
     assert readers == set()
 
 
 def _modules_where(found: Callable[[ast.AST], bool]) -> set[str]:
     return {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
-            if any(found(node) for node in ast.walk(ast.parse(path.read_text())))}
+            if any(found(node) for node in _nodes(path))}
 
 
 def _imports_module(module: str) -> Callable[[ast.AST], bool]:
@@ -491,7 +512,7 @@ def _writes_std(path: Path) -> bool:
     """Whether the module writes fd 1 or 2 by its number: a write, a dup or an open of 1, 2 or /dev/stdout|stderr, as a
     literal or through a name given one (a local in its function, an attribute, a module's table); or a parameter
     ``*fd`` that is 1 or 2 unless told otherwise, in a module that writes with ``os.write``."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parse(path)
     names = _imported_names(tree)
 
     def dotted(node: ast.expr) -> str:
@@ -547,7 +568,7 @@ def _writes_std(path: Path) -> bool:
 
     if any(dotted(c.func) in _FD_WRITES | _FD_OPENS and c.args and stdish(c.args[0], scope) for c, scope in calls):
         return True
-    defaults = [(arg.arg, default) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+    defaults = [(arg.arg, default) for f in _all(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
                 for arg, default in [*zip(f.args.args[::-1], f.args.defaults[::-1], strict=False),
                                      *zip(f.args.kwonlyargs, f.args.kw_defaults, strict=True)]]
     return (any(name.endswith("fd") and stdish(default, tree) for name, default in defaults)
@@ -655,7 +676,7 @@ STORE_ERROR_RAISERS = {"listen.py": "rankrun.listen", "workerstore/relay.py": "w
 def _makes_store_error(path: Path) -> bool:
     """Whether the module raises a ``StoreError``: one made (``StoreError(...)``, ``errors.StoreError(...)``, under
     another name it was imported as), or the class raised bare."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parse(path)
     names = _imported_names(tree)
     aliases = {"StoreError", "rankrun.errors.StoreError"} | {local for local, full in names.items()
                                                               if full == "rankrun.errors.StoreError"}
@@ -666,14 +687,14 @@ def _makes_store_error(path: Path) -> bool:
         return isinstance(node, ast.Attribute) and node.attr == "StoreError"
 
     return any((isinstance(n, ast.Call) and is_it(n.func)) or (isinstance(n, ast.Raise) and is_it(n.exc))
-               for n in ast.walk(tree))
+               for n in _all(tree))
 
 
 def test_store_error_is_raised_where_errors_says():
     raisers = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if p.name != "errors.py" and _makes_store_error(p)}
     assert raisers == set(STORE_ERROR_RAISERS), "StoreError raised elsewhere than errors.py says (or no longer there)"
-    errors = ast.parse((SRC / "errors.py").read_text())
-    said = next(ast.get_docstring(n) or "" for n in ast.walk(errors) if isinstance(n, ast.ClassDef) and n.name == "StoreError")
+    errors = _parse(SRC / "errors.py")
+    said = next(ast.get_docstring(n) or "" for n in _all(errors) if isinstance(n, ast.ClassDef) and n.name == "StoreError")
     assert [m for m in STORE_ERROR_RAISERS.values() if f"``{m}``" not in said] == [], "StoreError's docstring names them"
 
 
@@ -718,7 +739,7 @@ def _unnamed_users(docstring: str, users: set[str]) -> list[str]:
 def test_the_users_a_docstring_lists_are_all_there(holder, users):
     found = users()
     assert found, "the check finds no user at all"
-    docstring = ast.get_docstring(ast.parse((SRC / holder).read_text())) or ""
+    docstring = ast.get_docstring(_parse(SRC / holder)) or ""
     assert _unnamed_users(docstring, found) == [], f"{holder}'s docstring does not name them"
 
 
