@@ -74,13 +74,16 @@ def test_a_rank_killed_halfway_through_a_save_resumes_from_the_previous_step_int
     assert json.loads((tmp_path / "loaded.json").read_text()) == {"step": 2, "intact": True}
 
 
-def test_a_preempted_job_leaves_its_newest_step_on_disk_and_a_fresh_job_resumes_there(launch, tmp_path):
+def test_a_preempted_job_leaves_its_newest_step_on_disk_and_a_fresh_job_resumes_there(launch, tmp_path, whole):
     """SIGTERM to the launcher (a scheduler's preemption) while both ranks wait after step 5: step 5 is the newest
     complete step in ``--checkpoint-dir`` (step 4 too unless step 5 overtook it), nothing half-written; a fresh job
     with the same directory resumes both ranks at step 5, from the disk (the first job's memory is gone with it), and
-    leaves its own last step there at its end."""
+    leaves its own last step there at its end. These two jobs train with ``torch.optim.SGD`` itself (``OPTIM=torch``):
+    its own state goes through the disk, and they end with the very parameters of the uninterrupted run (``whole``,
+    with keep_steps.py's SGD written out, as the other tests here)."""
     kept = tmp_path / "kept"
-    env = clean_environ() | {"OUT": str(tmp_path), "HOLD_AT": "5", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    env = clean_environ() | {"OUT": str(tmp_path), "HOLD_AT": "5", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"),
+                             "OPTIM": "torch"}
     first = launch("--nproc-per-node", "2", "--preload", "torch", "--checkpoint-dir", str(kept), payload("keep_steps.py"),
                    env=env)
     first.wait_for(r"HELD 5", count=2, timeout=120)
@@ -96,6 +99,7 @@ def test_a_preempted_job_leaves_its_newest_step_on_disk_and_a_fresh_job_resumes_
     for rank in (0, 1):
         resumed = json.loads((tmp_path / f"{rank}.0.json").read_text())
         assert (resumed["resumed"], resumed["ran"]) == (5, [6, 7, 8, 9, 10, 11, 12])
+        assert resumed["params"] == whole[f"{rank}.0"]["params"]  # not one step lost or repeated, torch's SGD or ours
     seen = [json.loads(line) for line in events.read_text().splitlines()]
     (restored,) = [e for e in seen if e["event"] == "checkpoint.restored"]
     assert (restored["step"], restored["source"]) == (5, "disk")

@@ -8,6 +8,10 @@ state, or nothing (step 0, the seeded initial model). Rank ``KILL_RANK`` SIGKILL
 models are the same: gradients are averaged) and goes on from rank 0's; with ``HOLD_AT``, every rank of attempt 0 prints ``HELD <step>`` after that step's save and
 waits there (for the test's SIGTERM). Each rank writes ``$OUT/<rank>.<attempt>.json``: the step it resumed from, the steps it ran,
 and its final parameters.
+
+The optimizer is SGD with momentum written out here, its ``state_dict`` the shape of ``torch.optim.SGD``'s (state by
+parameter index, param_groups): torch.optim imports torch._dynamo (and sympy) at an optimizer's first use, as long as
+``import torch`` itself, in every rank of every attempt. ``OPTIM=torch``: ``torch.optim.SGD`` itself.
 """
 
 import json
@@ -23,6 +27,40 @@ import rankrun.checkpoint
 STEPS = int(os.environ.get("STEPS", "12"))
 
 
+class SGD:
+    """``torch.optim.SGD(params, lr, momentum)``'s step (no dampening, no weight decay, not Nesterov), and its state."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float, momentum: float) -> None:
+        self.params = params
+        self.param_groups = [{"lr": lr, "momentum": momentum, "dampening": 0, "weight_decay": 0, "nesterov": False,
+                              "params": list(range(len(params)))}]
+        self.state: dict[int, dict[str, torch.Tensor]] = {}
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        for i, p in enumerate(self.params):
+            assert p.grad is not None
+            if i in self.state:
+                buf = self.state[i]["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+            else:
+                buf = self.state.setdefault(i, {"momentum_buffer": p.grad.clone()})["momentum_buffer"]
+            p.add_(buf, alpha=-group["lr"])
+
+    def state_dict(self) -> dict[str, object]:
+        return {"state": self.state, "param_groups": self.param_groups}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        kept, groups = state["state"], state["param_groups"]
+        assert isinstance(kept, dict) and isinstance(groups, list) and len(groups) == 1
+        self.state = {int(i): {"momentum_buffer": s["momentum_buffer"].clone()} for i, s in kept.items()}
+        self.param_groups = [dict(groups[0])]
+
+
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(16, 8, generator=g)
@@ -33,7 +71,10 @@ def main() -> None:
     rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
-    optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if os.environ.get("OPTIM") == "torch":
+        optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    else:
+        optim = SGD(list(model.parameters()), lr=0.01, momentum=0.9)
     resharded = None
     try:
         kept = rankrun.checkpoint.load()
