@@ -286,10 +286,9 @@ class RestartResult:
     def share(self, key: str, part: str) -> float:
         return self.median(key, lambda a: a.share(part))
 
-    def before_training(self, key: str, *, waiting: bool = False) -> float:
-        """Start-up and restart seconds together (with ``waiting``: and waiting), the median over the jobs."""
-        return self.median(key, lambda a: a.goodput["startup_s"] + a.goodput["restart_s"]
-                           + (a.goodput["waiting_s"] if waiting else 0.0))
+    def before_training(self, key: str) -> float:
+        """Start-up and restart seconds together (``--preload``'s one import is start-up), the median over the jobs."""
+        return self.median(key, lambda a: a.goodput["startup_s"] + a.goodput["restart_s"])
 
 
 def restart_warm_up() -> None:
@@ -325,12 +324,11 @@ def restart_rows(result: RestartResult) -> list[Row]:
     out = [Row(f"goodput of {what}: {variant.label}", "%", rankrun=result.share(variant.key, "productive_s"),
                torchrun=math.nan, decimals=1, compare=False) for variant in RESTART_VARIANTS]
     for warm, cold, how in ((kw, kc, "rankrun.checkpoint"), (dw, dc, "torch.save to disk")):
-        for waiting, which in ((False, "start-up + restart"), (True, "waiting + start-up + restart (the preload's import "
-                                                                        "is waiting)")):
-            out.append(Row(f"goodput account of {what}: {which} seconds, --preload torch, with {how}", "s",
-                           rankrun=result.before_training(warm, waiting=waiting), torchrun=math.nan,
-                           baseline=result.before_training(cold, waiting=waiting), baseline_label=f"cold, with {how}",
-                           decimals=1, compare=False))
+        out.append(Row(f"goodput account of {what}: start-up + restart seconds (the preload's import in it), "
+                       f"--preload torch, with {how}", "s",
+                       rankrun=result.before_training(warm), torchrun=math.nan,
+                       baseline=result.before_training(cold), baseline_label=f"cold, with {how}",
+                       decimals=1, compare=False))
     for kept, disk, how in ((kc, dc, "cold"), (kw, dw, "--preload torch")):
         out.append(Row(f"goodput account of {what}: lost seconds, {how}, rankrun.checkpoint every step", "s",
                        rankrun=result.part(kept, "lost_s"), torchrun=math.nan, baseline=result.part(disk, "lost_s"),
@@ -361,9 +359,6 @@ def restart_table(result: RestartResult) -> list[str]:
     add("wall, each job (s)", [fmt_list(result.values(k, lambda a: a.goodput["wall_s"]), 1) for k in keys])
     add("start-up + restart, each job (s)",
         [fmt_list(result.values(k, lambda a: a.goodput["startup_s"] + a.goodput["restart_s"]), 1) for k in keys])
-    add("waiting + start-up + restart, each job (s; `--preload torch`'s import is waiting)",
-        [fmt_list(result.values(k, lambda a: sum(a.goodput[p] for p in ("waiting_s", "startup_s", "restart_s"))), 1)
-         for k in keys])
     add("lost, each job (s)", [fmt_list(result.values(k, lambda a: a.goodput["lost_s"]), 1) for k in keys])
     add("step resumed from", [fmt_list(result.values(k, lambda a: a.resumed), 0) for k in keys], "—")
     add("the script's own loss: the kill - the killed rank's newest save (s)",
@@ -384,17 +379,14 @@ def worth(result: RestartResult) -> list[str]:
     """The ratios that say what warm starts and kept progress are worth, as lines."""
     kc, kw, dc, dw = (v.key for v in RESTART_VARIANTS)
     before = {k: result.before_training(k) for k in (kc, kw, dc, dw)}
-    waited = {k: result.before_training(k, waiting=True) for k in (kc, kw, dc, dw)}
     lost = {k: result.part(k, "lost_s") for k in (kc, kw, dc, dw)}
     good = {k: result.share(k, "productive_s") for k in (kc, kw, dc, dw)}
     wall = {k: result.part(k, "wall_s") for k in (kc, kw, dc, dw)}
     return [
         f"- **warm starts** (`--preload torch`): start-up + restart {before[kc]:.1f} s cold against {before[kw]:.1f} s "
         f"warm with the checkpoint (cold ÷ warm {_ratio_of(before[kc], before[kw]):.2f}), {before[dc]:.1f} s against "
-        f"{before[dw]:.1f} s with disk saves ({_ratio_of(before[dc], before[dw]):.2f}); the account counts the preload's "
-        "one `import torch` at launch, before the first attempt, as waiting: with waiting, "
-        f"{waited[kc]:.1f} s against {waited[kw]:.1f} s ({_ratio_of(waited[kc], waited[kw]):.2f}) with the checkpoint, "
-        f"{waited[dc]:.1f} s against {waited[dw]:.1f} s ({_ratio_of(waited[dc], waited[dw]):.2f}) with disk saves;",
+        f"{before[dw]:.1f} s with disk saves ({_ratio_of(before[dc], before[dw]):.2f}); the warm start-up holds the "
+        "preload's one `import torch` at launch, before the first attempt;",
         f"- **kept progress** (`rankrun.checkpoint` every step): lost {lost[kc]:.1f} s against {lost[dc]:.1f} s with "
         f"the script's own disk saves, cold (disk ÷ kept {_ratio_of(lost[dc], lost[kc]):.2f}), {lost[kw]:.1f} s "
         f"against {lost[dw]:.1f} s warm ({_ratio_of(lost[dw], lost[kw]):.2f});",
