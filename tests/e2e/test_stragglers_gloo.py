@@ -94,7 +94,11 @@ def test_a_rank_slowed_by_a_cpu_quota_on_its_process_is_named_just_the_same(laun
         run = launch("--standalone", "--nproc-per-node", "2", "--straggler-window", WINDOW, "--events", str(events),
                      payload("gloo_steps.py"), env=_env(SPIN="1", RUN_S="14", SLOW_S="0.05"))
         (ready,) = run.wait_for(r"READY rank 1 pid \d+", timeout=90)
-        (group / "cgroup.procs").write_text(ready.split()[-1])
+        pid = ready.split()[-1]
+        (group / "cgroup.procs").write_text(pid)
+        run.wait_for(r"DONE \d+$", count=2, timeout=180)
+        with contextlib.suppress(ProcessLookupError):  # its steps done: torch's exit at 15 % of a CPU took 3 s
+            (group.parent / "cgroup.procs").write_text(pid)
         assert run.finish(timeout=180) == 0, _tail(run)
         named = [re.fullmatch(NAMED, line) for line in run.err if ANY in line]
         assert [m.group(1) if m else None for m in named] == ["1"], run.err
