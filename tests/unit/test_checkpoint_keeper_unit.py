@@ -142,6 +142,30 @@ async def test_a_step_is_told_kept_once_every_local_rank_kept_it(monkeypatch):
 
 
 @runs
+async def test_a_ranks_steps_read_before_anothers_older_one_leave_that_one_to_complete(monkeypatch):
+    """Each rank's messages come in order on its own socket, the sockets in any order: under load rank 0's steps 4-6
+    may all be read before rank 1's step 4 (rank 0 cannot pass step 6's all-reduce before rank 1 saved step 5). Every
+    step is still told kept, once, in order; a step one rank skipped is dropped once every rank went past it."""
+    seen = Seen()
+    keeper = await _keeper(monkeypatch, seen, nproc=2)
+    try:
+        keeper.attempt_starts(0, 2)
+        keeper.workers({os.getpid(): (0, 0), os.getpid() + 10**6: (1, 1)})
+        for step in (4, 5, 6):
+            keeper._on_kept(0, step, 10, 0.25)
+        for step in (4, 5, 6):
+            keeper._on_kept(1, step, 20, 0.5)
+        assert [(what, facts["step"]) for what, facts in seen.told] == [("kept", 4), ("kept", 5), ("kept", 6)]
+        keeper._on_kept(0, 8, 10, 0.25)  # rank 1 skipped step 8 (it saves 9 next): 8 never completes, and goes
+        keeper._on_kept(1, 9, 20, 0.5)
+        keeper._on_kept(0, 9, 10, 0.25)
+        assert [facts["step"] for _, facts in seen.told] == [4, 5, 6, 9]
+        assert keeper._kept == {}
+    finally:
+        await keeper.close()
+
+
+@runs
 async def test_an_attempt_resumes_from_the_step_every_rank_kept_and_gets_a_copy_that_never_changes(monkeypatch):
     seen = Seen()
     keeper = await _keeper(monkeypatch, seen)

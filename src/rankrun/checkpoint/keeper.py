@@ -38,6 +38,7 @@ from rankrun.memroom import format_size
 from rankrun.ranges import range_string
 
 NAME = "rankrun-ckpt"  # the memory files' names (seen in /proc/PID/maps as memfd:NAME-<launcher pid>-...)
+PENDING = 64  # steps a step not yet whole is waited for, at most, behind the newest told (a rank that never saves it)
 HELLO_WAIT = 30.0  # seconds a hello from a pid not (yet) known as a worker waits for the attempt's workers to be known
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -127,6 +128,7 @@ class Keeper:
         self.plan: Plan | str = ""  # the step the running attempt resumes from, or why none ("": nothing kept)
         self._said_none = ""
         self._kept: dict[int, Kept] = {}
+        self._latest: dict[int, int] = {}  # each local rank's newest step told kept, this attempt
         self._loaded = Loaded()
         self._refused_said: set[int] = set()  # the sizes (in powers of two) already said: one line each
         # who takes a copy of each step every local rank kept (the disk's writer, the neighbour's sender): each gets
@@ -168,6 +170,7 @@ class Keeper:
         by every node (several nodes), else from what this node holds."""
         self.attempt, self.world = attempt, world
         self._workers, self._known = {}, asyncio.Event()
+        self._kept, self._latest = {}, {}
         self._loaded = Loaded()
         self.plan = agreed if agreed is not None else plan(self.holdings())
         if isinstance(self.plan, str) and self.plan and self.plan != self._said_none:  # something kept, no step whole
@@ -308,9 +311,14 @@ class Keeper:
     def _on_kept(self, rank: int, step: int, nbytes: int, seconds: float) -> None:
         kept = self._kept.setdefault(step, Kept())
         kept.bytes[rank], kept.seconds[rank] = nbytes, seconds
-        for old in [s for s in self._kept if s < step - 1]:  # ranks save in step: older ones never complete now
-            del self._kept[old]
+        self._latest[rank] = max(self._latest.get(rank, step), step)
         local = {r for r, _ in self._workers.values()}
+        # a step every local rank has gone past and that is not whole never will be (one of them skipped it); each
+        # rank's messages come in order on its own socket, but the ranks' sockets are read in any order: under load a
+        # rank's next steps may be read before another's older one, which must still complete then
+        horizon = min((self._latest.get(r, -1) for r in local), default=-1)
+        for old in [s for s in self._kept if s < horizon or s < step - PENDING]:
+            del self._kept[old]
         if local and local <= set(kept.bytes):
             del self._kept[step]
             self._told("kept", {"step": step, "ranks": sorted(kept.bytes), "bytes": sum(kept.bytes.values()),
