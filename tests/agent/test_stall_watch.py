@@ -18,7 +18,7 @@ from rankrun.agent import stall
 from rankrun.events.records import Stall, StallEnd
 from rankrun.events.stream import EventStream
 from rankrun.logs.pump import Activity
-from rankrun.stacks.report import RankSample
+from rankrun.stacks.report import ProcState, RankSample
 from rankrun.stacks.sampler import Sampler, Target
 
 BOUND = 30.0
@@ -149,3 +149,44 @@ def test_a_stall_says_how_long_the_workers_were_silent_and_its_end_when_they_wri
     assert end.ranks == report.ranks == "0"
     assert spoke <= end.seconds <= spoke + 0.5  # seen within a look (SAMPLE_GAP), far below the hang timeout
     assert end.mono - report.mono < long_timeout
+
+
+class MovingSampler(Sampler):
+    """The real sampler; once ``moving`` is set, each look finds the worker somewhere else (its kernel wait moves), as
+    a stalled rank that resumed computing without a word would."""
+
+    moving = False
+    looks = 0
+
+    async def sample(self, targets: Sequence[Target], timeout: float = 1.0) -> list[RankSample]:
+        samples = await super().sample(targets, timeout)
+        if not MovingSampler.moving:
+            return samples
+        MovingSampler.looks += 1
+        return [RankSample(s.rank, s.host, s.dump, ProcState("R", 0.0, f"moved_{MovingSampler.looks}")) for s in samples]
+
+
+def test_a_stall_whose_stacks_move_without_a_word_is_over_too(monkeypatch, silent_worker):
+    monkeypatch.setattr(stall, "SAMPLE_GAP", 0.05)
+    monkeypatch.setattr(stall, "Sampler", MovingSampler)
+    MovingSampler.moving, MovingSampler.looks = False, 0
+    printed, tap = Printed(), Tap()
+
+    async def scenario() -> None:
+        activity = Activity(asyncio.get_running_loop().time())
+        watch = asyncio.create_task(stall.watch(HANG_TIMEOUT, "job", [silent_worker], activity, printed,  # type: ignore[arg-type]
+                                                events=EventStream("job", "127.0.0.1", [tap])))
+        try:
+            async with asyncio.timeout(BOUND):
+                await printed.count(1)
+                MovingSampler.moving = True  # no output: only the stacks move
+                while not any(isinstance(e, StallEnd) for e in tap.seen):
+                    await asyncio.sleep(0.01)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    asyncio.run(scenario())
+    [report, end] = tap.seen[:2]
+    assert isinstance(report, Stall) and isinstance(end, StallEnd) and end.ranks == report.ranks
+    assert end.seconds >= report.silent
