@@ -248,8 +248,9 @@ def test_a_real_launchers_file_is_accounted_and_agrees_with_its_job_end_within_o
     [lane] = layout(read_file(str(events))).lanes
     drawn = lane.account
     assert drawn is not None
-    assert sum(p.seconds for p in lane.parts) == pytest.approx(drawn.wall_s, abs=0.01 * drawn.wall_s)
+    # each part is rounded to the millisecond: six of them may be 3 ms off a wall time of 80 ms
+    assert sum(p.seconds for p in lane.parts) == pytest.approx(drawn.wall_s, abs=max(0.01 * drawn.wall_s, 0.0035))
     assert (drawn.restart_s > 0, drawn.lost_s > 0, drawn.productive_s > 0) == (True, True, True)
     written = [json.loads(line) for line in events.read_text().splitlines()][-1]["goodput"]
     off = {name: abs(getattr(drawn, name) - value) for name, value in written.items()}
-    assert all(d <= 0.01 * drawn.wall_s for d in off.values()), (written, drawn)
+    assert all(d <= max(0.01 * drawn.wall_s, 0.0015) for d in off.values()), (written, drawn)
