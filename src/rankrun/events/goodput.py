@@ -88,7 +88,6 @@ class Ledger:
     # that showed a sign in another attempt (it failed in its start-up) or never did (a job without signs)
     unsigned: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
     imported: float = 0.0  # --preload's one import (its ready event's seconds): start-up, though before any attempt
-    first_wait: float | None = None  # the waiting before the first attempt, once it started
 
     def add(self, event: Record) -> None:  # noqa: PLR0912 - one case per event that moves a boundary
         """Fold one event in (the node's own, in the order it wrote them)."""
@@ -103,11 +102,7 @@ class Ledger:
             case JobStart():
                 pass
             case WorkersStart():
-                first = self.attempt is None and not self.signs and not self.unsigned
-                waited = self.parts["waiting"]
                 self._close_gap(mono)
-                if first:
-                    self.first_wait = self.parts["waiting"] - waited
                 self.attempt = _Attempt(mono, event.attempt)
             case Training(seconds=seconds) if self.attempt is not None and event.attempt == self.attempt.number:
                 self.attempt.signal(self.attempt.start + max(0.0, seconds), COLLECTIVE)
@@ -147,8 +142,7 @@ class Ledger:
         began = self.began if self.began is not None else end
         parts = dict(self.parts)
         if self.imported:  # the import ran while the node waited for its first attempt: it was start-up
-            before = self.first_wait if self.first_wait is not None else parts["waiting"]
-            moved = min(self.imported, before)
+            moved = min(self.imported, parts["waiting"])
             parts["waiting"] -= moved
             parts["startup"] += moved
         trained = self.trained
