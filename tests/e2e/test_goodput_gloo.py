@@ -51,7 +51,9 @@ def _said(line: re.Match[str], account: dict[str, float]) -> None:
 def test_a_rank_lost_at_step_12_costs_the_steps_since_step_10_and_the_account_matches_the_scripts_clock(tmp_path):
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
     out.mkdir()
-    done = run_cli("--nproc-per-node", "2", "--max-restarts", "1", "--events", str(events),
+    # a 6 s straggler window: the shim writes the first collective within a second (the default 60 s: within 10 s,
+    # longer than these attempts; the event has the collective's own time either way)
+    done = run_cli("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-window", "6", "--events", str(events),
                    payload("goodput_steps.py"), env=_env(out, tmp_path, KILL_RANK="1", KILL_AT="12"), cwd=tmp_path,
                    timeout=180)
     assert done.returncode == 0, done.stderr

@@ -106,6 +106,8 @@ def main() -> None:
         optim.step()
         rankrun.checkpoint.save(step, {"model": model.state_dict(), "optim": optim.state_dict(),
                                        "rng": torch.get_rng_state()})
+        if "KILL_AT" in os.environ:  # every rank's save of this step complete before the kill at the next: without it,
+            dist.barrier()  # the launcher's teardown may tear rank 0's save of step 6 (resuming from 5 is then right)
         ran.append(step)
         if attempt == 0 and step == int(os.environ.get("HOLD_AT", "-1")):  # a preemption's SIGTERM comes here
             print(f"HELD {step}", flush=True)

@@ -31,9 +31,10 @@ initialized: the thread only sleeps, and neither the file nor its folder is made
 line says whether the recorder can be read (``rankrun-arrivals on``, or ``off`` with the error's type): the first
 error from torch's API (a version without it, a changed format) is said so and ends the thread for good; nothing of it
 ever reaches the worker. The buffer is ``TORCH_FR_BUFFER_SIZE``, which rankrun sets only where the user configured
-no recorder of their own. Until the recorder holds its first entry the thread looks every half second (at most), so the
-first collective, which ends the attempt's start-up in the goodput account (``rankrun.agent.training``), is written
-within a second of it.
+no recorder of their own. The first collective's line ends the attempt's start-up in the goodput account
+(``rankrun.agent.training``, which reads its own time, however late the line comes). The thread wakes no more often
+than that: a faulthandler dump of every thread's stack (a stall report) reads the frames of a thread that runs, and
+each wake-up of this one is a chance to read them as they change.
 """
 
 import os
@@ -91,7 +92,7 @@ def _arrivals(path: str, every: float) -> None:
     out = None
     try:
         while True:
-            sleep(every if last >= 0 else min(every, 0.5))  # the first collective soon: it ends the start-up
+            sleep(every)
             dist = modules.get("torch.distributed")
             ready = getattr(dist, "is_initialized", None)  # None: no torch, or torch.distributed still importing
             if ready is None or finalizing() or not ready():
