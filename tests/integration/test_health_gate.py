@@ -18,8 +18,12 @@ from conftest import alive, clean_environ, run_cli, wait_gone
 
 pytestmark = pytest.mark.usefixtures("private_tmpdir")
 
+# FAIL_ONCE: rank 1 of attempt 0 exits 5; FAIL_ONCE=after-0: only once rank 0 has said it ran (at most 10 s later),
+# since the launcher stops rank 0 at rank 1's failure, maybe before rank 0's shell reached its echo.
 WORKER = ["--no-python", "sh", "-c", 'echo "ran $RANK" >> "$OUT/workers"; echo "$TORCHELASTIC_RUN_ID" > "$OUT/run"; '
-          '[ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ -n "$FAIL_ONCE" ] && exit 5; exit 0']
+          '[ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ -n "$FAIL_ONCE" ] && { i=0; '
+          'while [ "$FAIL_ONCE" = after-0 ] && ! grep -q "ran 0" "$OUT/workers" && [ $i -lt 200 ]; '
+          'do sleep 0.05; i=$((i + 1)); done; exit 5; }; exit 0']
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -43,7 +47,7 @@ def test_an_unhealthy_node_runs_no_worker_and_exits_4_naming_the_checks_last_lin
 def test_the_check_runs_before_every_attempt_with_the_nodes_environment(tmp_path):
     check = 'echo "$LOCAL_WORLD_SIZE $TORCHELASTIC_RUN_ID $KEPT" >> "$OUT/checks"'
     done = run_cli("--nproc-per-node", "2", "--max-restarts", "1", "--health-check", check,
-                   *WORKER, env=_env(tmp_path, FAIL_ONCE="1", KEPT="from-the-launcher"))
+                   *WORKER, env=_env(tmp_path, FAIL_ONCE="after-0", KEPT="from-the-launcher"))
     assert done.returncode == 0, done.stderr
     run = (tmp_path / "run").read_text().strip()  # the run id the workers saw
     assert run and _lines(tmp_path / "checks") == [f"2 {run} from-the-launcher"] * 2  # attempt 0, and before the restart
@@ -53,7 +57,7 @@ def test_the_check_runs_before_every_attempt_with_the_nodes_environment(tmp_path
 def test_a_check_that_fails_before_the_restart_ends_the_job_there(tmp_path):
     check = '[ -e "$OUT/checked" ] && { echo "NIC down" >&2; exit 1; }; touch "$OUT/checked"'
     done = run_cli("--nproc-per-node", "2", "--max-restarts", "3", "--health-check", check, *WORKER,
-                   env=_env(tmp_path, FAIL_ONCE="1"))
+                   env=_env(tmp_path, FAIL_ONCE="after-0"))
     assert done.returncode == 4, done.stderr
     assert "health check: NIC down" in done.stderr
     assert sorted(_lines(tmp_path / "workers")) == ["ran 0", "ran 1"]  # attempt 0 only
