@@ -92,6 +92,9 @@ class FakeHandle:
             self.signal_group(signum)
         return True
 
+    def signal_main(self, signum: int) -> bool:
+        return self.signal(signum)
+
     def signal_group(self, signum: int) -> None:
         self.signals.append(signum)
         if self._exit.done():

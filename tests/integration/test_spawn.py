@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rankrun.errors import SpawnError
-from rankrun.proc.spawn import Command, OsSpawner, pdeathsig_exec
+from rankrun.proc import spawn
+from rankrun.proc.spawn import Command, OsSpawner, main_thread_kill, pdeathsig_exec
 
 # The worker reports its pid and PR_GET_PDEATHSIG (2), as the kernel sees them after the last exec.
 _REPORT = (
@@ -134,3 +135,50 @@ def _state(pid: int) -> str:
     except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between the open and the read (ESRCH)
         return "gone"
     return stat[stat.rfind(")") + 2]
+
+
+# The main thread blocks SIGUSR1 with another thread beside it that does not: a signal sent to the process goes to
+# that thread (and Python's handler then runs in the main thread, as it always does), one sent to the main thread
+# waits there, pending. The worker writes down which it saw (bounded: 10 s).
+_MAIN_ONLY = (
+    "import signal, sys, threading, time\n"
+    "took = []\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: took.append(1))\n"
+    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+    "open(sys.argv[1] + '.ready', 'w').close()\n"
+    "deadline = time.monotonic() + 10\n"
+    "while signal.SIGUSR1 not in signal.sigpending() and not took and time.monotonic() < deadline:\n"
+    "    time.sleep(0.005)\n"
+    "open(sys.argv[1], 'w').write('main' if signal.SIGUSR1 in signal.sigpending() else 'elsewhere')\n"
+)
+
+
+def _where_it_went(tmp_path: Path) -> tuple[str, bool, bool | None]:
+    """Where a ``signal_main`` went (the worker's word), whether one is sent after the reap, and ``main_thread_kill``
+    on that pid then."""
+    said = tmp_path / "said"
+
+    async def scenario() -> tuple[str, bool, bool | None]:
+        handle = await OsSpawner().spawn(Command((sys.executable, "-c", _MAIN_ONLY, str(said)), dict(os.environ)))
+        try:
+            deadline = time.monotonic() + 30
+            while not Path(f"{said}.ready").exists():
+                assert time.monotonic() < deadline, "the worker did not get ready"
+                await asyncio.sleep(0.01)
+            assert handle.signal_main(signal.SIGUSR1)
+            assert await asyncio.wait_for(handle.wait(), 30) == 0
+            return said.read_text(), handle.signal_main(signal.SIGUSR1), main_thread_kill(handle.pid, 0)
+        finally:
+            handle.close()
+
+    return asyncio.run(scenario())
+
+
+def test_signal_main_reaches_the_main_thread_alone_and_nothing_once_reaped(tmp_path: Path) -> None:
+    assert _where_it_went(tmp_path) == ("main", False, False)  # reaped, and no such thread any more
+
+
+def test_without_tgkill_signal_main_signals_the_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spawn, "_tgkill", lambda: None)  # a libc before glibc 2.30
+    assert _where_it_went(tmp_path) == ("elsewhere", False, None)

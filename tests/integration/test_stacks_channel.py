@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_environ
-from rankrun.stacks.channel import channel_env
+from rankrun.proc.spawn import main_thread_kill
+from rankrun.stacks.channel import DUMP_SIGNAL, channel_env
 from rankrun.stacks.report import RankSample
 from rankrun.stacks.sampler import Sampler, Target, proc_stat
 
@@ -80,7 +81,10 @@ def _target(rank: int, proc: subprocess.Popen[bytes], dump: Path | None) -> Targ
         os.kill(proc.pid, signum)
         return True
 
-    return Target(rank, "here", proc.pid, dump, signal)
+    def signal_main(signum: int) -> bool:  # as WorkerHandle.signal_main
+        return proc.returncode is None and bool(main_thread_kill(proc.pid, signum))
+
+    return Target(rank, "here", proc.pid, dump, signal, signal_main)
 
 
 def test_a_worker_answers_with_every_thread_and_leaves_no_trace_in_its_environment(tmp_path, workers) -> None:
@@ -97,6 +101,50 @@ def test_a_worker_answers_with_every_thread_and_leaves_no_trace_in_its_environme
         (sample,) = _sample(_target(0, proc, dump))
     assert sample.proc is not None and sample.proc.state == "S"
     assert proc.poll() is None  # asking did not disturb it
+
+
+# The dump's signal blocked in the main thread alone, with a thread beside it that would take it: sent to the process,
+# that thread would answer at once with its own stack; sent to the main thread, it waits until the main thread sees it
+# pending (bounded) and unblocks it, and the answer is the main thread's stack.
+MAIN_BLOCKS = """\
+import signal, sys, threading, time
+sig = int(sys.argv[2])
+
+def a_thread_that_would_take_it():
+    time.sleep(60)
+
+def main_waits_with_the_signal_blocked():
+    threading.Thread(target=a_thread_that_would_take_it, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # after the start: the other thread does not block it
+    open(sys.argv[1] + ".ready", "w").close()
+    deadline = time.monotonic() + 10
+    while sig not in signal.sigpending() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})  # faulthandler's handler runs here
+    time.sleep(60)
+
+main_waits_with_the_signal_blocked()
+"""
+
+
+def test_the_dump_is_the_main_threads_stack_whichever_thread_could_take_the_signal(tmp_path, workers) -> None:
+    script = tmp_path / "blocks.py"
+    script.write_text(MAIN_BLOCKS)
+    dump = tmp_path / "w6.stacks"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "w6"), str(int(DUMP_SIGNAL))],
+                            env=channel_env(clean_environ(), str(dump)))
+    workers.append(proc)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not (tmp_path / "w6.ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the worker did not get ready"
+        time.sleep(0.01)
+    (sample,) = _sample(_target(6, proc, dump), timeout=15.0)
+    assert sample.dump is not None and sample.dump.main is not None, sample
+    assert [t.main for t in sample.dump.threads] == [True]  # one thread's stack: the main one's, by the header's id
+    functions = [f.function for f in sample.dump.main.frames]
+    assert functions[:2] == ["<module>", "main_waits_with_the_signal_blocked"], functions  # then signal's wrapper
+    assert "a_thread_that_would_take_it" not in functions
+    assert proc.poll() is None
 
 
 def test_a_workers_children_are_listed_with_their_state(tmp_path, workers) -> None:

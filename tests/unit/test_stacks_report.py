@@ -37,6 +37,15 @@ def test_a_dump_parses_into_threads_with_the_main_one_named_by_the_header() -> N
     assert other.frames[0] == Frame("<frozen x>", 0, "helper") and other.truncated
 
 
+def test_a_dump_of_the_main_thread_alone_is_labelled_with_the_headers_thread() -> None:
+    one = 'Stack (most recent call first):\n  File "/w/train.py", line 12 in slow_read\n  File "/w/train.py", line 30 in <module>\n'
+    (main,) = parse(one, 0x7F75D4B296C0).threads
+    assert main.main and main.ident == 0x7F75D4B296C0 and not main.truncated
+    assert [str(f) for f in main.frames] == ["/w/train.py:30 in <module>", "/w/train.py:12 in slow_read"]
+    assert parse(one, None).main is not None  # no header: still the thread that took the signal, the main one
+    assert parse("Stack (most recent call first):\n  File \"/w/a.py\", line 3 in f\n  ...\n", 1).threads[0].truncated
+
+
 def test_the_shims_own_arrivals_thread_is_left_out_of_a_dump() -> None:
     own = """\
 Thread 0x00007f75d0000000 (most recent call first):

@@ -109,7 +109,8 @@ class AttemptWatch:
         """The workers run: ``rankrun --stacks`` samples them from now on, and the ``--hang-timeout`` watch starts."""
         spec, run_id = self._spec, self._spec.rendezvous.run_id
         targets = [Target(w.who.rank, self._host, w.handle.pid,
-                          RunLogs.stacks_file(self._attempt_dir, w.who.local_rank) if self._python else None, w.handle.signal)
+                          RunLogs.stacks_file(self._attempt_dir, w.who.local_rank) if self._python else None, w.handle.signal,
+                          w.handle.signal_main)
                    for w in workers]
         self._on_demand.running(run_id, targets, self._recorder)
         began = self._events.emit(WorkersStart(self._attempt, range_string(w.who.rank for w in workers),

@@ -1,6 +1,15 @@
-"""A worker's stack dump, read: what ``faulthandler`` writes for every thread, parsed (pure).
+"""A worker's stack dump, read: what ``faulthandler`` writes, parsed (pure).
 
-Format (CPython 3.11 to 3.13, ``faulthandler.register(signum, file, all_threads=True)``)::
+The shim (``rankrun.stacks.shim``) registers ``faulthandler.register(signum, file, all_threads=False)`` and rankrun
+sends the signal to the main thread, so a dump is that thread's stack, with no thread named (CPython 3.11 to 3.13)::
+
+    Stack (most recent call first):
+      File "/tmp/train.py", line 6 in step
+      File "/tmp/train.py", line 9 in <module>
+
+The shim writes ``rankrun-stacks main=0x... pid=N up=T`` once, first, so the main thread's id is known (and when the
+interpreter came up, ``up_time``), and the stack is labelled with it. A dump of every thread (``all_threads=True``,
+which rankrun no longer asks for: why in the shim's docstring) is read too, each thread under its own header::
 
     Thread 0x00007f75d4b296c0 (most recent call first):
       File "/tmp/train.py", line 3 in load
@@ -9,9 +18,7 @@ Format (CPython 3.11 to 3.13, ``faulthandler.register(signum, file, all_threads=
     Current thread 0x00007f75d588bb80 (most recent call first):
       File "/tmp/train.py", line 6 in step
 
-``Current`` is whichever thread ran the signal handler, not necessarily the main thread: the shim that
-registers the handler (``rankrun.stacks.shim``) writes ``rankrun-stacks main=0x... pid=N up=T`` once, first, so
-the main thread is known (and when the interpreter came up, ``up_time``). Frames arrive innermost first;
+``Current`` is whichever thread ran the signal handler, not necessarily the main thread. Frames arrive innermost first;
 ``Frame`` tuples here are outermost first, the order of the report.
 A dump cut short (the process died while writing) keeps the threads it finished. The shim's own side thread (the
 straggler watch's arrivals, ``_arrivals`` in ``stacks/shim/sitecustomize.py``) is rankrun's, not the job's: it is left
@@ -28,6 +35,7 @@ from rankrun.record import record
 HEADER = "rankrun-stacks"
 _HEADER = re.compile(r"^rankrun-stacks main=0x([0-9a-f]+) pid=(\d+)(?: up=(\d+\.\d+))?$")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):$")
+_STACK = "Stack (most recent call first):"  # one thread's dump (all_threads=False): the thread that took the signal
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _OWN_THREAD = ("/stacks/shim/sitecustomize.py", "_arrivals")  # the outermost frame of the shim's side thread
 _PRELOAD = "/rankrun/preload/"  # a forked worker's outermost frames: the preloading process's, under the user's
@@ -100,6 +108,9 @@ def parse(text: str, main_ident: int | None) -> Dump:
         if m := _THREAD.match(line):
             close()
             ident, current, frames, truncated = int(m.group(2), 16), m.group(1) == "Current thread", [], False
+        elif line == _STACK:
+            close()
+            ident, current, frames, truncated = main_ident or 0, True, [], False
         elif ident is not None and (f := _FRAME.match(line)):
             frames.append(Frame(f.group(1), 0 if f.group(2) == "???" else int(f.group(2)), f.group(3)))
         elif ident is not None and line.strip() == "...":

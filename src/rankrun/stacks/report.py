@@ -4,7 +4,8 @@ A hung job of N ranks is usually N-1 ranks waiting in the same collective and on
 is what the reader needs, so groups are printed smallest first, each headed by its ranks as ranges
 (``ranks 0-6,8``), its hosts, the process states and the CPU used since the previous sample. Frames are
 ``file:line in function``, outermost first; the outer frames every group shares are printed once, above
-the groups. Other threads are grouped the same way across all ranks, one line a group. Past ``MAX_LINES``
+the groups. Other threads, where a dump has them (one of every thread: ``rankrun.stacks.dump``; rankrun's own
+samples read the main thread alone), are grouped the same way across all ranks, one line a group. Past ``MAX_LINES``
 the largest groups are folded to one line each, so the size depends on how many distinct stacks there are,
 not on how many ranks.
 """

@@ -2,8 +2,9 @@
 
 ``Sampler.sample``: read ``/proc/<pid>/stat`` (state, CPU time), the file's header (written by the
 shim once ``faulthandler`` is registered) and the process's caught signals: a worker without the handler is
-never sent the signal, whose default action would end it. Then note the file's size, send ``DUMP_SIGNAL``,
-and read what is appended once it stops growing. A worker that is stopped, or in the kernel with the signal
+never sent the signal, whose default action would end it. Then note the file's size, send ``DUMP_SIGNAL`` to the
+worker's main thread (``Target.signal_main``; why not to the process: ``rankrun.proc.spawn.main_thread_kill``), and
+read what is appended once it stops growing. A worker that is stopped, or in the kernel with the signal
 blocked, does not answer in time; one that is not Python (or runs with ``-S``/``-I``) has no header: both
 are reported with their /proc state.
 """
@@ -30,13 +31,15 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 @record
 class Target:
     """One worker to sample. ``signal`` is its handle's (``WorkerHandle.signal``): it sends nothing once the
-    launcher has reaped the worker, whose pid may be another process's by then; ``0`` only asks whether it is."""
+    launcher has reaped the worker, whose pid may be another process's by then; ``0`` only asks whether it is.
+    ``signal_main``, the handle's ``signal_main``, sends the dump's signal to the main thread alone; None: ``signal``."""
 
     rank: int
     host: str
     pid: int
     dump_file: Path | None
     signal: Callable[[int], bool]
+    signal_main: Callable[[int], bool] | None = None
 
 
 def proc_stat(pid: int) -> tuple[str, float] | None:
@@ -129,7 +132,7 @@ class Sampler:
                                           children=children(t.pid)))
                 continue
             offset = _size(t.dump_file)
-            if not t.signal(DUMP_SIGNAL):  # reaped meanwhile
+            if not (t.signal_main or t.signal)(DUMP_SIGNAL):  # reaped meanwhile
                 samples.append(RankSample(t.rank, t.host, None, None))
                 continue
             asked[t.rank] = (t, t.dump_file, main, offset, cpu, state)

@@ -1,11 +1,14 @@
 """Run by ``site`` in every Python worker rankrun starts: lets rankrun ask the worker for its stacks.
 
 rankrun puts this folder first on the worker's ``PYTHONPATH`` and says in ``RANKRUN_STACKS_FILE`` and
-``RANKRUN_STACKS_SIGNAL`` where and on which signal. ``faulthandler`` then writes every thread's stack to that
-file when the signal comes, from C, so it works while the main thread holds the GIL in a C call (a
-regex, a blocked collective) where no Python handler would run. No chaining: at start-up the signal's
-previous action is the default one, which ``chain=True`` would re-raise, ending the worker after its dump.
-The header line names the main thread (faulthandler marks the thread that ran the handler), and says when
+``RANKRUN_STACKS_SIGNAL`` where and on which signal. ``faulthandler`` then writes the stack of the thread the
+signal interrupts to that file when the signal comes, from C, so it works while the main thread holds the GIL in a C
+call (a regex, a blocked collective) where no Python handler would run. rankrun sends it to the main thread alone
+(``rankrun.proc.spawn.main_thread_kill``), and only that thread's stack is read: a dump of every thread reads the
+others' frames and thread states while they change (a thread running Python, one of torch's C++ threads making or
+freeing its thread state to take the GIL), and such a read crashed workers with SIGSEGV. No chaining: at start-up the
+signal's previous action is the default one, which ``chain=True`` would re-raise, ending the worker after its dump.
+The header line names the main thread (its id labels the dump: faulthandler names no thread in it), and says when
 the interpreter came up (``up=``, ``time.monotonic()``: CLOCK_MONOTONIC, one clock for every process on the
 machine, so the launcher reads it on its own clock): the rank's first sign of life for the start-up timeline
 (``rankrun.agent.startup``), taken just before the interpreter runs the user's script (or, with ``-m``, finds
@@ -32,9 +35,7 @@ line says whether the recorder can be read (``rankrun-arrivals on``, or ``off`` 
 error from torch's API (a version without it, a changed format) is said so and ends the thread for good; nothing of it
 ever reaches the worker. The buffer is ``TORCH_FR_BUFFER_SIZE``, which rankrun sets only where the user configured
 no recorder of their own. The first collective's line ends the attempt's start-up in the goodput account
-(``rankrun.agent.training``, which reads its own time, however late the line comes). The thread wakes no more often
-than that: a faulthandler dump of every thread's stack (a stall report) reads the frames of a thread that runs, and
-each wake-up of this one is a chance to read them as they change.
+(``rankrun.agent.training``, which reads its own time, however late the line comes).
 """
 
 import os
@@ -66,7 +67,7 @@ def attach() -> None:
             import faulthandler  # noqa: PLC0415
 
             channel = open(path, "ab", buffering=0)  # noqa: SIM115 - faulthandler keeps it for the process's life
-            faulthandler.register(int(signum), file=channel, all_threads=True, chain=False)
+            faulthandler.register(int(signum), file=channel, all_threads=False, chain=False)
             channel.write(f"rankrun-stacks main=0x{_thread.get_ident():016x} pid={os.getpid()} "
                           f"up={time.monotonic():.6f}\n".encode())
         except (OSError, ValueError, RuntimeError):
