@@ -16,7 +16,7 @@ import pytest
 
 from conftest import clean_environ
 from rankrun.proc.spawn import main_thread_kill
-from rankrun.stacks.channel import DUMP_SIGNAL, channel_env
+from rankrun.stacks.channel import DUMP_SIGNAL, channel_env, running_file
 from rankrun.stacks.report import RankSample
 from rankrun.stacks.sampler import Sampler, Target, proc_stat
 
@@ -40,7 +40,24 @@ def parked_in_a_distinct_place():
         os.execv("/bin/sleep", ["sleep", "60"])  # the shim's header stays, its handler does not
     if sys.argv[2] == "regex":
         re.match(r"(a+)+$", "a" * 40 + "b")  # exponential backtracking, all of it in C with the GIL held
+    if sys.argv[2] == "spin":
+        holding_the_gil_in_c()
+    if sys.argv[2] == "busy":
+        import threading
+        threading.Thread(target=a_side_thread, daemon=True).start()
+        busy_in_python(time.monotonic() + 60)
     time.sleep(60)
+
+def holding_the_gil_in_c():
+    while True:
+        sum(range(10**8))  # a second or two in C each
+
+def a_side_thread():
+    time.sleep(60)
+
+def busy_in_python(until):
+    while time.monotonic() < until:
+        sum(i * i for i in range(100))
 
 parked_in_a_distinct_place()
 """
@@ -161,6 +178,39 @@ def test_a_worker_holding_the_gil_in_c_still_answers(tmp_path, workers) -> None:
     assert sample.dump is not None and sample.dump.main is not None
     assert [f.function for f in sample.dump.main.frames][-2:] == ["parked_in_a_distinct_place", "match"]
     assert sample.proc is not None and sample.proc.state == "R"
+
+
+def test_a_worker_in_c_with_the_gil_held_is_asked_from_c_and_python_answers_once_later(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w8", mode="spin")  # sum() over a range: C, the GIL held, no signal checks
+    (sample,) = _sample(_target(8, proc, dump))
+    assert sample.dump is not None and sample.dump.main is not None, sample
+    assert sample.dump.main.frames[-1].function == "holding_the_gil_in_c"
+    assert "Stack (most recent call first):" in dump.read_text()  # faulthandler's answer: Python's could not come yet
+    (again,) = _sample(_target(8, proc, dump))  # still in that sum(): from C again, and Python asked again
+    assert again.dump is not None and again.dump.main is not None
+    assert dump.read_text().count("Stack (most recent call first):") == 2
+    deadline = time.monotonic() + READY_TIMEOUT
+    size = -1
+    while not running_file(dump).exists() or running_file(dump).stat().st_size != size:  # until the sum() returns
+        assert time.monotonic() < deadline, "the Python handler never answered"
+        size = running_file(dump).stat().st_size if running_file(dump).exists() else -1
+        time.sleep(0.05)
+    late = running_file(dump).read_text()  # Python's answer, late, once for both requests
+    assert late.count("Current thread") == 1 and "in holding_the_gil_in_c" in late, late
+
+
+def test_a_worker_running_python_answers_from_python_with_every_thread(tmp_path, workers) -> None:
+    proc, dump = _start(workers, tmp_path, "w7", mode="busy")
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:  # on a loaded machine it may wait for a core (still R), or be caught between two looks: bounded
+        (sample,) = _sample(_target(7, proc, dump))
+        if (sample.proc is not None and sample.proc.state == "R") or time.monotonic() > deadline:
+            break
+    assert sample.dump is not None and sample.dump.main is not None, sample
+    assert sample.dump.main.frames[-2].function == "busy_in_python"  # then its generator expression
+    assert [t.frames[-1].function for t in sample.dump.others] == ["a_side_thread"]  # the shim's own thread: none
+    assert "Current thread" in running_file(dump).read_text()
+    assert "Stack (most recent call first):" not in dump.read_text()  # faulthandler was not asked
 
 
 def test_the_users_pythonpath_and_sitecustomize_are_kept(tmp_path, workers) -> None:

@@ -68,8 +68,10 @@ ALLOWED = {
     "os.fork": {"proc/watchdog.py", "health/isolate.py", "preload/server.py"},
     # signal dispositions: the early catcher (and the watchdog's own child, which ignores them); the health command's
     # stop signals (its probes' groups killed) and its probes' backstop timer
-    # (a forked worker's KeyboardInterrupt: SIGINT's default again, to die by it as Python does)
-    "signal.signal": {"proc/early.py", "proc/watchdog.py", "health/isolate.py", "preload/child.py"},
+    # (a forked worker's KeyboardInterrupt: SIGINT's default again, to die by it as Python does); in a worker, the
+    # stack shim's Python handler for a running worker's stack (RUNNING_SIGNAL)
+    "signal.signal": {"proc/early.py", "proc/watchdog.py", "health/isolate.py", "preload/child.py",
+                      "stacks/shim/sitecustomize.py"},
     # loop signal handlers: the handled set (signals), the terminal relay's SIGWINCH/SIGCONT, SIGCHLD's orphan reaping
     "add_signal_handler": {"proc/signals.py", "proc/terminal.py", "proc/watchdog.py"},
     # worker processes: started only by the spawner (asyncio's subprocess_exec, create_subprocess_exec/_shell); the
@@ -117,7 +119,7 @@ SAME = {
                                                  "getstatusoutput")},
     **{f"os.{f}": "subprocess" for f in ("system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnve",
                                          "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe")},
-    "signal.pidfd_send_signal": "os.kill", "os.pidfd_send_signal": "os.kill",
+    "signal.pidfd_send_signal": "os.kill", "os.pidfd_send_signal": "os.kill", "_signal.signal": "signal.signal",
     "sys.__stderr__": "sys.stderr", "sys.__stdout__": "sys.stdout",
 }
 # methods that are the power on whatever object they are called (an event loop's, a server's)

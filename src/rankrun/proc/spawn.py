@@ -166,13 +166,10 @@ def main_thread_kill(pid: int, signum: int) -> bool | None:
     lets the kernel hand it to any thread that does not block it. True: sent; False: no such thread; None: this libc
     has no ``tgkill`` (before glibc 2.30), so the caller sends it to the process.
 
-    Why a stack dump's signal goes this way: ``faulthandler`` dumps from whichever thread takes the signal. Taken by
-    one of gloo's C++ threads in a torch worker, a dump of every thread reads the main thread's frames while it runs
-    Python on, and thread states that gloo's threads create and free to take the GIL (dropping a tensor after each
-    collective). A worker in a loop of gloo ``all_reduce``, asked 1,600 times a second, died of SIGSEGV in the dump
-    within 15 s in 6 runs of 10. Aimed at the main thread: in 1 run of 6. Aimed at the main thread, with the shim
-    reading that thread alone (``all_threads=False``, whose own frames hold still while it runs the handler): in none
-    of 6 runs, over 130,000 dumps.
+    A stack dump's signal goes this way (``rankrun.stacks.sampler``): the thread that takes it is the one whose stack
+    is read, the one whose state the sampler looked at in ``/proc/<pid>/stat`` (the main thread's). Taken by another
+    thread (one of gloo's), ``faulthandler`` read the main thread's frames while it ran on, which crashed workers: why,
+    in the shim's docstring (``rankrun.stacks.shim.sitecustomize``).
     """
     tgkill = _tgkill()
     if tgkill is None:

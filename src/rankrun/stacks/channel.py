@@ -1,11 +1,13 @@
 """The dump channel's set-up: what a worker is given so that it can answer with its stacks (pure).
 
-The shim folder goes first on the worker's ``PYTHONPATH``, and two variables say where and on which signal to
-write: ``rankrun.stacks.shim.sitecustomize`` registers ``faulthandler`` there and then cleans up. The file is the
-worker's ``stacks.txt`` beside its ``error.json`` in the attempt directory, so with ``--log-dir`` every dump
-taken stays there, whole; a file that holds no dump (only the shim's header line) is removed when the attempt
-ends (``drop_if_unused``), so a log folder has ``stacks.txt`` only where stacks were taken. Asking and reading
-is ``rankrun.stacks.sampler``.
+The shim folder goes first on the worker's ``PYTHONPATH``, and three variables say where and on which signals to
+write: ``rankrun.stacks.shim.sitecustomize`` registers ``faulthandler`` on ``DUMP_SIGNAL`` (a worker blocked in a
+call) and a Python handler on ``RUNNING_SIGNAL`` (a worker running: why two, in the shim's docstring), then cleans
+up. The files are the worker's ``stacks.txt`` beside its ``error.json`` in the attempt directory and, for the Python
+handler's dumps, ``stacks.running.txt`` beside it (``running_file``), so with ``--log-dir`` every dump taken stays
+there, whole; a file that holds no dump (only the shim's header line, or nothing) is removed when the attempt ends
+(``drop_if_unused``), so a log folder has them only where stacks were taken. Asking and reading is
+``rankrun.stacks.sampler``.
 
 The same shim writes the collectives' arrivals for the straggler watch (``--straggler-window``, see the shim's
 docstring), where ``arrivals_env`` names its file and period: each rank's ``straggler/rank_<rank>.fr`` in the
@@ -30,6 +32,7 @@ SHIM_DIR = str(Path(__file__).parent / "shim")
 # A real-time signal: SIGUSR1/SIGUSR2 belong to the job (Lightning and submitit requeue on them). Its default
 # action ends a process, so it is sent only to a worker that catches it (see the sampler).
 DUMP_SIGNAL = signal.SIGRTMIN + 4
+RUNNING_SIGNAL = signal.SIGRTMIN + 5
 _HEADER_MAX = 128  # bytes: "rankrun-stacks main=0x<16 hex digits> pid=<pid> up=<seconds>\n" is under 90; a dump is longer
 
 
@@ -42,7 +45,13 @@ def channel_env(env: Mapping[str, str], dump_file: str) -> dict[str, str]:
         out["RANKRUN_USER_PYTHONPATH"] = user  # put back by the shim; absent: PYTHONPATH was not set
     out["RANKRUN_STACKS_FILE"] = dump_file
     out["RANKRUN_STACKS_SIGNAL"] = str(int(DUMP_SIGNAL))
+    out["RANKRUN_STACKS_RUNNING"] = f"{int(RUNNING_SIGNAL)} {running_file(Path(dump_file))}"
     return out
+
+
+def running_file(dump_file: Path) -> Path:
+    """Where the worker whose dumps go to ``dump_file`` writes those of its Python handler (pure)."""
+    return dump_file.with_suffix(".running" + dump_file.suffix)
 
 
 ARRIVALS_PER_WINDOW = 6  # dumps a window: the verdict sees the window's arrivals at most window/6 s late
@@ -77,7 +86,12 @@ def arrivals_env(env: Mapping[str, str], arrivals_file: str, every: float) -> di
 
 
 def drop_if_unused(dump_file: Path) -> None:
-    """Remove ``dump_file`` when no dump was ever written to it: nothing but the shim's header line (or nothing)."""
+    """Remove ``dump_file`` when no dump was ever written to it: nothing but the shim's header line (or nothing);
+    and its ``running_file`` when that is empty (its dumps all taken back)."""
+    with contextlib.suppress(OSError):
+        running = running_file(dump_file)
+        if running.stat().st_size == 0:
+            running.unlink()
     with contextlib.suppress(OSError):
         with dump_file.open("rb") as fh:
             head = fh.read(_HEADER_MAX + 1)

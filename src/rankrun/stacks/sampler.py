@@ -2,11 +2,19 @@
 
 ``Sampler.sample``: read ``/proc/<pid>/stat`` (state, CPU time), the file's header (written by the
 shim once ``faulthandler`` is registered) and the process's caught signals: a worker without the handler is
-never sent the signal, whose default action would end it. Then note the file's size, send ``DUMP_SIGNAL`` to the
+never sent the signal, whose default action would end it. Then note the answer file's size, send the signal to the
 worker's main thread (``Target.signal_main``; why not to the process: ``rankrun.proc.spawn.main_thread_kill``), and
-read what is appended once it stops growing. A worker that is stopped, or in the kernel with the signal
-blocked, does not answer in time; one that is not Python (or runs with ``-S``/``-I``) has no header: both
-are reported with their /proc state.
+read what is appended once it stops growing. Which signal follows the main thread's state (``/proc/<pid>/stat`` is
+the main thread's; why it matters: the shim's docstring):
+
+- not running (``S``, ``D``: blocked in a call): ``DUMP_SIGNAL``, ``faulthandler``'s dump of that thread;
+- running (``R``): ``RUNNING_SIGNAL``, the shim's Python handler, every thread, into ``running_file``. No answer within
+  ``RUNNING_WAIT``: the thread holds the GIL in C, and ``faulthandler`` is asked as above. The Python answer still
+  comes when that call returns, once however often it was asked meanwhile (Python runs a handler once for all the
+  signals that came before it could), and lands before a later sample notes where its answer will start.
+
+A worker that is stopped, or in the kernel with the signal blocked, does not answer in time; one that is not Python
+(or runs with ``-S``/``-I``) has no header: both are reported with their /proc state.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ from pathlib import Path
 
 from rankrun import procfs
 from rankrun.record import record
-from rankrun.stacks.channel import DUMP_SIGNAL
+from rankrun.stacks.channel import DUMP_SIGNAL, RUNNING_SIGNAL, running_file
 from rankrun.stacks.dump import main_thread, parse
 from rankrun.stacks.report import Child, ProcState, RankSample
 
 POLL = 0.005  # seconds between looks at the dump files while waiting for the answers
+# Seconds a running worker has to answer from Python. Python runs a handler within a few bytecodes; one that has not
+# answered by then holds the GIL in C, where faulthandler is asked instead.
+RUNNING_WAIT = 0.2
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -118,7 +129,8 @@ class Sampler:
             return await self._sample(targets, timeout, keep)
 
     async def _sample(self, targets: Sequence[Target], timeout: float, keep: bool) -> list[RankSample]:
-        asked: dict[int, tuple[Target, Path, int, int, float, str]] = {}  # rank -> (target, file, main, offset, cpu, state)
+        asked: dict[int, _Asked] = {}  # rank -> what faulthandler was asked
+        running: dict[int, _Asked] = {}  # rank -> what the Python handler was asked (the main thread runs)
         samples: list[RankSample] = []
         for t in targets:
             stat = proc_stat(t.pid) if t.signal(0) else None
@@ -131,20 +143,36 @@ class Sampler:
                 samples.append(RankSample(t.rank, t.host, None, self._proc(t.pid, state, cpu, wchan=True),
                                           children=children(t.pid)))
                 continue
-            offset = _size(t.dump_file)
-            if not (t.signal_main or t.signal)(DUMP_SIGNAL):  # reaped meanwhile
+            if state == "R" and catches(t.pid, RUNNING_SIGNAL):
+                ask = _ask(t, running_file(t.dump_file), RUNNING_SIGNAL, main=main, cpu=cpu, state=state)
+            else:
+                ask = _ask(t, t.dump_file, DUMP_SIGNAL, main=main, cpu=cpu, state=state)
+            if ask is None:  # reaped meanwhile
                 samples.append(RankSample(t.rank, t.host, None, None))
                 continue
-            asked[t.rank] = (t, t.dump_file, main, offset, cpu, state)
-        answers = await _answers({rank: (a[1], a[3]) for rank, a in asked.items()}, timeout)
-        for rank, (t, path, main, offset, cpu, state) in asked.items():
+            (running if ask.signum == RUNNING_SIGNAL else asked)[t.rank] = ask
+        answers = await _answers({rank: (a.path, a.offset) for rank, a in running.items()}, min(timeout, RUNNING_WAIT))
+        for rank, a in running.items():
+            if rank in answers:
+                asked[rank] = a
+                continue
+            t = a.target  # in C with the GIL held: Python's answer comes once that call returns, after this one
+            assert t.dump_file is not None
+            ask = _ask(t, t.dump_file, DUMP_SIGNAL, main=a.main, cpu=a.cpu, state=a.state)
+            if ask is None:
+                samples.append(RankSample(t.rank, t.host, None, None))
+            else:
+                asked[rank] = ask
+        pending = {rank: (a.path, a.offset) for rank, a in asked.items() if rank not in answers}
+        answers |= await _answers(pending, timeout)
+        for rank, a in asked.items():
             text, end = answers.get(rank, (None, 0))
             if not keep and text is not None:
-                _take_back(path, offset, end)
-            proc = self._proc(t.pid, state, cpu, wchan=text is None)
-            dump = parse(text, main) if text else None
-            samples.append(RankSample(t.rank, t.host, dump, proc, answered=dump is not None and bool(dump.threads),
-                                      children=children(t.pid)))
+                _take_back(a.path, a.offset, end)
+            proc = self._proc(a.target.pid, a.state, a.cpu, wchan=text is None)
+            dump = parse(text, a.main) if text else None
+            samples.append(RankSample(rank, a.target.host, dump, proc, answered=dump is not None and bool(dump.threads),
+                                      children=children(a.target.pid)))
         return sorted(samples, key=lambda s: s.rank)
 
     def prime(self, targets: Sequence[Target]) -> None:
@@ -158,6 +186,27 @@ class Sampler:
         before = self._cpu.get(pid)
         self._cpu[pid] = cpu
         return ProcState(state, None if before is None else max(0.0, cpu - before), _wchan(pid) if wchan else "")
+
+
+@record
+class _Asked:
+    """One worker asked for its stack: by which signal, the file its answer goes to and where it starts."""
+
+    target: Target
+    path: Path
+    offset: int
+    signum: int
+    main: int
+    cpu: float
+    state: str
+
+
+def _ask(t: Target, path: Path, signum: int, *, main: int, cpu: float, state: str) -> _Asked | None:
+    """Note where ``path`` ends, then send ``signum`` to the worker's main thread; None when it was reaped meanwhile."""
+    offset = max(0, _size(path))
+    if not (t.signal_main or t.signal)(signum):
+        return None
+    return _Asked(t, path, offset, signum, main, cpu, state)
 
 
 def _turn() -> asyncio.Lock:

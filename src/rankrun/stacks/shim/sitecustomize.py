@@ -1,13 +1,24 @@
 """Run by ``site`` in every Python worker rankrun starts: lets rankrun ask the worker for its stacks.
 
-rankrun puts this folder first on the worker's ``PYTHONPATH`` and says in ``RANKRUN_STACKS_FILE`` and
-``RANKRUN_STACKS_SIGNAL`` where and on which signal. ``faulthandler`` then writes the stack of the thread the
-signal interrupts to that file when the signal comes, from C, so it works while the main thread holds the GIL in a C
-call (a regex, a blocked collective) where no Python handler would run. rankrun sends it to the main thread alone
-(``rankrun.proc.spawn.main_thread_kill``), and only that thread's stack is read: a dump of every thread reads the
-others' frames and thread states while they change (a thread running Python, one of torch's C++ threads making or
-freeing its thread state to take the GIL), and such a read crashed workers with SIGSEGV. No chaining: at start-up the
-signal's previous action is the default one, which ``chain=True`` would re-raise, ending the worker after its dump.
+rankrun puts this folder first on the worker's ``PYTHONPATH`` and says in ``RANKRUN_STACKS_FILE``,
+``RANKRUN_STACKS_SIGNAL`` and ``RANKRUN_STACKS_RUNNING`` where and on which signals to write a dump, in
+``faulthandler``'s format. rankrun sends either signal to the main thread alone (``rankrun.proc.spawn.main_thread_kill``),
+and which one depends on what the kernel says that thread is doing (``rankrun.stacks.sampler``):
+
+- Blocked in a call (a collective, a sleep, a lock): ``faulthandler``, registered here on the first signal, writes
+  the main thread's stack from C, in the signal handler. The thread is inside a C call, its frames still.
+- Running: this file's Python handler, on the second signal, writes every thread's stack (``sys._current_frames``)
+  to the second file. Python runs it between two bytecodes, holding the GIL, so no frame changes under it. A thread
+  that runs but does not come back to bytecode within a fraction of a second holds the GIL in C (a regex): rankrun
+  then asks ``faulthandler`` as for a blocked thread, and this handler's answer comes later, when the C call ends.
+
+Why not ``faulthandler`` always, and of every thread: its handler reads frames as they are, with no lock. A thread
+that runs Python may be entering a frame at that instant (CPython 3.11 and 3.12 set a thread's current C frame
+before its first Python frame: a read there follows an unset pointer), and other threads' frames and thread states
+change under a dump of every thread (torch's C++ threads make and free theirs to take the GIL). Workers died of
+SIGSEGV in such dumps: ``bench/dump_safety.py`` measures it. No chaining: at start-up the first signal's previous
+action is the default one, which ``chain=True`` would re-raise, ending the worker after its dump. The Python handler
+restarts interrupted system calls (``siginterrupt(sig, False)``), as ``faulthandler``'s does.
 The header line names the main thread (its id labels the dump: faulthandler names no thread in it), and says when
 the interpreter came up (``up=``, ``time.monotonic()``: CLOCK_MONOTONIC, one clock for every process on the
 machine, so the launcher reads it on its own clock): the rank's first sign of life for the start-up timeline
@@ -42,6 +53,10 @@ import os
 import sys
 import time  # builtin, and already imported by the interpreter's start-up (zipimport): a dict look-up
 
+TYPE_CHECKING = False  # typing is not imported at start-up: mypy reads the name as typing's
+if TYPE_CHECKING:
+    from types import FrameType
+
 
 def _install() -> None:
     attach()
@@ -56,6 +71,7 @@ def attach() -> None:
     preloading process, and this folder was never on its path."""
     path = os.environ.pop("RANKRUN_STACKS_FILE", "")
     signum = os.environ.pop("RANKRUN_STACKS_SIGNAL", "")
+    running = os.environ.pop("RANKRUN_STACKS_RUNNING", "")
     user_path = os.environ.pop("RANKRUN_USER_PYTHONPATH", None)
     if user_path is None:
         os.environ.pop("PYTHONPATH", None)
@@ -72,6 +88,17 @@ def attach() -> None:
                           f"up={time.monotonic():.6f}\n".encode())
         except (OSError, ValueError, RuntimeError):
             pass  # no dumps for this worker: rankrun then shows its /proc state instead
+    if path and signum and running:
+        try:
+            import _signal  # type: ignore[import-not-found]  # noqa: PLC0415 - builtin (signal.py imports enum: a millisecond)
+
+            number, _, where = running.partition(" ")
+            global _RUNNING_FILE  # noqa: PLW0603 - the handler's one setting, made once
+            _RUNNING_FILE = where
+            _signal.signal(int(number), _running_dump)
+            _signal.siginterrupt(int(number), False)
+        except (OSError, ValueError, RuntimeError):
+            pass  # rankrun asks faulthandler instead (it never sends a signal the worker does not catch)
     arrivals = os.environ.pop("RANKRUN_FR_FILE", "")
     every = os.environ.pop("RANKRUN_FR_EVERY", "")
     if arrivals and every:
@@ -83,6 +110,37 @@ def attach() -> None:
                 _thread.start_new_thread(_arrivals, (arrivals, period))
         except (ValueError, RuntimeError):
             pass  # no arrivals from this worker: the straggler watch goes by its other signals
+
+
+_RUNNING_FILE = ""
+_DEPTH = 100  # frames a thread, as faulthandler's limit
+
+
+def _running_dump(_signum: int, frame: "FrameType | None") -> None:
+    """The Python handler (see the module docstring): every thread's stack, the main one (``frame``, where the
+    handler interrupted it) first and ``Current``, appended to ``_RUNNING_FILE`` in one write. Never raises an error
+    of its own into the worker (a ``KeyboardInterrupt`` that arrives meanwhile goes on)."""
+    try:
+        import _thread  # noqa: PLC0415 - builtin, imported already
+
+        main = _thread.get_ident()
+        out = []
+        stacks = [(main, frame)] + [(ident, f) for ident, f in sys._current_frames().items() if ident != main]
+        for ident, top in stacks:
+            out.append(f"{'Current thread' if ident == main else 'Thread'} 0x{ident:016x} (most recent call first):\n")
+            f, depth = top, 0
+            while f is not None and depth < _DEPTH:
+                code, line = f.f_code, f.f_lineno
+                out.append(f'  File "{code.co_filename}", line {"???" if line is None else line} in {code.co_name}\n')
+                f, depth = f.f_back, depth + 1
+            out.append("  ...\n\n" if f is not None else "\n")
+        fd = os.open(_RUNNING_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, "".join(out).encode(errors="replace"))
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: S110 - the worker's own work goes on, whatever the dump met
+        pass
 
 
 def _arrivals(path: str, every: float) -> None:
