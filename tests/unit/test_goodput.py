@@ -429,6 +429,32 @@ def test_the_account_so_far_only_grows_with_time(drawn, later):
         assert abs(sum(_parts(then)) - then.wall_s) <= 0.001 * len(goodput.PARTS)
 
 
+@settings(max_examples=100, deadline=None)
+@given(sequences(), st.floats(0.0, 20.0), st.sampled_from(["succeeded", "failed", "signalled"]))
+def test_the_account_a_job_end_carries_is_the_one_the_ledger_keeps_after_it(drawn, later, outcome):
+    pairs, _, _ = drawn
+    ledger = Ledger()
+    for event in stamped(*pairs):
+        ledger.add(event)
+    now = max((m for m, _ in pairs), default=100.0) + later
+    before = ledger.at(now)
+    carried = ledger.at_end(now, succeeded=outcome == "succeeded")
+    assert ledger.at(now) == before  # asking changed nothing
+    (closing,) = stamped((now, end(outcome)))
+    ledger.add(closing)
+    assert carried == ledger.at(now) == ledger.at(now + 5)  # and the account stops at the end
+
+
+def test_a_job_that_ends_in_an_open_attempt_carries_its_time_as_the_end_makes_it():
+    ledger = Ledger()
+    for event in stamped((100, START), (100, ROUND), (101, ws()), (102, training(0.5)), (110, kept(3, 0.1))):
+        ledger.add(event)
+    assert ledger.at(120).productive_s > 15  # still running: the attempt's time since its sign is work so far
+    failed = ledger.at_end(120, succeeded=False)  # ended by a signal: work since the kept step is lost
+    assert failed.lost_s == pytest.approx(10, abs=0.01) and failed.productive_s < 10
+    assert ledger.at_end(120, succeeded=True).lost_s == 0
+
+
 # --- the job's account
 
 

@@ -122,9 +122,10 @@ class JobObservers:
             self._begun = True
             self._events.node = self._events.node or node
             self._events.emit(job_start(self._spec))
-        now = self._events.now()
-        self._events.emit(JobEnd(code, job_outcome(code, error), self.goodput.ledger.at(now)), mono=now)
-        said = self.goodput.line(self.goodput.ledger.at(now))
+        now, outcome = self._events.now(), job_outcome(code, error)
+        account = self.goodput.ledger.at_end(now, succeeded=outcome == "succeeded")  # the same the line says
+        self._events.emit(JobEnd(code, outcome, account), mono=now)
+        said = self.goodput.line(account)
         if said is not None:
             self._say(f"rankrun: {said}")
         if self._log is not None:

@@ -26,6 +26,7 @@ from its nodes' (the longest wall time, the worst node's parts); ``line`` the co
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -129,12 +130,24 @@ class Ledger:
                 self._close_gap(mono)
                 self.gap = "waiting"
             case JobEnd():
-                if self.attempt is not None:
-                    self._close_attempt(mono, succeeded=event.outcome == "succeeded")
-                self._close_gap(mono)
-                self.ended = mono
+                self._end(mono, succeeded=event.outcome == "succeeded")
             case _:
                 pass
+
+    def _end(self, mono: float, *, succeeded: bool) -> None:
+        if self.attempt is not None:
+            self._close_attempt(mono, succeeded=succeeded)
+        self._close_gap(mono)
+        self.ended = mono
+
+    def at_end(self, now: float, *, succeeded: bool) -> Goodput:
+        """The account a ``job.end`` at ``now`` will leave (an attempt still open is closed as the job ended), before
+        that event exists: the account it carries. The ledger is left as it is."""
+        if self.ended is not None:
+            return self.at(now)
+        final = copy.deepcopy(self)
+        final._end(now, succeeded=succeeded)
+        return final.at(now)
 
     def at(self, now: float) -> Goodput:
         """The account from the job's start to ``now`` (the job's end once it ended, whatever ``now`` says)."""
