@@ -158,6 +158,7 @@ def test_the_dump_is_the_main_threads_stack_whichever_thread_could_take_the_sign
     (sample,) = _sample(_target(6, proc, dump), timeout=15.0)
     assert sample.dump is not None and sample.dump.main is not None, sample
     assert [t.main for t in sample.dump.threads] == [True]  # one thread's stack: the main one's, by the header's id
+    assert sample.dump.main.ident == int(dump.read_text().split()[1].removeprefix("main=0x"), 16) and sample.answered
     functions = [f.function for f in sample.dump.main.frames]
     assert functions[:2] == ["<module>", "main_waits_with_the_signal_blocked"], functions  # then signal's wrapper
     assert "a_thread_that_would_take_it" not in functions
@@ -180,23 +181,17 @@ def test_a_worker_holding_the_gil_in_c_still_answers(tmp_path, workers) -> None:
     assert sample.proc is not None and sample.proc.state == "R"
 
 
-def test_a_worker_in_c_with_the_gil_held_is_asked_from_c_and_python_answers_once_later(tmp_path, workers) -> None:
+def test_a_worker_in_c_with_the_gil_held_is_asked_from_c_and_python_answers_later(tmp_path, workers) -> None:
     proc, dump = _start(workers, tmp_path, "w8", mode="spin")  # sum() over a range: C, the GIL held, no signal checks
     (sample,) = _sample(_target(8, proc, dump))
     assert sample.dump is not None and sample.dump.main is not None, sample
     assert sample.dump.main.frames[-1].function == "holding_the_gil_in_c"
     assert "Stack (most recent call first):" in dump.read_text()  # faulthandler's answer: Python's could not come yet
-    (again,) = _sample(_target(8, proc, dump))  # still in that sum(): from C again, and Python asked again
-    assert again.dump is not None and again.dump.main is not None
-    assert dump.read_text().count("Stack (most recent call first):") == 2
     deadline = time.monotonic() + READY_TIMEOUT
-    size = -1
-    while not running_file(dump).exists() or running_file(dump).stat().st_size != size:  # until the sum() returns
-        assert time.monotonic() < deadline, "the Python handler never answered"
-        size = running_file(dump).stat().st_size if running_file(dump).exists() else -1
-        time.sleep(0.05)
-    late = running_file(dump).read_text()  # Python's answer, late, once for both requests
-    assert late.count("Current thread") == 1 and "in holding_the_gil_in_c" in late, late
+    while "\n\n" not in (late := running_file(dump).read_text() if running_file(dump).exists() else ""):
+        assert time.monotonic() < deadline, "the Python handler never answered"  # it does once that sum() returns
+        time.sleep(0.01)
+    assert late.startswith("Current thread") and "in holding_the_gil_in_c" in late, late  # in its own file
 
 
 def test_a_worker_running_python_answers_from_python_with_every_thread(tmp_path, workers) -> None:
@@ -207,7 +202,8 @@ def test_a_worker_running_python_answers_from_python_with_every_thread(tmp_path,
         if (sample.proc is not None and sample.proc.state == "R") or time.monotonic() > deadline:
             break
     assert sample.dump is not None and sample.dump.main is not None, sample
-    assert sample.dump.main.frames[-2].function == "busy_in_python"  # then its generator expression
+    functions = [f.function for f in sample.dump.main.frames]
+    assert "busy_in_python" in functions[-2:], functions  # in it, or in its generator expression
     assert [t.frames[-1].function for t in sample.dump.others] == ["a_side_thread"]  # the shim's own thread: none
     assert "Current thread" in running_file(dump).read_text()
     assert "Stack (most recent call first):" not in dump.read_text()  # faulthandler was not asked

@@ -38,7 +38,7 @@ def test_a_dump_parses_into_threads_with_the_main_one_named_by_the_header() -> N
 
 
 def test_a_dump_of_the_main_thread_alone_is_labelled_with_the_headers_thread() -> None:
-    one = 'Stack (most recent call first):\n  File "/w/train.py", line 12 in slow_read\n  File "/w/train.py", line 30 in <module>\n'
+    one = 'Stack (most recent call first):\n  File "/w/train.py", line 12 in slow_read\n  File "/w/train.py", line 30 in <module>\n\n'
     (main,) = parse(one, 0x7F75D4B296C0).threads
     assert main.main and main.ident == 0x7F75D4B296C0 and not main.truncated
     assert [str(f) for f in main.frames] == ["/w/train.py:30 in <module>", "/w/train.py:12 in slow_read"]
