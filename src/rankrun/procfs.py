@@ -24,6 +24,12 @@ def stat(pid: int | str) -> list[str] | None:
     return text[text.rindex(")") + 2:].split()
 
 
+def main_thread_stat(pid: int) -> list[str] | None:
+    """``stat``'s fields for the process's main thread alone (``/proc/<pid>/task/<pid>/stat``): its own state and CPU
+    ticks, where the process's ``stat`` counts every thread's CPU."""
+    return stat(f"{pid}/task/{pid}")
+
+
 def children(pid: int | str) -> list[int]:
     """The process's direct children, from each of its threads' ``children`` list (no walk of all of /proc)."""
     found: set[int] = set()

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import clean_environ
 from rankrun.proc.spawn import main_thread_kill
-from rankrun.stacks.channel import DUMP_SIGNAL, channel_env, running_file
+from rankrun.stacks import sampler as sampling
+from rankrun.stacks.channel import DUMP_SIGNAL, RUNNING_SIGNAL, channel_env, running_file
 from rankrun.stacks.report import RankSample
 from rankrun.stacks.sampler import Sampler, Target, proc_stat
 
@@ -196,14 +197,17 @@ def test_a_worker_in_c_with_the_gil_held_is_asked_from_c_and_python_answers_late
 
 def test_a_worker_running_python_answers_from_python_with_every_thread(tmp_path, workers) -> None:
     proc, dump = _start(workers, tmp_path, "w7", mode="busy")
+
+    def busy(sample: RankSample) -> bool:  # asked while running its loop (not still starting the other thread)
+        main = sample.dump.main if sample.dump is not None else None
+        return main is not None and "busy_in_python" in [f.function for f in main.frames][-2:]  # or its generator
+
     deadline = time.monotonic() + READY_TIMEOUT
     while True:  # on a loaded machine it may wait for a core (still R), or be caught between two looks: bounded
         (sample,) = _sample(_target(7, proc, dump))
-        if (sample.proc is not None and sample.proc.state == "R") or time.monotonic() > deadline:
+        if (sample.proc is not None and sample.proc.state == "R" and busy(sample)) or time.monotonic() > deadline:
             break
-    assert sample.dump is not None and sample.dump.main is not None, sample
-    functions = [f.function for f in sample.dump.main.frames]
-    assert "busy_in_python" in functions[-2:], functions  # in it, or in its generator expression
+    assert sample.dump is not None and sample.dump.main is not None and busy(sample), sample
     assert [t.frames[-1].function for t in sample.dump.others] == ["a_side_thread"]  # the shim's own thread: none
     assert "Current thread" in running_file(dump).read_text()
     assert "Stack (most recent call first):" not in dump.read_text()  # faulthandler was not asked
@@ -322,3 +326,18 @@ def test_a_sample_not_kept_is_taken_back_out_of_the_file_and_samples_take_turns(
         (again,) = asyncio.run(Sampler().sample([target], 5.0, keep=False))
         assert again.dump is not None and again.dump.main is not None
     assert dump.stat().st_size == kept  # five more, taken back
+
+
+def test_a_running_worker_counts_as_in_c_only_once_its_main_thread_used_cpu_since_it_was_asked() -> None:
+    """The fallback's rule, on this process's own main thread: a thread that has not had a core since it was asked
+    may have stopped in the middle of Python, and is not read from C."""
+    me = Target(0, "here", os.getpid(), None, lambda _signum: True)
+    cpu = sampling._main_thread_cpu(os.getpid())
+    assert cpu is not None
+    asked = sampling._Asked(me, Path("/nowhere"), 0, int(RUNNING_SIGNAL), 1, 0.0, "R", cpu)
+    assert not sampling._ran_since(asked)  # no CPU since (below a tick's rounding)
+    spin_until = time.thread_time() + 2 * sampling.RAN + 0.02
+    while time.thread_time() < spin_until:
+        pass  # this thread's own CPU time, which is what is counted
+    assert sampling._ran_since(asked)
+    assert not sampling._ran_since(sampling._Asked(me, Path("/nowhere"), 0, int(RUNNING_SIGNAL), 1, 0.0, "R", None))

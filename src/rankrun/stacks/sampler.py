@@ -9,7 +9,9 @@ the main thread's; why it matters: the shim's docstring):
 
 - not running (``S``, ``D``: blocked in a call): ``DUMP_SIGNAL``, ``faulthandler``'s dump of that thread;
 - running (``R``): ``RUNNING_SIGNAL``, the shim's Python handler, every thread, into ``running_file``. No answer within
-  ``RUNNING_WAIT``: the thread holds the GIL in C, and ``faulthandler`` is asked as above. The Python answer still
+  ``RUNNING_WAIT`` though the thread ran meanwhile (``RAN`` of its own CPU): it holds the GIL in C, and
+  ``faulthandler`` is asked as above. No answer, and it did not run (every core busy): Python's answer is awaited
+  until the sample's timeout, since the thread may have stopped in the middle of Python. The Python answer still
   comes when that call returns, once however often it was asked meanwhile (Python runs a handler once for all the
   signals that came before it could), and lands before a later sample notes where its answer will start.
 
@@ -36,6 +38,7 @@ POLL = 0.005  # seconds between looks at the dump files while waiting for the an
 # Seconds a running worker has to answer from Python. Python runs a handler within a few bytecodes; one that has not
 # answered by then holds the GIL in C, where faulthandler is asked instead.
 RUNNING_WAIT = 0.2
+RAN = 0.02  # CPU seconds: two clock ticks
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -144,7 +147,8 @@ class Sampler:
                                           children=children(t.pid)))
                 continue
             if state == "R" and catches(t.pid, RUNNING_SIGNAL):
-                ask = _ask(t, running_file(t.dump_file), RUNNING_SIGNAL, main=main, cpu=cpu, state=state)
+                ask = _ask(t, running_file(t.dump_file), RUNNING_SIGNAL, main=main, cpu=cpu, state=state,
+                           ran=_main_thread_cpu(t.pid))
             else:
                 ask = _ask(t, t.dump_file, DUMP_SIGNAL, main=main, cpu=cpu, state=state)
             if ask is None:  # reaped meanwhile
@@ -153,10 +157,10 @@ class Sampler:
             (running if ask.signum == RUNNING_SIGNAL else asked)[t.rank] = ask
         answers = await _answers({rank: (a.path, a.offset) for rank, a in running.items()}, min(timeout, RUNNING_WAIT))
         for rank, a in running.items():
-            if rank in answers:
+            if rank in answers or not _ran_since(a):  # answered; or not on a core since: Python answers when it runs
                 asked[rank] = a
                 continue
-            t = a.target  # in C with the GIL held: Python's answer comes once that call returns, after this one
+            t = a.target  # ran, and never reached a bytecode: in C, the GIL held (Python answers once that call returns)
             assert t.dump_file is not None
             ask = _ask(t, t.dump_file, DUMP_SIGNAL, main=a.main, cpu=a.cpu, state=a.state)
             if ask is None:
@@ -199,14 +203,29 @@ class _Asked:
     main: int
     cpu: float
     state: str
+    ran: float | None  # the main thread's own CPU seconds when asked from Python (None: not so asked, or gone)
 
 
-def _ask(t: Target, path: Path, signum: int, *, main: int, cpu: float, state: str) -> _Asked | None:
+def _ask(t: Target, path: Path, signum: int, *, main: int, cpu: float, state: str,
+         ran: float | None = None) -> _Asked | None:
     """Note where ``path`` ends, then send ``signum`` to the worker's main thread; None when it was reaped meanwhile."""
     offset = max(0, _size(path))
     if not (t.signal_main or t.signal)(signum):
         return None
-    return _Asked(t, path, offset, signum, main, cpu, state)
+    return _Asked(t, path, offset, signum, main, cpu, state, ran)
+
+
+def _main_thread_cpu(pid: int) -> float | None:
+    fields = procfs.main_thread_stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _ran_since(a: _Asked) -> bool:
+    """Whether the main thread used ``RAN`` of CPU since it was asked from Python: then it ran without reaching a
+    bytecode, in C. Less, on a machine whose cores are all busy, it may just not have had its turn yet, perhaps in
+    the middle of Python: ``faulthandler`` must not read it then."""
+    now = _main_thread_cpu(a.target.pid)
+    return a.ran is not None and now is not None and now - a.ran >= RAN
 
 
 def _turn() -> asyncio.Lock:
