@@ -133,7 +133,7 @@ def test_a_lost_nodes_ranks_resume_from_the_neighbours_copy(launch, tmp_path, wh
     b = node("b", fresh_loopback())
     for launcher in (a, b):
         launcher.wait_for(r"HELD 5", timeout=120)
-    _until(lambda: ("b", 5) in _copies(tmp_path), 60)  # B's step 5 complete at A
+    _until(lambda: ("b", 5) in _copies(tmp_path), 60, lambda: {"a": a.err, "b": b.err})  # B's step 5 complete at A
     if not spare:
         b.proc.kill()
         b.finish()
@@ -166,8 +166,9 @@ def _copies(tmp_path: Path) -> set[tuple[str, int]]:
             if e["event"] == "checkpoint.written" and e["to"] == "neighbour" and e["state"] == "complete"}
 
 
-def _until(condition: Callable[[], bool], timeout: float) -> None:
+def _until(condition: Callable[[], bool], timeout: float, said: Callable[[], object] = lambda: "") -> None:
+    """Until ``condition``, at most ``timeout`` s; ``said``: what the launchers said, for a failure's message."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out; the launchers said: {said()}"
         time.sleep(0.1)
