@@ -59,9 +59,12 @@ class Target:
 def proc_stat(pid: int) -> tuple[str, float] | None:
     """The process's state letter and CPU seconds (user + system), or None when it is gone."""
     fields = procfs.stat(pid)
-    if fields is None:
-        return None
-    return fields[0], (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return None if fields is None else (fields[0], _cpu_seconds(fields))
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds from ``procfs.stat``'s fields (a process's or a thread's)."""
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 def _wchan(pid: int) -> str:
@@ -217,7 +220,7 @@ def _ask(t: Target, path: Path, signum: int, *, main: int, cpu: float, state: st
 
 def _main_thread_cpu(pid: int) -> float | None:
     fields = procfs.main_thread_stat(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return None if fields is None else _cpu_seconds(fields)
 
 
 def _ran_since(a: _Asked) -> bool:
